@@ -1,0 +1,132 @@
+"""The command line: a thin wrapper that builds the settings and runs one command."""
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+
+from app.connection import connect
+from app.errors import BrokerUnavailable, ConfigError, RicochetError
+from app.handler import Invoker, load_handler
+from app.log import configure_logging
+from app.metrics import Metrics
+from app.publish import header_value, publish_job
+from app.report import plan_table, status_table
+from app.settings import Settings, load_settings
+from app.status import read_status
+from app.topology import declare, plan
+from app.worker import connection_name, run_worker
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+
+
+def _settings(service: bool = False) -> Settings:
+    """Settings, and logging configured: services log to stdout, one-shot commands to stderr."""
+    try:
+        settings = load_settings()
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    configure_logging(
+        settings.log_level, settings.log_format, sys.stdout if service else sys.stderr
+    )
+    return settings
+
+
+def _run(main: Awaitable[Any]) -> Any:
+    """Run a command's coroutine, turning ricochet's errors into exit codes."""
+    try:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except (BrokerUnavailable, RicochetError) as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_RUNTIME)
+
+
+async def _with_connection(settings: Settings, role: str, fn: Callable[..., Awaitable[Any]]) -> Any:
+    connection = await connect(
+        settings.amqp_url, connection_name(role, settings.queue), settings.connect_timeout_s
+    )
+    try:
+        return await fn(connection)
+    finally:
+        await connection.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ricochet")
+def main() -> None:
+    """ricochet: background jobs from RabbitMQ, retried with backoff by the broker itself.
+
+    Settings come from RICOCHET_* environment variables (see the README).
+    """
+
+
+@main.command()
+def worker() -> None:
+    """Declare the topology, then consume the main queue and run the handler."""
+    settings = _settings(service=True)
+    try:
+        invoker = Invoker(
+            load_handler(settings.handler), settings.handler_timeout_s, settings.prefetch
+        )
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    _run(run_worker(settings, invoker, Metrics(settings.queue)))
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Print the plan without touching the broker.")
+def topology(dry_run: bool) -> None:
+    """Declare the queues, exchanges and bindings, and print them."""
+    settings = _settings()
+    if not dry_run:
+        _run(_with_connection(settings, "topology", lambda c: declare(c, settings)))
+    click.echo(plan_table(plan(settings)))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(as_json: bool) -> None:
+    """Depth and consumers of the main queue, each tier, and the failed queues."""
+    settings = _settings()
+    rows = _run(_with_connection(settings, "status", lambda c: read_status(c, plan(settings))))
+    if as_json:
+        click.echo(json.dumps({"queues": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        click.echo(status_table(rows))
+
+
+@main.command()
+@click.option("--type", "job_type", help="AMQP type property (Router dispatch).")
+@click.option("--message-id", help="Message id (default: a new UUID).")
+@click.option("--header", "headers", multiple=True, metavar="K=V", help="Application header.")
+@click.argument("payload")
+def publish(
+    job_type: str | None, message_id: str | None, headers: tuple[str, ...], payload: str
+) -> None:
+    """Publish one persistent job with PAYLOAD as its body."""
+    parsed: dict[str, Any] = {}
+    for item in headers:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--header")
+        parsed[key] = header_value(value)
+    settings = _settings()
+    sent = _run(
+        _with_connection(
+            settings,
+            "publish",
+            lambda c: publish_job(
+                c, settings.queue, payload, job_type=job_type, message_id=message_id, headers=parsed
+            ),
+        )
+    )
+    click.echo(sent)

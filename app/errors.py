@@ -1,0 +1,33 @@
+"""The error tree: every error ricochet raises on purpose derives from RicochetError."""
+
+
+class RicochetError(Exception):
+    """Raised for any failure that ricochet itself detects."""
+
+
+class ConfigError(RicochetError):
+    """Raised when settings, the handler reference or the broker's topology conflict (exit 2)."""
+
+
+class BrokerUnavailable(RicochetError):
+    """Raised when the broker cannot be reached within the startup wait (exit 1)."""
+
+
+class PermanentError(RicochetError):
+    """Raised by a handler when retrying cannot help: the job goes to the failed queue at once."""
+
+
+class InvalidPayload(PermanentError):
+    """Raised when the body is not valid JSON or fails the handler's payload model."""
+
+
+class UnknownJobType(PermanentError):
+    """Raised when a Router has no handler for the job's type."""
+
+
+class HandlerTimeout(RicochetError):
+    """Raised when a handler runs longer than RICOCHET_HANDLER_TIMEOUT_S (a transient failure)."""
+
+
+class PoisonMessage(RicochetError):
+    """Raised for a delivery that keeps coming back unacked, as if it killed its worker."""

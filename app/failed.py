@@ -1,0 +1,87 @@
+"""The failed copy: what a job looks like in the failed queue (pure functions)."""
+
+import datetime as dt
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from app.retry import FailureKind
+
+REASON_MAX_CHARS = 1000
+TRACEBACK_MAX_CHARS = 4096
+
+# Headers the broker writes while dead-lettering; a failed copy starts its history afresh.
+DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
+FAILURE_HEADERS = (
+    "failed-at",
+    "failed-reason",
+    "failed-exception",
+    "failed-traceback",
+    "failed-kind",
+    "retry-count",
+    "original-queue",
+    "original-routing-key",
+)
+# Message properties carried over to the failed copy and back on replay.
+COPIED_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "message_id",
+    "correlation_id",
+    "type",
+    "timestamp",
+    "app_id",
+    "priority",
+)
+
+
+def without_death(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The application headers without the broker's dead-letter bookkeeping."""
+    return {k: v for k, v in headers.items() if not k.startswith(DEATH_HEADERS)}
+
+
+def exception_name(exc: BaseException) -> str:
+    """Qualified type name: module.Class, builtins without their module."""
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """'ExceptionType: message', at most REASON_MAX_CHARS characters."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:REASON_MAX_CHARS]
+
+
+def traceback_tail(exc: BaseException) -> str:
+    """The formatted traceback, keeping its end when it is too long."""
+    return "".join(traceback.format_exception(exc))[-TRACEBACK_MAX_CHARS:]
+
+
+def failed_headers(
+    headers: Mapping[str, Any],
+    exc: BaseException,
+    kind: FailureKind,
+    retry_count: int,
+    queue: str,
+    routing_key: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The failed copy's headers: the original's without x-death, plus the failure's."""
+    return {
+        **without_death(headers),
+        "failed-at": now.astimezone(dt.UTC).isoformat(),
+        "failed-reason": failure_reason(exc),
+        "failed-exception": exception_name(exc),
+        "failed-traceback": traceback_tail(exc),
+        "failed-kind": str(kind),
+        "retry-count": retry_count,
+        "original-queue": queue,
+        "original-routing-key": routing_key,
+    }
+
+
+def copied_properties(message: Any) -> dict[str, Any]:
+    """The message properties a copy keeps (taken from an incoming message)."""
+    return {name: getattr(message, name) for name in COPIED_PROPERTIES}

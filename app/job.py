@@ -1,0 +1,65 @@
+"""The Job a handler receives."""
+
+import json
+from functools import cached_property
+from typing import Any
+
+from app.errors import InvalidPayload
+
+
+class Job:
+    """One delivery of a job, as the handler sees it."""
+
+    def __init__(
+        self,
+        body: bytes,
+        *,
+        headers: dict[str, Any],
+        message_id: str | None,
+        amqp_type: str | None,
+        attempt: int,
+        max_attempts: int,
+        routing_key: str = "",
+        correlation_id: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.body = body
+        self.headers = headers
+        self.message_id = message_id
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.routing_key = routing_key
+        self.correlation_id = correlation_id
+        self.content_type = content_type
+        self._amqp_type = amqp_type
+
+    @cached_property
+    def payload(self) -> Any:
+        """The body decoded as JSON; InvalidPayload (a PermanentError) when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise InvalidPayload(f"body is not valid JSON: {error}") from None
+
+    @cached_property
+    def type(self) -> str | None:
+        """The AMQP type property, else a top-level "type" field of a JSON object body."""
+        if self._amqp_type:
+            return self._amqp_type
+        try:
+            payload = self.payload
+        except InvalidPayload:
+            return None
+        value = payload.get("type") if isinstance(payload, dict) else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a transient failure now sends the job to the failed queue."""
+        return self.attempt >= self.max_attempts
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(message_id={self.message_id!r}, type={self.type!r}, "
+            f"attempt={self.attempt}/{self.max_attempts})"
+        )

@@ -1,0 +1,294 @@
+"""The broker topology: the only module that spells queue names and x-* queue arguments."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+
+from app.errors import ConfigError
+from app.retry import tier_delays_ms
+from app.settings import Settings
+
+log = structlog.get_logger("ricochet.topology")
+
+MAX_TIERS = 25  # the upper bound of RICOCHET_MAX_RETRIES: stale tiers are looked for up to here
+EVENTS_MAX_LENGTH = 10_000
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every name derives from the main queue's."""
+
+    queue: str
+
+    @property
+    def dlx(self) -> str:
+        return f"{self.queue}.dlx"
+
+    @property
+    def first_tier_exchange(self) -> str:
+        return f"{self.queue}.dlx.first"
+
+    @property
+    def return_exchange(self) -> str:
+        return f"{self.queue}.return"
+
+    @property
+    def failed(self) -> str:
+        """The failed exchange, and the durable failed queue bound to it."""
+        return f"{self.queue}.failed"
+
+    @property
+    def events(self) -> str:
+        return f"{self.queue}.failed.events"
+
+    def tier(self, k: int) -> str:
+        return f"{self.queue}.retry.{k}"
+
+    def attempt_key(self, k: int) -> str:
+        return f"{self.queue}.attempt.{k}"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A queue to declare; delay_ms is set for retry tiers."""
+
+    name: str
+    arguments: dict[str, Any]
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """source exchange -> destination queue (or exchange) with a routing key."""
+
+    source: str
+    destination: str
+    routing_key: str = ""
+    to_exchange: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ricochet declares for one set of settings."""
+
+    names: Names
+    exchanges: list[tuple[str, aio_pika.ExchangeType, dict[str, Any]]]
+    queues: list[QueueSpec]
+    bindings: list[Binding]
+    tiers: list[QueueSpec] = field(default_factory=list)
+
+
+def _dead_lettering(queue_type: str) -> dict[str, Any]:
+    # Quorum queues can dead-letter at-least-once, which requires reject-publish overflow.
+    if queue_type == "quorum":
+        return {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+    return {}
+
+
+def plan(settings: Settings) -> Plan:
+    """The declarations and bindings for these settings (pure)."""
+    n = Names(settings.queue)
+    qtype = {"x-queue-type": settings.queue_type}
+    dl = _dead_lettering(settings.queue_type)
+    delays = tier_delays_ms(
+        settings.retry_delay_ms,
+        settings.retry_delay_multiplier,
+        settings.retry_delay_max_ms,
+        settings.max_retries,
+    )
+    tiers = [
+        QueueSpec(
+            n.tier(k),
+            {
+                **qtype,
+                "x-message-ttl": delay,
+                "x-dead-letter-exchange": n.return_exchange,
+                "x-dead-letter-routing-key": n.attempt_key(k),
+                **dl,
+            },
+            delay_ms=delay,
+        )
+        for k, delay in enumerate(delays, start=1)
+    ]
+    r = settings.max_retries
+    bindings = [
+        Binding(n.return_exchange, n.queue),
+        Binding(n.failed, n.failed),
+        Binding(n.failed, n.events),
+        Binding(n.dlx, n.failed, n.attempt_key(r), to_exchange=True),
+        Binding(n.first_tier_exchange, n.tier(1))
+        if r
+        else Binding(n.first_tier_exchange, n.failed, to_exchange=True),
+        *(Binding(n.dlx, n.tier(k), n.attempt_key(k - 1)) for k in range(2, r + 1)),
+    ]
+    return Plan(
+        names=n,
+        exchanges=[
+            (n.dlx, aio_pika.ExchangeType.DIRECT, {"alternate-exchange": n.first_tier_exchange}),
+            (n.first_tier_exchange, aio_pika.ExchangeType.FANOUT, {}),
+            (n.return_exchange, aio_pika.ExchangeType.FANOUT, {}),
+            (n.failed, aio_pika.ExchangeType.FANOUT, {}),
+        ],
+        queues=[
+            QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl}),
+            QueueSpec(n.failed, dict(qtype)),
+            QueueSpec(n.events, {**qtype, "x-max-length": EVENTS_MAX_LENGTH}),
+        ],
+        bindings=bindings,
+        tiers=tiers,
+    )
+
+
+def stale_bindings(p: Plan) -> list[Binding]:
+    """Bindings an earlier max-retries may have made that this plan must not keep."""
+    n, r = p.names, len(p.tiers)
+    stale = [
+        Binding(n.dlx, n.failed, n.attempt_key(j), to_exchange=True)
+        for j in range(MAX_TIERS + 1)
+        if j != r
+    ]
+    stale.append(
+        Binding(n.first_tier_exchange, n.failed, to_exchange=True)
+        if r
+        else Binding(n.first_tier_exchange, n.tier(1))
+    )
+    return stale
+
+
+class _Declarer:
+    """Declares a plan on one connection, opening a fresh channel whenever the broker closes one."""
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+
+    async def channel(self) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+
+    async def queue(self, spec: QueueSpec) -> None:
+        ch = await self.channel()
+        try:
+            await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        except ChannelPreconditionFailed as error:
+            raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
+
+    async def message_count(self, name: str) -> int | None:
+        """Depth of a queue, or None when it does not exist."""
+        try:
+            declared = await (await self.channel()).declare_queue(name, passive=True)
+        except ChannelNotFoundEntity:
+            return None
+        return declared.declaration_result.message_count or 0
+
+    async def delete_if_empty(self, name: str, queue_type: str) -> bool:
+        ch = await self.channel()
+        if queue_type == "classic":
+            try:
+                await ch.queue_delete(name, if_empty=True)
+            except ChannelPreconditionFailed:
+                return False
+            return True
+        # Quorum queues refuse if-empty; the tier is unbound first, so nothing new arrives.
+        if await self.message_count(name):
+            return False
+        await ch.queue_delete(name)
+        return True
+
+    async def bind(self, b: Binding) -> None:
+        ch = await self.channel()
+        if b.to_exchange:
+            dest = await ch.get_exchange(b.destination, ensure=False)
+            await dest.bind(b.source, routing_key=b.routing_key)
+        else:
+            queue = await ch.get_queue(b.destination, ensure=False)
+            await queue.bind(b.source, routing_key=b.routing_key)
+
+    async def unbind(self, b: Binding) -> None:
+        ch = await self.channel()
+        if b.to_exchange:
+            dest = await ch.get_exchange(b.destination, ensure=False)
+            await dest.unbind(b.source, routing_key=b.routing_key)
+        elif await self.message_count(b.destination) is not None:
+            queue = await (await self.channel()).get_queue(b.destination, ensure=False)
+            await queue.unbind(b.source, routing_key=b.routing_key)
+
+
+def _tier_source(p: Plan, k: int) -> Binding:
+    n = p.names
+    return (
+        Binding(n.dlx, n.tier(k), n.attempt_key(k - 1))
+        if k > 1
+        else Binding(n.first_tier_exchange, n.tier(1))
+    )
+
+
+async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: str) -> None:
+    ch = await d.channel()
+    try:
+        await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        return
+    except ChannelPreconditionFailed as error:
+        if "x-message-ttl" not in str(error):
+            raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
+    # The delay changed. TTLs are fixed per queue (messages expire from the head only), so an
+    # empty tier is redeclared; one that still holds jobs keeps its old delay until it drains.
+    await d.unbind(_tier_source(p, k))
+    if await d.delete_if_empty(spec.name, qtype):
+        await (await d.channel()).declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        log.info("tier redeclared", queue=spec.name, delay_ms=spec.delay_ms)
+    else:
+        log.warning(
+            "tier keeps its old delay until it drains",
+            queue=spec.name,
+            wanted_delay_ms=spec.delay_ms,
+            messages=await d.message_count(spec.name),
+        )
+
+
+async def _retire_stale_tiers(d: _Declarer, p: Plan, qtype: str) -> None:
+    for k in range(len(p.tiers) + 1, MAX_TIERS + 1):
+        name = p.names.tier(k)
+        if await d.message_count(name) is None:
+            continue
+        await d.unbind(_tier_source(p, k))
+        if await d.delete_if_empty(name, qtype):
+            log.info("stale tier removed", queue=name)
+        else:
+            # Its jobs come back to the main queue when their TTL ends; the next start removes it.
+            log.warning(
+                "stale tier still holds jobs", queue=name, messages=await d.message_count(name)
+            )
+
+
+async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
+    """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
+    p = plan(settings)
+    d = _Declarer(connection)
+    try:
+        ch = await d.channel()
+        for name, kind, arguments in p.exchanges:
+            await ch.declare_exchange(name, kind, durable=True, arguments=arguments)
+        for spec in p.queues:
+            await d.queue(spec)
+        for k, spec in enumerate(p.tiers, start=1):
+            await _declare_tier(d, p, k, spec, settings.queue_type)
+        await _retire_stale_tiers(d, p, settings.queue_type)
+        # Stale bindings go before new ones: a key with no binding falls through to tier 1,
+        # while a key bound twice for a moment would copy the job.
+        for b in stale_bindings(p):
+            await d.unbind(b)
+        for b in p.bindings:
+            await d.bind(b)
+    finally:
+        await d.close()
+    return p

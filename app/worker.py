@@ -1,0 +1,164 @@
+"""The worker process: serve -> startup -> consume until stopped or disconnected -> shutdown."""
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import structlog
+from aio_pika.abc import AbstractConnection
+
+from app.connection import connect
+from app.consumer import Consumer
+from app.handler import Invoker
+from app.metrics import Metrics
+from app.settings import Settings
+from app.topology import declare
+
+log = structlog.get_logger("ricochet.worker")
+T = TypeVar("T")
+
+
+def connection_name(role: str, queue: str) -> str:
+    """How the broker (and rabbitmqctl list_connections) shows this process."""
+    return f"ricochet {role} {queue} {socket.gethostname()}:{os.getpid()}"
+
+
+class Lifecycle:
+    """Stop requests from signals: the first asks for a drain, the second forces the exit."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.ready = False
+
+    def request_stop(self, signame: str = "stop") -> None:
+        if self.stopping.is_set():
+            log.warning("second signal: exiting without waiting for jobs", signal=signame)
+            self.forced.set()
+        else:
+            log.info("stopping: no new jobs, finishing the ones in flight", signal=signame)
+            self.stopping.set()
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+
+    def restore_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    async def unless_stopped(self, work: Awaitable[T]) -> T | None:
+        """Await work, or give up on it (None) as soon as a stop is requested."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        return None
+
+
+class Worker:
+    """Consumes the main queue until stopped, reconnecting whenever the broker drops it."""
+
+    def __init__(
+        self, settings: Settings, invoker: Invoker, metrics: Metrics, lifecycle: Lifecycle
+    ):
+        self._settings = settings
+        self._invoker = invoker
+        self._metrics = metrics
+        self._lifecycle = lifecycle
+        self._consumer: Consumer | None = None
+
+    async def serve(self) -> None:
+        """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
+        name = connection_name("worker", self._settings.queue)
+        url = self._settings.amqp_url
+        connection = await self._lifecycle.unless_stopped(
+            connect(url, name, self._settings.connect_timeout_s)
+        )
+        try:
+            while connection is not None and await self._consume(connection):
+                log.warning("connection lost, reconnecting")
+                await self._close(connection)
+                connection = await self._lifecycle.unless_stopped(connect(url, name, None))
+            await self._drain()
+        finally:
+            if connection is not None:
+                await self._close(connection)
+            self._invoker.close()
+        log.info("stopped")
+
+    async def _consume(self, connection: AbstractConnection) -> bool:
+        """Declare, consume until stop (False) or until the connection or channel dies (True)."""
+        plan = await declare(connection, self._settings)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.set_qos(prefetch_count=self._settings.prefetch)
+        lost = asyncio.Event()
+
+        def on_close(*_: Any) -> None:
+            lost.set()
+
+        connection.close_callbacks.add(on_close)
+        channel.close_callbacks.add(on_close)
+        if self._consumer is None:
+            self._consumer = Consumer(
+                plan, self._settings.max_retries, self._invoker, self._metrics
+            )
+        await self._consumer.start(channel)
+        self._lifecycle.ready = True
+        log.info("consuming", queue=plan.names.queue, prefetch=self._settings.prefetch)
+        stop = asyncio.ensure_future(self._lifecycle.stopping.wait())
+        gone = asyncio.ensure_future(lost.wait())
+        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        gone.cancel()
+        self._lifecycle.ready = False
+        if self._lifecycle.stopping.is_set() and not lost.is_set():
+            await self._consumer.stop()
+            return False
+        return not self._lifecycle.stopping.is_set()
+
+    async def _drain(self) -> None:
+        """Let jobs in flight finish within the shutdown timeout (or until a second signal)."""
+        pending = self._consumer.in_flight if self._consumer else set()
+        if not pending:
+            return
+        log.info("draining", jobs=len(pending), timeout_s=self._settings.shutdown_timeout_s)
+        forced = asyncio.ensure_future(self._lifecycle.forced.wait())
+        done = asyncio.ensure_future(asyncio.wait(set(pending)))
+        await asyncio.wait(
+            {forced, done},
+            timeout=self._settings.shutdown_timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        forced.cancel()
+        done.cancel()
+        if pending:
+            log.warning("jobs unfinished at shutdown go back to the queue", jobs=len(pending))
+            for task in list(pending):
+                task.cancel()
+
+    @staticmethod
+    async def _close(connection: AbstractConnection) -> None:
+        if not connection.is_closed:
+            try:
+                await connection.close()
+            except Exception as error:  # closing a broken connection may fail in many ways
+                log.debug("close failed", error=str(error))
+
+
+async def run_worker(settings: Settings, invoker: Invoker, metrics: Metrics) -> None:
+    """Run a worker with signal handling until SIGTERM/SIGINT."""
+    lifecycle = Lifecycle()
+    lifecycle.install_signals()
+    try:
+        await Worker(settings, invoker, metrics, lifecycle).serve()
+    finally:
+        lifecycle.restore_signals()

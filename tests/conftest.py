@@ -1,0 +1,53 @@
+"""Fixtures: a broker connection, a queue name of the test's own, in-process workers."""
+
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from tests.support import AMQP_URL, InProcessWorker, delete_topology, make_settings
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    """A main-queue name no other test uses."""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
+    return f"t.{stem}.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def connection(queue_name: str) -> AsyncIterator[AbstractConnection]:
+    """A connection for the test itself; the test's queues are deleted afterwards."""
+    conn = await aio_pika.connect(AMQP_URL, client_properties={"connection_name": "tests"})
+    yield conn
+    await delete_topology(conn, queue_name)
+    await conn.close()
+
+
+@pytest.fixture
+async def channel(connection: AbstractConnection) -> AsyncIterator[AbstractChannel]:
+    ch = await connection.channel(publisher_confirms=True)
+    yield ch
+    if not ch.is_closed:
+        await ch.close()
+
+
+@pytest.fixture
+async def start_worker(
+    queue_name: str, connection: AbstractConnection
+) -> AsyncIterator[Callable[..., Any]]:
+    """Start in-process workers on the test's queue: `await start_worker(handler, **settings)`."""
+    workers: list[InProcessWorker] = []
+
+    async def start(handler: Any, **overrides: Any) -> InProcessWorker:
+        worker = InProcessWorker(make_settings(queue_name, **overrides), handler)
+        workers.append(worker)
+        return await worker.start()
+
+    yield start
+    for worker in workers:
+        await worker.stop()

@@ -1,0 +1,190 @@
+"""Helpers the tests share: publishing, reading queues, running workers in-process or not."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from app.handler import Invoker
+from app.metrics import Metrics
+from app.settings import Settings
+from app.topology import MAX_TIERS, Names
+from app.worker import Lifecycle, Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+AMQP_URL = os.environ.get("RICOCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def make_settings(queue: str, **overrides: Any) -> Settings:
+    """Settings for a test: its own queue, millisecond delays, no HTTP server."""
+    values: dict[str, Any] = {
+        "amqp_url": AMQP_URL,
+        "queue": queue,
+        "retry_delay_ms": 50,
+        "http_port": 0,
+        "connect_timeout_s": 5,
+        "shutdown_timeout_s": 5,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def publish(
+    channel: AbstractChannel,
+    queue: str,
+    body: bytes | str,
+    *,
+    headers: dict[str, Any] | None = None,
+    **properties: Any,
+) -> None:
+    """Publish one persistent message to a queue through the default exchange, confirmed."""
+    await channel.default_exchange.publish(
+        aio_pika.Message(
+            body.encode() if isinstance(body, str) else body,
+            headers=headers or {},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            **properties,
+        ),
+        routing_key=queue,
+    )
+
+
+async def depth(channel: AbstractChannel, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    return declared.declaration_result.message_count or 0
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 20, what: str = "condition"
+) -> None:
+    """Poll an async predicate until it holds; fail the test with what it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_depth(channel: AbstractChannel, queue: str, n: int, timeout_s: float = 20) -> None:
+    async def reached() -> bool:
+        return await depth(channel, queue) >= n
+
+    await wait_for(reached, timeout_s, f"{n} messages in {queue}")
+
+
+async def take(
+    channel: AbstractChannel, queue: str, n: int, timeout_s: float = 20
+) -> list[AbstractIncomingMessage]:
+    """Get (and ack) n messages from a queue, waiting for them to arrive."""
+    q = await channel.declare_queue(queue, passive=True)
+    got: list[AbstractIncomingMessage] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n:
+        message = await q.get(fail=False, no_ack=True)
+        if message is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {len(got)} of {n} messages arrived in {queue}")
+            await asyncio.sleep(0.05)
+            continue
+        got.append(message)
+    return got
+
+
+async def delete_topology(connection: AbstractConnection, queue: str) -> None:
+    """Remove every queue and exchange ricochet may have declared for this main queue."""
+    n = Names(queue)
+    channel = await connection.channel()
+    for name in [n.queue, n.failed, n.events, *(n.tier(k) for k in range(1, MAX_TIERS + 1))]:
+        await channel.queue_delete(name)
+    for name in [n.dlx, n.first_tier_exchange, n.return_exchange, n.failed]:
+        await channel.exchange_delete(name)
+    await channel.close()
+
+
+class InProcessWorker:
+    """A Worker running as a task of the test's event loop."""
+
+    def __init__(self, settings: Settings, handler: Any) -> None:
+        self.settings = settings
+        self.metrics = Metrics(settings.queue)
+        self.lifecycle = Lifecycle()
+        self.worker = Worker(
+            settings,
+            Invoker(handler, settings.handler_timeout_s, settings.prefetch),
+            self.metrics,
+            self.lifecycle,
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> "InProcessWorker":
+        self.task = asyncio.create_task(self.worker.serve())
+
+        async def ready() -> bool:
+            assert self.task is not None
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+            return self.lifecycle.ready
+
+        await wait_for(ready, 20, "the worker to consume")
+        return self
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        if not self.task.done():
+            self.lifecycle.request_stop()
+        await asyncio.wait_for(self.task, 30)
+        self.task = None
+
+    def count(self, outcome: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "ricochet_jobs_total", {"queue": self.settings.queue, "outcome": outcome}
+        )
+        return value or 0.0
+
+
+def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment for a ricochet process with these settings (and nothing else RICOCHET_*)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"RICOCHET_{name.upper()}"] = str(value)
+    env.update(extra)
+    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> "subprocess.Popen[str]":
+    """Start `python -m app ARGS` from the repository root, output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m app ARGS` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
