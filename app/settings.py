@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
@@ -22,16 +23,23 @@ MAX_DELAY_MS = 86_400_000
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
-def _check_amqp_url(url: str) -> str:
-    if not re.fullmatch(r"amqps?://[^/\s]*[^/\s@:]+(:\d+)?(/[^\s]*)?", url):
-        raise ValueError("not an amqp:// or amqps:// URL")
+def _check_url(url: str, schemes: tuple[str, ...]) -> str:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ValueError("bad port") from None
+    if parts.scheme not in schemes or not parts.hostname or " " in url:
+        raise ValueError("not a URL of an allowed scheme")
     return url
+
+
+def _check_amqp_url(url: str) -> str:
+    return _check_url(url, ("amqp", "amqps"))
 
 
 def _check_http_url(url: str | None) -> str | None:
-    if url is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
-        raise ValueError("not an http:// or https:// URL")
-    return url
+    return url if url is None else _check_url(url, ("http", "https"))
 
 
 def _check_handler(ref: str) -> str:

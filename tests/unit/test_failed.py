@@ -1,0 +1,77 @@
+"""The failed copy's headers."""
+
+import datetime as dt
+
+from app.errors import PermanentError
+from app.failed import (
+    REASON_MAX_CHARS,
+    TRACEBACK_MAX_CHARS,
+    exception_name,
+    failed_headers,
+    failure_reason,
+    without_death,
+)
+from app.retry import FailureKind
+
+
+class CustomError(Exception):
+    pass
+
+
+def raised(exc: Exception) -> Exception:
+    try:
+        raise exc
+    except Exception as caught:
+        return caught
+
+
+def test_headers_replace_death_with_failure() -> None:
+    """Original headers stay, x-death bookkeeping goes, the failure headers of the SPEC come."""
+    original = {
+        "tenant": "acme",
+        "x-death": [{"queue": "jobs", "reason": "rejected", "count": 3}],
+        "x-first-death-queue": "jobs",
+        "x-first-death-reason": "rejected",
+        "x-last-death-queue": "jobs",
+    }
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    headers = failed_headers(
+        original, raised(ValueError("bad row 7")), FailureKind.EXHAUSTED, 3, "jobs", "jobs", now
+    )
+    assert headers["tenant"] == "acme"
+    assert not any(k.startswith(("x-death", "x-first-death", "x-last-death")) for k in headers)
+    assert headers["failed-at"] == "2026-01-02T03:04:05+00:00"
+    assert headers["failed-reason"] == "ValueError: bad row 7"
+    assert headers["failed-exception"] == "ValueError"
+    assert "raise exc" in headers["failed-traceback"]
+    assert headers["failed-kind"] == "exhausted"
+    assert headers["retry-count"] == 3
+    assert headers["original-queue"] == "jobs"
+    assert headers["original-routing-key"] == "jobs"
+
+
+def test_reason_and_traceback_are_bounded() -> None:
+    """failed-reason keeps at most 1000 characters, failed-traceback the last 4096."""
+    exc = raised(RuntimeError("x" * 5000))
+    headers = failed_headers({}, exc, FailureKind.PERMANENT, 0, "q", "q", dt.datetime.now(dt.UTC))
+    assert len(headers["failed-reason"]) == REASON_MAX_CHARS
+    assert headers["failed-reason"].startswith("RuntimeError: xxx")
+    assert len(headers["failed-traceback"]) == TRACEBACK_MAX_CHARS
+    assert headers["failed-traceback"].endswith("x\n")
+
+
+def test_exception_names() -> None:
+    """Builtins are named bare; everything else with its module."""
+    assert exception_name(ValueError()) == "ValueError"
+    assert exception_name(PermanentError()) == "app.errors.PermanentError"
+    assert exception_name(CustomError()) == f"{__name__}.CustomError"
+    assert failure_reason(CustomError()) == "CustomError"
+    assert failure_reason(CustomError("boom")) == "CustomError: boom"
+
+
+def test_without_death_keeps_everything_else() -> None:
+    """Only the dead-letter headers are dropped."""
+    assert without_death({"x-death": [], "x-first-death-exchange": "", "a": 1, "x-other": 2}) == {
+        "a": 1,
+        "x-other": 2,
+    }

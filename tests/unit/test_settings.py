@@ -1,0 +1,141 @@
+"""Settings: defaults, bounds, and the one-line error naming variable, value and range."""
+
+from pathlib import Path
+
+import pytest
+
+from app.errors import ConfigError
+from app.settings import Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("RICOCHET_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults() -> None:
+    """With nothing set, the SPEC's defaults apply."""
+    s = load_settings()
+    assert s.amqp_url == "amqp://guest:guest@localhost:5672/"
+    assert (s.queue, s.queue_type, s.max_retries) == ("jobs", "quorum", 3)
+    assert (s.retry_delay_ms, s.retry_delay_multiplier, s.retry_delay_max_ms) == (
+        30000,
+        2.0,
+        3600000,
+    )
+    assert (s.prefetch, s.handler_timeout_s, s.shutdown_timeout_s) == (32, 300, 30)
+    assert (s.log_level, s.log_format, s.http_port) == ("INFO", "json", 8000)
+    assert s.alert_webhook_url is None
+    assert (s.alert_failed_threshold, s.alert_interval_s) == (10, 60)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("RICOCHET_MAX_RETRIES", "26", "RICOCHET_MAX_RETRIES='26' is invalid: allowed 0-25"),
+        ("RICOCHET_MAX_RETRIES", "-1", "allowed 0-25"),
+        ("RICOCHET_MAX_RETRIES", "three", "RICOCHET_MAX_RETRIES='three' is invalid"),
+        ("RICOCHET_RETRY_DELAY_MS", "9", "allowed 10-86400000"),
+        ("RICOCHET_RETRY_DELAY_MULTIPLIER", "0.5", "allowed 1.0-10.0"),
+        ("RICOCHET_PREFETCH", "0", "allowed 1-65535"),
+        ("RICOCHET_PREFETCH", "65536", "allowed 1-65535"),
+        ("RICOCHET_HANDLER_TIMEOUT_S", "0", "allowed > 0"),
+        ("RICOCHET_SHUTDOWN_TIMEOUT_S", "-1", "allowed >= 0"),
+        ("RICOCHET_HTTP_PORT", "70000", "allowed 0-65535"),
+        ("RICOCHET_ALERT_FAILED_THRESHOLD", "0", "allowed >= 1"),
+        ("RICOCHET_ALERT_INTERVAL_S", "0.5", "allowed >= 1"),
+        ("RICOCHET_QUEUE", "jobs/1", "allowed 1-200 characters of A-Za-z0-9._-"),
+        ("RICOCHET_QUEUE", "q" * 201, "allowed 1-200 characters"),
+        ("RICOCHET_QUEUE_TYPE", "stream", "allowed one of quorum, classic"),
+        ("RICOCHET_LOG_FORMAT", "xml", "allowed one of json, console"),
+        ("RICOCHET_LOG_LEVEL", "LOUD", "allowed one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("RICOCHET_HANDLER", "app.example", "allowed module.path:attribute"),
+        ("RICOCHET_AMQP_URL", "http://broker/", "allowed an amqp:// or amqps:// URL"),
+        ("RICOCHET_ALERT_WEBHOOK_URL", "ftp://x/", "allowed an http:// or https:// URL"),
+        ("RICOCHET_RETRY_DELAY_MAX_MS", "86400001", "allowed >= RICOCHET_RETRY_DELAY_MS"),
+    ],
+)
+def test_out_of_range(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    """An invalid value gives one line naming the variable, the value and the allowed range."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    text = str(caught.value)
+    assert message in text
+    assert text.startswith(f"{variable}=")
+    assert "\n" not in text
+
+
+def test_max_delay_below_first_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap may not be below the first delay."""
+    monkeypatch.setenv("RICOCHET_RETRY_DELAY_MS", "5000")
+    monkeypatch.setenv("RICOCHET_RETRY_DELAY_MAX_MS", "4000")
+    with pytest.raises(
+        ConfigError, match=r"RICOCHET_RETRY_DELAY_MAX_MS='4000' is invalid: allowed >="
+    ):
+        load_settings()
+
+
+def test_password_never_in_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An invalid broker URL is echoed without its password."""
+    monkeypatch.setenv("RICOCHET_AMQP_URL", "amqp://user:s3cret@host:notaport/")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "s3cret" not in str(caught.value)
+    assert "user:***@" in str(caught.value)
+
+
+def test_unknown_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt RICOCHET_ variable is an error with a suggestion, not silently ignored."""
+    monkeypatch.setenv("RICOCHET_MAX_RETRY", "5")
+    with pytest.raises(
+        ConfigError, match=r"RICOCHET_MAX_RETRY is not a ricochet setting.*RICOCHET_MAX_RETRIES"
+    ):
+        load_settings()
+
+
+def test_env_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """RICOCHET_ENV_FILE names a file of settings; the environment wins over it."""
+    env_file = tmp_path / "ricochet.env"
+    env_file.write_text("# comment\nRICOCHET_QUEUE=from-file\nRICOCHET_MAX_RETRIES=5\n")
+    monkeypatch.setenv("RICOCHET_ENV_FILE", str(env_file))
+    monkeypatch.setenv("RICOCHET_MAX_RETRIES", "1")
+    s = load_settings()
+    assert (s.queue, s.max_retries) == ("from-file", 1)
+
+
+def test_env_file_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A missing env file, or a bad value or unknown name inside one, is a ConfigError."""
+    monkeypatch.setenv("RICOCHET_ENV_FILE", str(tmp_path / "missing.env"))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings()
+    env_file = tmp_path / "bad.env"
+    env_file.write_text("RICOCHET_PREFETCH=0\n")
+    monkeypatch.setenv("RICOCHET_ENV_FILE", str(env_file))
+    with pytest.raises(ConfigError, match="RICOCHET_PREFETCH='0' is invalid: allowed 1-65535"):
+        load_settings()
+    env_file.write_text("RICOCHET_PREFETCHES=3\n")
+    with pytest.raises(ConfigError, match="RICOCHET_PREFETCHES is not a ricochet setting"):
+        load_settings()
+
+
+def test_log_level_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level names are accepted in any case; an empty webhook URL means unset."""
+    monkeypatch.setenv("RICOCHET_LOG_LEVEL", "debug")
+    monkeypatch.setenv("RICOCHET_ALERT_WEBHOOK_URL", "")
+    s = load_settings()
+    assert s.log_level == "DEBUG"
+    assert s.alert_webhook_url is None
+
+
+def test_settings_are_frozen() -> None:
+    """Settings are plain data built once: nothing changes them later."""
+    s = Settings()
+    with pytest.raises(ValueError, match="frozen"):
+        s.queue = "other"  # type: ignore[misc]

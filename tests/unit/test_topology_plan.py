@@ -1,0 +1,64 @@
+"""The topology plan: names, arguments and bindings for a set of settings."""
+
+from app.settings import Settings
+from app.topology import Binding, plan, stale_bindings
+
+
+def test_default_plan_matches_spec() -> None:
+    """Defaults: quorum queues, three tiers of 30/60/120 s, bindings as SPEC section 3."""
+    p = plan(Settings(queue="jobs"))
+    main, failed, events = p.queues
+    assert main.name == "jobs"
+    assert main.arguments == {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": "jobs.dlx",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+    assert [t.name for t in p.tiers] == ["jobs.retry.1", "jobs.retry.2", "jobs.retry.3"]
+    assert [t.arguments["x-message-ttl"] for t in p.tiers] == [30000, 60000, 120000]
+    assert [t.arguments["x-dead-letter-routing-key"] for t in p.tiers] == [
+        "jobs.attempt.1",
+        "jobs.attempt.2",
+        "jobs.attempt.3",
+    ]
+    assert all(t.arguments["x-dead-letter-exchange"] == "jobs.return" for t in p.tiers)
+    assert (failed.name, events.name) == ("jobs.failed", "jobs.failed.events")
+    assert "x-max-length" in events.arguments
+    assert "x-max-length" not in failed.arguments
+    assert set(p.bindings) == {
+        Binding("jobs.return", "jobs"),
+        Binding("jobs.failed", "jobs.failed"),
+        Binding("jobs.failed", "jobs.failed.events"),
+        Binding("jobs.dlx.first", "jobs.retry.1"),
+        Binding("jobs.dlx", "jobs.retry.2", "jobs.attempt.1"),
+        Binding("jobs.dlx", "jobs.retry.3", "jobs.attempt.2"),
+        Binding("jobs.dlx", "jobs.failed", "jobs.attempt.3", to_exchange=True),
+    }
+    exchanges = {name: (kind.value, args) for name, kind, args in p.exchanges}
+    assert exchanges["jobs.dlx"] == ("direct", {"alternate-exchange": "jobs.dlx.first"})
+    assert exchanges["jobs.dlx.first"][0] == exchanges["jobs.return"][0] == "fanout"
+
+
+def test_no_retries_sends_first_failure_to_failed() -> None:
+    """With max_retries = 0 there is no tier: the first-tier exchange leads to failed."""
+    p = plan(Settings(queue="q", max_retries=0))
+    assert p.tiers == []
+    assert Binding("q.dlx.first", "q.failed", to_exchange=True) in p.bindings
+    assert not any(b.destination.startswith("q.retry") for b in p.bindings)
+
+
+def test_classic_queues_have_no_quorum_arguments() -> None:
+    """Classic queues dead-letter at-most-once: no strategy or overflow arguments."""
+    p = plan(Settings(queue="q", queue_type="classic"))
+    for spec in [*p.queues, *p.tiers]:
+        assert spec.arguments["x-queue-type"] == "classic"
+        assert "x-dead-letter-strategy" not in spec.arguments
+        assert "x-overflow" not in spec.arguments
+
+
+def test_stale_bindings_never_include_planned_ones() -> None:
+    """Reconciling removes only bindings the current plan does not want."""
+    for retries in (0, 1, 3, 25):
+        p = plan(Settings(queue="q", max_retries=retries))
+        assert not set(stale_bindings(p)) & set(p.bindings)
