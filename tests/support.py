@@ -1,7 +1,9 @@
 """Helpers the tests share: publishing, reading queues, running workers in-process or not."""
 
 import asyncio
+import inspect
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from app.handler import Invoker
 from app.metrics import Metrics
@@ -61,12 +64,38 @@ async def depth(channel: AbstractChannel, queue: str) -> int:
     return declared.declaration_result.message_count or 0
 
 
+async def consumers(connection: AbstractConnection, queue: str) -> int:
+    """Consumers of a queue (0 when it does not exist yet)."""
+    channel = await connection.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+    except ChannelNotFoundEntity:
+        return 0
+    await channel.close()
+    return declared.declaration_result.consumer_count or 0
+
+
+async def exists(connection: AbstractConnection, queue: str) -> bool:
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(queue, passive=True)
+    except ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True
+
+
+async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = predicate()
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+
 async def wait_for(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 20, what: str = "condition"
+    predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 20, what: str = "condition"
 ) -> None:
-    """Poll an async predicate until it holds; fail the test with what it waited for."""
+    """Poll a predicate (sync or async) until it holds; fail the test with what it waited for."""
     deadline = time.monotonic() + timeout_s
-    while not await predicate():
+    while not await _holds(predicate):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
@@ -162,8 +191,24 @@ def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> "subprocess.Popen[str]":
-    """Start `python -m app ARGS` from the repository root, output captured as text."""
+def spawn(
+    args: list[str], env: dict[str, str], output: Path | None = None, **kwargs: Any
+) -> "subprocess.Popen[str]":
+    """Start `python -m app ARGS` from the repository root (use it as a context manager).
+
+    Output goes to the file `output` when given (a busy worker would fill a pipe), else to pipes.
+    """
+    if output is not None:
+        with output.open("a") as sink:
+            return subprocess.Popen(
+                [sys.executable, "-m", "app", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                text=True,
+                **kwargs,
+            )
     return subprocess.Popen(
         [sys.executable, "-m", "app", *args],
         cwd=ROOT,
@@ -188,3 +233,33 @@ def run_cli(
         timeout=timeout_s,
         check=False,
     )
+
+
+def close_connections(queue: str, role: str = "worker") -> int:
+    """Have the broker close the connections of ricochet processes of a queue; returns how many."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    prefix = f"ricochet {role} {queue} "
+    closed = 0
+    for line in listed.splitlines():
+        pid, _, properties = line.partition("\t")
+        found = re.search(r'\{"connection_name","([^"]*)"\}', properties)
+        if found and found.group(1).startswith(prefix):
+            subprocess.run(["rabbitmqctl", "close_connection", pid, "test"], capture_output=True)
+            closed += 1
+    return closed
+
+
+def journal(path: Path) -> list[tuple[str, str, int]]:
+    """(event, message_id, attempt) lines written by tests.handlers."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        event, message_id, attempt = line.split()
+        rows.append((event, message_id, int(attempt)))
+    return rows

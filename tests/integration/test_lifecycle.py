@@ -1,0 +1,102 @@
+"""Worker lifecycle: SIGTERM drain, dropped connections, changed settings across restarts."""
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from app.topology import Names
+from tests.recorder import Recorder
+from tests.support import (
+    close_connections,
+    consumers,
+    depth,
+    exists,
+    journal,
+    make_settings,
+    publish,
+    ricochet_env,
+    spawn,
+    take,
+    wait_depth,
+    wait_for,
+)
+
+
+async def test_sigterm_lets_the_job_in_flight_finish(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM mid-job: the job finishes and is acked, the next one is not started, exit code 0."""
+    log = tmp_path / "journal"
+    output = tmp_path / "worker.log"
+    settings = make_settings(queue_name, handler="tests.handlers:slow", prefetch=1)
+    with spawn(["worker"], ricochet_env(settings, TEST_JOURNAL=str(log)), output) as worker:
+        await wait_for(lambda: consumers(connection, queue_name), 20, "the worker to consume")
+        await publish(channel, queue_name, json.dumps({"sleep_s": 1.5}), message_id="inflight")
+        await publish(channel, queue_name, json.dumps({"sleep_s": 0}), message_id="waiting")
+        await wait_for(lambda: ("start", "inflight", 1) in journal(log), 10, "the job to start")
+        worker.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(worker.wait, 20)
+    assert code == 0, output.read_text()
+    assert '"event": "draining"' in output.read_text()
+    assert journal(log) == [("start", "inflight", 1), ("done", "inflight", 1)]
+    # The finished job was acked; the one never started is still in the queue.
+    await wait_depth(channel, queue_name, 1)
+    [left] = await take(channel, queue_name, 1)
+    assert left.message_id == "waiting"
+    assert await depth(channel, queue_name) == 0
+
+
+async def test_connection_closed_by_broker_loses_nothing(
+    start_worker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """The broker closes the worker's connection twice mid-stream; it reconnects and every job
+    still succeeds at least once, with nothing left in any queue."""
+    recorder = Recorder()
+    worker = await start_worker(recorder, prefetch=10, max_retries=2, retry_delay_ms=20)
+    ids = [f"j{i}" for i in range(150)]
+    for message_id in ids:
+        body = {"sleep_s": 0.01, "fail": 1 if message_id.endswith("7") else 0}
+        await publish(channel, queue_name, json.dumps(body), message_id=message_id)
+    for progress in (20, 40):
+        await wait_for(lambda p=progress: len(recorder.succeeded) > p, 20, "progress")
+        assert await asyncio.to_thread(close_connections, queue_name) == 1
+        await wait_for(lambda: worker.lifecycle.ready, 20, "the worker to reconnect")
+
+    await wait_for(lambda: set(recorder.succeeded) == set(ids), 60, "every job to succeed")
+    n = Names(queue_name)
+    await wait_for(lambda: _empty(channel, n.queue), 20, "the main queue to empty")
+    assert await depth(channel, n.failed) == 0
+
+
+async def _empty(channel: AbstractChannel, queue: str) -> bool:
+    return await depth(channel, queue) == 0
+
+
+async def test_changed_retry_settings_between_restarts(
+    start_worker, connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Jobs wait in tier 1 while the worker restarts with fewer tiers and other delays: the busy
+    tier keeps its delay until it drains, the stale tier goes, and every job ends in the failed
+    queue exactly once."""
+    n = Names(queue_name)
+    first = await start_worker(Recorder(), max_retries=3, retry_delay_ms=1500)
+    ids = [f"m{i}" for i in range(20)]
+    for message_id in ids:
+        await publish(channel, queue_name, json.dumps({"fail": "always"}), message_id=message_id)
+    await wait_depth(channel, n.tier(1), len(ids))
+    await first.stop()
+
+    recorder = Recorder()
+    await start_worker(recorder, max_retries=2, retry_delay_ms=100)
+    assert not await exists(connection, n.tier(3))  # empty and no longer wanted: removed
+    assert await depth(channel, n.tier(1)) == len(ids)  # busy: kept, jobs still waiting in it
+    copies = await take(channel, n.failed, len(ids), timeout_s=30)
+    assert sorted(m.message_id or "" for m in copies) == sorted(ids)
+    await asyncio.sleep(0.5)
+    assert await depth(channel, n.failed) == 0  # no duplicate arrived after the last copy
+    for message_id in ids:
+        assert recorder.attempts(message_id) == [2, 3]
+    assert {c.headers["retry-count"] for c in copies} == {2}
