@@ -18,3 +18,9 @@ async def slow(job: Job) -> None:
     _mark("start", job)
     await asyncio.sleep(float(job.payload.get("sleep_s", 1)))
     _mark("done", job)
+
+
+async def flaky(job: Job) -> None:
+    """Fail the first payload["fail"] attempts with a transient error."""
+    if job.attempt <= int(job.payload.get("fail", 0)):
+        raise ConnectionError(f"flaky on attempt {job.attempt}")
