@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+SOURCES := app tests $(wildcard bench)
 
 .PHONY: install test unit integration faults lint format typecheck run bench clean
 
@@ -24,12 +25,12 @@ integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 format: install
-	$(BIN)/ruff format app tests bench
-	$(BIN)/ruff check --fix app tests bench
+	$(BIN)/ruff format $(SOURCES)
+	$(BIN)/ruff check --fix $(SOURCES)
 
 typecheck: install
 	$(BIN)/mypy
