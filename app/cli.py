@@ -2,7 +2,9 @@
 
 import asyncio
 import json
+import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -80,6 +82,23 @@ def worker() -> None:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     _run(run_worker(settings, invoker, Metrics(settings.queue)))
+    _exit_despite_stuck_threads()
+
+
+def _exit_despite_stuck_threads() -> None:
+    """Exit now if a sync handler still runs past the drain timeout.
+
+    Python joins worker threads at exit, and a thread cannot be killed; its job is already back
+    in the queue (the connection is closed), so nothing is lost by not waiting for it.
+    """
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @main.command()

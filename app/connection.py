@@ -5,7 +5,7 @@ import asyncio
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
-from aiormq.exceptions import AMQPConnectionError
+from aiormq.exceptions import AMQPConnectionError, AMQPError, ChannelInvalidStateError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -21,6 +21,8 @@ from app.log import redact
 log = structlog.get_logger("ricochet.connection")
 
 _UNREACHABLE = (AMQPConnectionError, OSError, asyncio.TimeoutError)
+# What a dropped connection or closed channel raises from any call on it.
+CONNECTION_ERRORS = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
 
 
 def _log_attempt(state: RetryCallState) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
-from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 
+from app.connection import CONNECTION_ERRORS
 from app.errors import PoisonMessage
 from app.failed import copied_properties, failed_headers, failure_reason
 from app.handler import Invoker
@@ -35,7 +35,6 @@ log = structlog.get_logger("ricochet.consumer")
 # Pause before handing back a job whose failed copy was not confirmed, so a broken failed
 # queue does not turn into a hot redelivery loop.
 UNCONFIRMED_BACKOFF_S = 1.0
-_CHANNEL_GONE = (AMQPError, ChannelInvalidStateError, ConnectionError)
 
 
 class Consumer:
@@ -66,7 +65,7 @@ class Consumer:
         try:
             queue = await self._channel.get_queue(self._names.queue, ensure=False)
             await queue.cancel(self._tag)
-        except _CHANNEL_GONE as error:
+        except CONNECTION_ERRORS as error:
             log.warning("consumer cancel failed", error=str(error))
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
@@ -136,7 +135,7 @@ class Consumer:
         spec = self._plan.tiers[tier - 1]
         try:
             await message.nack(requeue=False)
-        except _CHANNEL_GONE:
+        except CONNECTION_ERRORS:
             log.warning("job not settled: channel closed, the broker delivers it again")
             return
         self._metrics.jobs.labels(self._names.queue, "retried").inc()
@@ -198,11 +197,11 @@ class Consumer:
         """Publish with a confirm, then ack; hand the original back if the confirm fails."""
         try:
             await exchange.publish(copy, routing_key=routing_key, mandatory=True)
-        except _CHANNEL_GONE as error:
+        except CONNECTION_ERRORS as error:
             log.error("copy not confirmed, the job stays in the queue", error=str(error))
             await asyncio.sleep(UNCONFIRMED_BACKOFF_S)
             # If the channel is gone, the broker hands the job back by itself.
-            with contextlib.suppress(*_CHANNEL_GONE):
+            with contextlib.suppress(*CONNECTION_ERRORS):
                 await message.nack(requeue=True)
             return False
         return await self._ack(message)
@@ -211,7 +210,7 @@ class Consumer:
     async def _ack(message: AbstractIncomingMessage) -> bool:
         try:
             await message.ack()
-        except _CHANNEL_GONE:
+        except CONNECTION_ERRORS:
             log.warning("job not acked: channel closed, the broker delivers it again")
             return False
         return True

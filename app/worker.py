@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import structlog
 from aio_pika.abc import AbstractConnection
 
-from app.connection import connect
+from app.connection import CONNECTION_ERRORS, connect
 from app.consumer import Consumer
 from app.handler import Invoker
 from app.metrics import Metrics
@@ -19,6 +19,9 @@ from app.topology import declare
 
 log = structlog.get_logger("ricochet.worker")
 T = TypeVar("T")
+
+# A broker that accepts connections but fails right after must not be hammered in a loop.
+RECONNECT_PAUSE_S = 1.0
 
 
 def connection_name(role: str, queue: str) -> str:
@@ -87,6 +90,7 @@ class Worker:
             while connection is not None and await self._consume(connection):
                 log.warning("connection lost, reconnecting")
                 await self._close(connection)
+                await self._lifecycle.unless_stopped(asyncio.sleep(RECONNECT_PAUSE_S))
                 connection = await self._lifecycle.unless_stopped(connect(url, name, None))
             await self._drain()
         finally:
@@ -97,6 +101,14 @@ class Worker:
 
     async def _consume(self, connection: AbstractConnection) -> bool:
         """Declare, consume until stop (False) or until the connection or channel dies (True)."""
+        try:
+            return await self._consume_until_lost(connection)
+        except CONNECTION_ERRORS as error:
+            # The broker went away mid-declaration: the same as losing it later.
+            log.warning("connection failed while starting to consume", error=str(error))
+            return not self._lifecycle.stopping.is_set()
+
+    async def _consume_until_lost(self, connection: AbstractConnection) -> bool:
         plan = await declare(connection, self._settings)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.set_qos(prefetch_count=self._settings.prefetch)

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from app import Job
@@ -24,3 +25,9 @@ async def flaky(job: Job) -> None:
     """Fail the first payload["fail"] attempts with a transient error."""
     if job.attempt <= int(job.payload.get("fail", 0)):
         raise ConnectionError(f"flaky on attempt {job.attempt}")
+
+
+def stuck(job: Job) -> None:
+    """A sync handler that never finishes in time."""
+    _mark("start", job)
+    time.sleep(600)

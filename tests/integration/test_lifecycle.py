@@ -100,3 +100,20 @@ async def test_changed_retry_settings_between_restarts(
     for message_id in ids:
         assert recorder.attempts(message_id) == [2, 3]
     assert {c.headers["retry-count"] for c in copies} == {2}
+
+
+async def test_stuck_sync_handler_does_not_block_exit(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str, tmp_path: Path
+) -> None:
+    """A sync job still running when the drain timeout ends: the worker exits 0 anyway and the
+    job goes back to the queue for another worker."""
+    log, output = tmp_path / "journal", tmp_path / "worker.log"
+    settings = make_settings(queue_name, handler="tests.handlers:stuck", shutdown_timeout_s=0.5)
+    with spawn(["worker"], ricochet_env(settings, TEST_JOURNAL=str(log)), output) as worker:
+        await wait_for(lambda: consumers(connection, queue_name), 20, "the worker to consume")
+        await publish(channel, queue_name, "{}", message_id="stuck")
+        await wait_for(lambda: ("start", "stuck", 1) in journal(log), 10, "the job to start")
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait, 15) == 0
+    assert "jobs unfinished at shutdown go back to the queue" in output.read_text()
+    await wait_depth(channel, queue_name, 1)
