@@ -198,26 +198,20 @@ def spawn(
 
     Output goes to the file `output` when given (a busy worker would fill a pipe), else to pipes.
     """
-    if output is not None:
-        with output.open("a") as sink:
-            return subprocess.Popen(
-                [sys.executable, "-m", "app", *args],
-                cwd=ROOT,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                text=True,
-                **kwargs,
-            )
-    return subprocess.Popen(
-        [sys.executable, "-m", "app", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,
-    )
+    sink = output.open("a") if output is not None else None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=sink or subprocess.PIPE,
+            stderr=subprocess.STDOUT if sink else subprocess.PIPE,
+            text=True,
+            **kwargs,
+        )
+    finally:
+        if sink is not None:
+            sink.close()
 
 
 def run_cli(
