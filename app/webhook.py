@@ -45,7 +45,9 @@ class Webhook:
         # Only the host is ever logged: webhook URLs often carry a token in their path.
         self._host = urlsplit(url).netloc.rpartition("@")[2] if url else None
         self._metrics = metrics
-        self._wait = wait_exponential_jitter(initial=first_retry_s, max=max_retry_s)
+        self._wait = wait_exponential_jitter(
+            multiplier=first_retry_s, max=max_retry_s, jitter=first_retry_s
+        )
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
         self._task: asyncio.Task[None] | None = None
 
