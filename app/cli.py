@@ -15,11 +15,13 @@ from app.errors import BrokerUnavailable, ConfigError, RicochetError
 from app.handler import Invoker, load_handler
 from app.log import configure_logging
 from app.metrics import Metrics
+from app.monitor import run_monitor
 from app.publish import header_value, publish_job
-from app.report import plan_table, status_table
+from app.replay import Selection, run_replay
+from app.report import plan_table, replay_report, status_table
 from app.settings import Settings, load_settings
 from app.status import read_status
-from app.topology import declare, plan
+from app.topology import Names, declare, plan
 from app.worker import connection_name, run_worker
 
 EXIT_RUNTIME = 1
@@ -99,6 +101,46 @@ def _exit_despite_stuck_threads() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+@main.command()
+def monitor() -> None:
+    """Log and alert on every failed job; never takes anything out of the failed queue."""
+    settings = _settings(service=True)
+    _run(run_monitor(settings, Metrics(settings.queue)))
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(min=1), help="Move at most N copies.")
+@click.option("--reason", help="Only copies whose failed-reason contains TEXT.")
+@click.option("--type", "job_type", help="Only copies of this job type.")
+@click.option("--message-id", help="Only the copy (or copies) with this message id.")
+@click.option("--dry-run", is_flag=True, help="List what would move; move nothing.")
+@click.option(
+    "--group-by",
+    type=click.Choice(["reason", "type", "kind"]),
+    help="Print counts per reason, type or kind instead of one line per copy.",
+)
+def replay(
+    limit: int | None,
+    reason: str | None,
+    job_type: str | None,
+    message_id: str | None,
+    dry_run: bool,
+    group_by: str | None,
+) -> None:
+    """Move failed copies back to the main queue with a fresh retry budget."""
+    settings = _settings()
+    names = Names(settings.queue)
+    selection = Selection(reason=reason, type=job_type, message_id=message_id)
+    result = _run(
+        _with_connection(
+            settings,
+            "replay",
+            lambda c: run_replay(c, names, selection, limit=limit, dry_run=dry_run),
+        )
+    )
+    click.echo(replay_report(result, dry_run, group_by, names.queue))
 
 
 @main.command()

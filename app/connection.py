@@ -54,3 +54,12 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
         ) from None
     log.info("connected", broker=redact(url), connection_name=name)
     return connection
+
+
+async def close_quietly(connection: AbstractConnection) -> None:
+    """Close a connection that may already be broken."""
+    if not connection.is_closed:
+        try:
+            await connection.close()
+        except Exception as error:  # closing a broken connection may fail in many ways
+            log.debug("close failed", error=str(error))

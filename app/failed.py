@@ -3,8 +3,10 @@
 import datetime as dt
 import traceback
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from app.job import job_type
 from app.retry import FailureKind
 
 REASON_MAX_CHARS = 1000
@@ -85,3 +87,39 @@ def failed_headers(
 def copied_properties(message: Any) -> dict[str, Any]:
     """The message properties a copy keeps (taken from an incoming message)."""
     return {name: getattr(message, name) for name in COPIED_PROPERTIES}
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    """What an operator needs to know about one failed copy (read from its headers)."""
+
+    message_id: str | None
+    type: str | None
+    reason: str
+    kind: str | None
+    retry_count: int | None
+    failed_at: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None if value is None else str(value)
+
+
+def read_failure(
+    headers: Mapping[str, Any], message_id: str | None, amqp_type: str | None, body: bytes
+) -> FailureInfo:
+    """The failure a copy describes; tolerant of copies that lack some headers."""
+    count = headers.get("retry-count")
+    return FailureInfo(
+        message_id=message_id,
+        type=job_type(amqp_type, body),
+        reason=_text(headers.get("failed-reason")) or "unknown",
+        kind=_text(headers.get("failed-kind")),
+        retry_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        failed_at=_text(headers.get("failed-at")),
+    )

@@ -7,6 +7,18 @@ from typing import Any
 from app.errors import InvalidPayload
 
 
+def job_type(amqp_type: str | None, body: bytes) -> str | None:
+    """The AMQP type property, else a top-level "type" field of a JSON object body."""
+    if amqp_type:
+        return amqp_type
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    value = payload.get("type") if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else None
+
+
 class Job:
     """One delivery of a job, as the handler sees it."""
 
@@ -44,14 +56,7 @@ class Job:
     @cached_property
     def type(self) -> str | None:
         """The AMQP type property, else a top-level "type" field of a JSON object body."""
-        if self._amqp_type:
-            return self._amqp_type
-        try:
-            payload = self.payload
-        except InvalidPayload:
-            return None
-        value = payload.get("type") if isinstance(payload, dict) else None
-        return value if isinstance(value, str) else None
+        return job_type(self._amqp_type, self.body)
 
     @property
     def is_last_attempt(self) -> bool:

@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+from app.failed import FailureInfo
+from app.replay import ReplayResult
 from app.status import QueueStatus
 from app.topology import Plan
 
@@ -54,9 +56,50 @@ def plan_table(plan: Plan) -> str:
     return f"{queues}\n\n{exchanges}\n\n{bindings}"
 
 
+REASON_COLUMN_CHARS = 80
+
+
 def status_table(rows: Sequence[QueueStatus]) -> str:
     """Depth and consumers per queue; missing queues show as '-'."""
-    return table(
+    text = table(
         ["queue", "role", "delay", "messages", "consumers"],
         [(s.name, s.role, duration(s.delay_ms), s.messages, s.consumers) for s in rows],
     )
+    failed = sum(s.messages or 0 for s in rows if s.role == "failed")
+    if failed:
+        # Reading reasons means taking every copy off the queue; status stays read-only.
+        text += (
+            f"\n\n{failed} failed jobs: 'ricochet replay --dry-run --group-by reason' "
+            "counts them by reason without moving any"
+        )
+    return text
+
+
+def _short(text: str | None) -> str | None:
+    if text is None or len(text) <= REASON_COLUMN_CHARS:
+        return text
+    return text[: REASON_COLUMN_CHARS - 3] + "..."
+
+
+def failures_table(failures: Sequence[FailureInfo]) -> str:
+    """One line per failed copy: message_id, type, reason (shortened), failed_at."""
+    return table(
+        ["message_id", "type", "reason", "failed_at"],
+        [(f.message_id, f.type, _short(f.reason), f.failed_at) for f in failures],
+    )
+
+
+def replay_report(result: ReplayResult, dry_run: bool, group_by: str | None, queue: str) -> str:
+    """What replay moved (or would move), optionally counted by a field, and the summary."""
+    parts = []
+    if group_by:
+        counts = result.count_by(group_by).most_common()
+        parts.append(table(["count", group_by], [(n, _short(v)) for v, n in counts]))
+    elif result.selected:
+        parts.append(failures_table(result.selected))
+    verb = "would move" if dry_run else "moved"
+    summary = f"{verb} {len(result.selected)} to {queue}, kept {result.kept} (of {result.depth})"
+    if result.interrupted:
+        summary += "; stopped early by a signal"
+    parts.append(summary)
+    return "\n\n".join(parts)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import structlog
 from aio_pika.abc import AbstractConnection
 
-from app.connection import CONNECTION_ERRORS, connect
+from app.connection import CONNECTION_ERRORS, close_quietly, connect
 from app.consumer import Consumer
 from app.handler import Invoker
 from app.metrics import Metrics
@@ -57,14 +57,22 @@ class Lifecycle:
 
     async def unless_stopped(self, work: Awaitable[T]) -> T | None:
         """Await work, or give up on it (None) as soon as a stop is requested."""
-        task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        return None
+        return await _unless(self.stopping, work)
+
+    async def unless_forced(self, work: Awaitable[T]) -> T | None:
+        """Await work, or give up on it (None) as soon as a second signal forces the exit."""
+        return await _unless(self.forced, work)
+
+
+async def _unless(event: asyncio.Event, work: Awaitable[T]) -> T | None:
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(event.wait())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
 
 
 class Worker:
@@ -89,13 +97,13 @@ class Worker:
         try:
             while connection is not None and await self._consume(connection):
                 log.warning("connection lost, reconnecting")
-                await self._close(connection)
+                await close_quietly(connection)
                 await self._lifecycle.unless_stopped(asyncio.sleep(RECONNECT_PAUSE_S))
                 connection = await self._lifecycle.unless_stopped(connect(url, name, None))
             await self._drain()
         finally:
             if connection is not None:
-                await self._close(connection)
+                await close_quietly(connection)
             self._invoker.close()
         log.info("stopped")
 
@@ -156,14 +164,6 @@ class Worker:
             log.warning("jobs unfinished at shutdown go back to the queue", jobs=len(pending))
             for task in list(pending):
                 task.cancel()
-
-    @staticmethod
-    async def _close(connection: AbstractConnection) -> None:
-        if not connection.is_closed:
-            try:
-                await connection.close()
-            except Exception as error:  # closing a broken connection may fail in many ways
-                log.debug("close failed", error=str(error))
 
 
 async def run_worker(settings: Settings, invoker: Invoker, metrics: Metrics) -> None:

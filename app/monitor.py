@@ -1,0 +1,154 @@
+"""The monitor: logs every failed job and alerts on them, reading the failed-events queue.
+
+It reads Q.failed.events, a second copy of each failure, so it never takes anything out of
+Q.failed; the depth of Q.failed it only reads with passive declares.
+"""
+
+import asyncio
+import contextlib
+from typing import Any
+
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aiormq.exceptions import AMQPError, ChannelInvalidStateError
+
+from app.alerts import DepthWatch, ReasonLimiter, depth_alert, job_failed_alert
+from app.connection import close_quietly, connect
+from app.failed import read_failure
+from app.metrics import Metrics
+from app.settings import Settings
+from app.topology import Names, declare
+from app.webhook import Webhook
+from app.worker import Lifecycle, connection_name
+
+log = structlog.get_logger("ricochet.monitor")
+
+PREFETCH = 100
+TICK_S = 0.5  # how often held-back alerts are looked at; the depth is read every interval
+_CHANNEL_GONE = (AMQPError, ChannelInvalidStateError, ConnectionError)
+
+
+class Monitor:
+    """Consumes the failed-events queue until stopped, reconnecting when the broker drops it."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, lifecycle: Lifecycle, webhook: Webhook
+    ) -> None:
+        self._settings = settings
+        self._names = Names(settings.queue)
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self._webhook = webhook
+        self._limiter = ReasonLimiter(settings.alert_interval_s)
+        self._depth = DepthWatch(settings.alert_failed_threshold)
+
+    async def serve(self) -> None:
+        """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
+        name = connection_name("monitor", self._settings.queue)
+        url = self._settings.amqp_url
+        connection = await self.lifecycle.unless_stopped(
+            connect(url, name, self._settings.connect_timeout_s)
+        )
+        self._webhook.start()
+        try:
+            while connection is not None and await self._watch(connection):
+                log.warning("connection lost, reconnecting")
+                await close_quietly(connection)
+                connection = await self.lifecycle.unless_stopped(connect(url, name, None))
+        finally:
+            if connection is not None:
+                await close_quietly(connection)
+            await self.lifecycle.unless_forced(
+                self._webhook.close(self._settings.shutdown_timeout_s)
+            )
+        log.info("stopped")
+
+    async def _watch(self, connection: AbstractConnection) -> bool:
+        """Declare, consume until stop (False) or until the connection or channel dies (True)."""
+        await declare(connection, self._settings)
+        channel = await connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=PREFETCH)
+        lost = asyncio.Event()
+
+        def on_close(*_: Any) -> None:
+            lost.set()
+
+        connection.close_callbacks.add(on_close)
+        channel.close_callbacks.add(on_close)
+        events = await channel.get_queue(self._names.events, ensure=False)
+        await events.consume(self._on_event)
+        ticker = asyncio.get_running_loop().create_task(self._tick(connection))
+        self.lifecycle.ready = True
+        log.info("monitoring", queue=self._names.events, failed_queue=self._names.failed)
+        stop = asyncio.ensure_future(self.lifecycle.stopping.wait())
+        gone = asyncio.ensure_future(lost.wait())
+        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        gone.cancel()
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        self.lifecycle.ready = False
+        return not self.lifecycle.stopping.is_set()
+
+    async def _on_event(self, message: AbstractIncomingMessage) -> None:
+        failure = read_failure(
+            dict(message.headers or {}), message.message_id, message.type, message.body
+        )
+        # The log line comes first and does not depend on the webhook.
+        log.error("job failed", queue=self._names.queue, **failure.as_dict())
+        suppressed = self._limiter.offer(failure, asyncio.get_running_loop().time())
+        if suppressed is not None:
+            self._webhook.send(job_failed_alert(self._names.queue, failure, suppressed))
+        try:
+            await message.ack()
+        except _CHANNEL_GONE:
+            log.warning("event not acked: channel closed, the broker delivers it again")
+
+    async def _tick(self, connection: AbstractConnection) -> None:
+        """Send held-back alerts when due, and read the failed queue's depth every interval."""
+        loop = asyncio.get_running_loop()
+        channel: AbstractChannel | None = None
+        next_depth_check = loop.time()
+        while True:
+            now = loop.time()
+            for failure, suppressed in self._limiter.due(now):
+                self._webhook.send(job_failed_alert(self._names.queue, failure, suppressed))
+            if now >= next_depth_check:
+                next_depth_check = now + self._settings.alert_interval_s
+                channel = await self._check_depth(connection, channel)
+            await asyncio.sleep(TICK_S)
+
+    async def _check_depth(
+        self, connection: AbstractConnection, channel: AbstractChannel | None
+    ) -> AbstractChannel | None:
+        """Read the failed queue's depth and alert on a crossing; returns the channel to reuse."""
+        try:
+            if channel is None or channel.is_closed:
+                channel = await connection.channel(publisher_confirms=False)
+            declared = await channel.declare_queue(self._names.failed, passive=True)
+        except _CHANNEL_GONE as error:
+            log.warning("failed queue depth unknown", queue=self._names.failed, error=str(error))
+            return None
+        depth = declared.declaration_result.message_count or 0
+        event = self._depth.observe(depth)
+        if event is not None:
+            self._alert_depth(event, depth)
+        return channel
+
+    def _alert_depth(self, event: str, depth: int) -> None:
+        threshold = self._depth.threshold
+        log.warning(event, queue=self._names.failed, depth=depth, threshold=threshold)
+        self._webhook.send(depth_alert(event, self._names.queue, depth, threshold))
+
+
+async def run_monitor(settings: Settings, metrics: Metrics) -> None:
+    """Run the monitor with signal handling until SIGTERM/SIGINT."""
+    lifecycle = Lifecycle()
+    lifecycle.install_signals()
+    try:
+        await Monitor(
+            settings, metrics, lifecycle, Webhook(settings.alert_webhook_url, metrics)
+        ).serve()
+    finally:
+        lifecycle.restore_signals()

@@ -1,0 +1,291 @@
+"""The monitor against the real broker: logging, the webhook, rate limits and the threshold."""
+
+import asyncio
+import json
+import signal
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiohttp import web
+from structlog.testing import capture_logs
+
+from app.metrics import Metrics
+from app.monitor import Monitor
+from app.settings import Settings
+from app.topology import Names, declare
+from app.webhook import Webhook
+from app.worker import Lifecycle
+from tests.integration.failures import publish_failed
+from tests.support import depth, make_settings, ricochet_env, spawn, take, wait_for
+
+
+class WebhookServer:
+    """A local HTTP endpoint that records alert bodies and answers with scripted statuses."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = statuses  # answered in turn; the last one repeats
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.requests.append(await request.json())
+        status = self.statuses[min(len(self.requests), len(self.statuses)) - 1]
+        return web.Response(status=status)
+
+    async def start(self) -> "WebhookServer":
+        app = web.Application()
+        app.router.add_post("/hook/secret-token", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/hook/secret-token"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def delivered(self, event: str) -> list[dict[str, Any]]:
+        """Bodies of this event that were answered with a 2xx."""
+        return [
+            body
+            for i, body in enumerate(self.requests)
+            if body["event"] == event and self.statuses[min(i, len(self.statuses) - 1)] < 300
+        ]
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[Any]:
+    servers: list[WebhookServer] = []
+
+    async def start(statuses: list[int]) -> WebhookServer:
+        server = await WebhookServer(statuses).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+class InProcessMonitor:
+    """A Monitor running as a task of the test's event loop, with quick webhook retries."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.metrics = Metrics(settings.queue)
+        self.lifecycle = Lifecycle()
+        self.webhook = Webhook(
+            settings.alert_webhook_url, self.metrics, first_retry_s=0.05, max_retry_s=0.2
+        )
+        self.monitor = Monitor(settings, self.metrics, self.lifecycle, self.webhook)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> "InProcessMonitor":
+        self.task = asyncio.create_task(self.monitor.serve())
+
+        async def ready() -> bool:
+            assert self.task is not None
+            if self.task.done():
+                self.task.result()
+            return self.lifecycle.ready
+
+        await wait_for(ready, 20, "the monitor to consume")
+        return self
+
+    async def stop(self) -> None:
+        assert self.task is not None
+        self.lifecycle.request_stop()
+        await asyncio.wait_for(self.task, 30)
+
+    def alerts(self, event: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "ricochet_alerts_total", {"queue": self.metrics.queue, "event": event}
+        )
+        return value or 0.0
+
+
+@pytest.fixture
+async def start_monitor(queue_name: str, connection: AbstractConnection) -> AsyncIterator[Any]:
+    monitors: list[InProcessMonitor] = []
+
+    async def start(**overrides: Any) -> InProcessMonitor:
+        monitor = await InProcessMonitor(make_settings(queue_name, **overrides)).start()
+        monitors.append(monitor)
+        return monitor
+
+    yield start
+    for monitor in monitors:
+        if monitor.task is not None and not monitor.task.done():
+            await monitor.stop()
+
+
+async def test_monitor_logs_each_failure_and_leaves_the_failed_queue(
+    queue_name: str, channel: AbstractChannel
+) -> None:
+    """`ricochet monitor` logs one ERROR line per failure with its fields, removes nothing from
+    Q.failed, and exits 0 on SIGTERM."""
+    settings = make_settings(queue_name)
+    proc = spawn(["monitor"], ricochet_env(settings))
+    assert proc.stdout is not None
+    try:
+        lines: list[dict[str, Any]] = []
+
+        async def logged(event: str, n: int) -> None:
+            while sum(1 for line in lines if line.get("event") == event) < n:
+                text = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+                assert text, f"monitor exited: {proc.stderr.read() if proc.stderr else ''}"
+                lines.append(json.loads(text))
+
+        await logged("monitoring", 1)
+        await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
+        await publish_failed(channel, queue_name, "m2", KeyError("id"), job_type="mail")
+        await logged("job failed", 2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+        rc = proc.returncode
+    failed = [line for line in lines if line.get("event") == "job failed"]
+    assert [(f["level"], f["message_id"], f["type"], f["reason"]) for f in failed] == [
+        ("error", "m1", "report", "ValueError: no rows"),
+        ("error", "m2", "mail", "KeyError: 'id'"),
+    ]
+    assert all(f["kind"] == "permanent" and f["retry_count"] == 0 for f in failed)
+    assert all(f["failed_at"].endswith("+00:00") for f in failed)
+    assert rc == 0, stderr
+    assert await depth(channel, Names(queue_name).failed) == 2
+    kept = await take(channel, Names(queue_name).failed, 2)
+    assert [m.message_id for m in kept] == ["m1", "m2"]
+
+
+async def test_webhook_gets_job_failed_after_a_retry(
+    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+) -> None:
+    """A webhook that answers 500 first gets the job.failed alert again, and the delivered
+    alert carries every field of the contract."""
+    server = await webhook([500, 200])
+    monitor = await start_monitor(alert_webhook_url=server.url, alert_failed_threshold=100)
+    await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
+
+    async def delivered() -> bool:
+        return monitor.alerts("job.failed") == 1
+
+    await wait_for(delivered, 20, "the alert to be delivered")
+    assert len(server.requests) == 2
+    assert server.requests[0] == server.requests[1]
+    body = server.requests[1]
+    assert body == {
+        "event": "job.failed",
+        "queue": queue_name,
+        "message_id": "m1",
+        "type": "report",
+        "reason": "ValueError: no rows",
+        "kind": "permanent",
+        "retry_count": 0,
+        "failed_at": body["failed_at"],
+        "suppressed": 0,
+    }
+
+
+async def test_repeated_failures_of_one_reason_are_rate_limited(
+    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+) -> None:
+    """A burst of one reason gives one alert at once and one when the interval has passed,
+    counting the failures in between as suppressed; another reason is alerted on its own."""
+    server = await webhook([200])
+    await start_monitor(
+        alert_webhook_url=server.url, alert_interval_s=1, alert_failed_threshold=100
+    )
+    for i in range(5):
+        await publish_failed(channel, queue_name, f"a{i}", ValueError("no rows"))
+    await publish_failed(channel, queue_name, "b0", KeyError("id"))
+
+    async def both_edges() -> bool:
+        return len(server.delivered("job.failed")) >= 3
+
+    await wait_for(both_edges, 20, "the burst's two alerts")
+    await asyncio.sleep(2.5)  # two more intervals: nothing else is due
+    alerts = [(a["message_id"], a["suppressed"]) for a in server.delivered("job.failed")]
+    assert sorted(alerts) == [("a0", 0), ("a4", 3), ("b0", 0)]
+
+
+async def test_threshold_and_recovered_fire_once_each(
+    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+) -> None:
+    """Q.failed reaching the threshold alerts once, however long it stays there; falling back
+    below alerts recovered once."""
+    server = await webhook([200])
+    monitor = await start_monitor(
+        alert_webhook_url=server.url, alert_interval_s=1, alert_failed_threshold=3
+    )
+    for i in range(4):
+        await publish_failed(channel, queue_name, f"m{i}", ValueError(f"error {i}"))
+
+    async def alerted(event: str) -> bool:
+        return monitor.alerts(event) == 1
+
+    await wait_for(lambda: alerted("failed_queue.threshold"), 20, "the threshold alert")
+    await asyncio.sleep(2.2)  # stays above for two more checks
+    await take(channel, Names(queue_name).failed, 2)
+    await wait_for(lambda: alerted("failed_queue.recovered"), 20, "the recovered alert")
+    await asyncio.sleep(2.2)
+    crossings = [
+        (a["event"], a["threshold"])
+        for a in server.requests
+        if a["event"].startswith("failed_queue.")
+    ]
+    assert crossings == [("failed_queue.threshold", 3), ("failed_queue.recovered", 3)]
+    assert server.delivered("failed_queue.threshold")[0]["depth"] >= 3
+    assert server.delivered("failed_queue.recovered")[0]["depth"] == 2
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_monitor_survives_a_dead_webhook(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """With nothing listening at the webhook and a delivery queue that overflows, every failure
+    is still logged and consumed, alerts are dropped with warnings, and the monitor keeps
+    running and stops cleanly."""
+    settings = make_settings(
+        queue_name,
+        alert_webhook_url=f"http://127.0.0.1:{unused_port()}/hook",
+        alert_failed_threshold=100,
+    )
+    await declare(connection, settings)
+    metrics = Metrics(queue_name)
+    lifecycle = Lifecycle()
+    hook = Webhook(settings.alert_webhook_url, metrics, first_retry_s=0.05, queue_size=2)
+    task = asyncio.create_task(Monitor(settings, metrics, lifecycle, hook).serve())
+    with capture_logs() as logs:
+        await wait_for(lambda: asyncio.sleep(0, lifecycle.ready), 20, "the monitor to consume")
+        for i in range(6):
+            await publish_failed(channel, queue_name, f"m{i}", ValueError(f"error {i}"))
+
+        async def consumed() -> bool:
+            return sum(1 for log in logs if log["event"] == "job failed") == 6
+
+        await wait_for(consumed, 20, "six failures logged")
+
+        async def gave_up() -> bool:
+            return any(log["event"] == "alert not delivered" for log in logs)
+
+        await wait_for(gave_up, 20, "an alert to be given up")
+        assert not task.done()
+        assert lifecycle.ready
+        lifecycle.request_stop()
+        await asyncio.wait_for(task, 30)
+    events = [log["event"] for log in logs]
+    assert "alert dropped: delivery queue full" in events
+    assert "webhook failed, retrying" in events
+    assert await depth(channel, Names(queue_name).events) == 0
+    assert await depth(channel, Names(queue_name).failed) == 6

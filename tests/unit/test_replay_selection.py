@@ -1,0 +1,99 @@
+"""Replay's pure parts: which copies match, and the headers a replayed job carries."""
+
+import pytest
+
+from app.failed import FAILURE_HEADERS, FailureInfo, read_failure
+from app.replay import Selection, replayed_headers
+
+COPY = FailureInfo("m1", "report", "ValueError: bad input", "permanent", 0, "2024-01-01T00:00:00")
+
+
+@pytest.mark.parametrize(
+    ("selection", "matches"),
+    [
+        (Selection(), True),
+        (Selection(reason="bad"), True),
+        (Selection(reason="ValueError: bad input"), True),
+        (Selection(reason="Bad"), False),
+        (Selection(reason="KeyError"), False),
+        (Selection(type="report"), True),
+        (Selection(type="rep"), False),
+        (Selection(message_id="m1"), True),
+        (Selection(message_id="m"), False),
+        (Selection(reason="bad", type="report", message_id="m1"), True),
+        (Selection(reason="bad", type="other"), False),
+    ],
+)
+def test_selection(selection: Selection, matches: bool) -> None:
+    """--reason is a case-sensitive substring; --type and --message-id match exactly; all AND."""
+    assert selection.matches(COPY) is matches
+
+
+def failed_copy_headers(**extra: object) -> dict[str, object]:
+    headers: dict[str, object] = {name: "x" for name in FAILURE_HEADERS}
+    headers.update({"tenant": "acme", "max-retries": 2}, **extra)
+    return headers
+
+
+@pytest.mark.parametrize(
+    ("extra", "replay_count"),
+    [
+        ({}, 1),
+        ({"replay-count": 1}, 2),
+        ({"replay-count": 7}, 8),
+        ({"replay-count": "junk"}, 1),
+        ({"replay-count": -3}, 1),
+        ({"replay-count": True}, 1),
+    ],
+)
+def test_replayed_headers(extra: dict[str, object], replay_count: int) -> None:
+    """The failure headers go, the application's stay, replay-count counts up from 0."""
+    assert replayed_headers(failed_copy_headers(**extra)) == {
+        "tenant": "acme",
+        "max-retries": 2,
+        "replay-count": replay_count,
+    }
+
+
+def test_replayed_headers_drop_broker_bookkeeping() -> None:
+    """Death and delivery counters of the failed queue would cost the job retries or mark it
+    poison in the main queue, so none survives the replay."""
+    headers = failed_copy_headers(
+        **{
+            "x-death": [{"queue": "q", "reason": "rejected", "count": 3}],
+            "x-first-death-queue": "q",
+            "x-delivery-count": 9,
+            "x-acquired-count": 9,
+        }
+    )
+    assert set(replayed_headers(headers)) == {"tenant", "max-retries", "replay-count"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "amqp_type", "body", "expected"),
+    [
+        (
+            {
+                "failed-reason": "E: x",
+                "failed-kind": "exhausted",
+                "retry-count": 3,
+                "failed-at": "t",
+            },
+            "report",
+            b"{}",
+            FailureInfo("m", "report", "E: x", "exhausted", 3, "t"),
+        ),
+        ({}, None, b'{"type": "mail"}', FailureInfo("m", "mail", "unknown", None, None, None)),
+        (
+            {"failed-reason": b"E: bytes", "retry-count": "3"},
+            None,
+            b"not json",
+            FailureInfo("m", None, "E: bytes", None, None, None),
+        ),
+    ],
+)
+def test_read_failure(
+    headers: dict[str, object], amqp_type: str | None, body: bytes, expected: FailureInfo
+) -> None:
+    """A copy's failure is read from its headers; the type as Job.type resolves it."""
+    assert read_failure(headers, "m", amqp_type, body) == expected
