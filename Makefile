@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# bench/ is linted once it exists.
+LINT_PATHS := app tests $(wildcard bench)
 
 .PHONY: install test unit integration faults lint format typecheck run bench clean
 
@@ -24,12 +26,12 @@ integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 format: install
-	$(BIN)/ruff format app tests bench
-	$(BIN)/ruff check --fix app tests bench
+	$(BIN)/ruff format $(LINT_PATHS)
+	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 typecheck: install
 	$(BIN)/mypy
