@@ -37,7 +37,7 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
     """Connect, retrying with backoff for timeout_s (forever when None); BrokerUnavailable after."""
     retrying = AsyncRetrying(
         stop=stop_never if timeout_s is None else stop_after_delay(timeout_s),
-        wait=wait_exponential_jitter(initial=0.2, max=5),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
         retry=retry_if_exception_type(_UNREACHABLE),
         before_sleep=_log_attempt,
         reraise=True,
