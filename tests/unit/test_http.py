@@ -10,12 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.errors import RicochetError
 from app.http import serve_http
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 async def get(port: int, path: str) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""What /metrics of a running worker says after real successes, retries and failures."""
+"""The worker's HTTP side: what /metrics says after real jobs, and a port that is taken."""
 
 import asyncio
 import os
@@ -15,7 +15,7 @@ from app.job import Job
 from app.metrics import Metrics
 from app.topology import Names
 from app.worker import run_worker
-from tests.support import make_settings, publish, take, wait_for
+from tests.support import free_port, make_settings, publish, ricochet_env, run_cli, take, wait_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -30,12 +30,6 @@ async def handler(job: Job) -> None:
         raise PermanentError("no such customer")
     if job.type == "broken" or (job.type == "flaky" and job.attempt == 1):
         raise BackendDown("backend timed out")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def scrape(port: int) -> Samples:
@@ -112,3 +106,17 @@ async def test_metrics_count_what_happened(queue_name: str, channel: AbstractCha
         str(m.headers["failed-kind"]) for m in await take(channel, Names(queue_name).failed, 3)
     )
     assert kinds == ["exhausted", "permanent", "permanent"]
+
+
+async def test_worker_exits_1_when_its_http_port_is_taken(queue_name: str) -> None:
+    """`ricochet worker` with RICOCHET_HTTP_PORT in use exits 1 with a message naming the port,
+    before it touches the broker."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = ricochet_env(make_settings(queue_name, http_port=port))
+        result = await asyncio.to_thread(run_cli, ["worker"], env)
+    assert result.returncode == 1, result.stderr
+    assert f"RICOCHET_HTTP_PORT={port}: cannot listen on 0.0.0.0:{port}" in result.stderr
+    assert '"event": "connected"' not in result.stdout
