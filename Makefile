@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
-SOURCES := app tests $(wildcard bench)
+# bench/ is linted once it exists.
+LINT_PATHS := app tests $(wildcard bench)
 
-.PHONY: install test unit integration faults lint format typecheck run bench clean
+.PHONY: install test unit integration faults lint lint-docker format typecheck run bench lock clean
 
 $(BIN)/ricochet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +16,7 @@ $(BIN)/ricochet: pyproject.toml
 
 install: $(BIN)/ricochet  ## make the virtualenv with ricochet and the dev tools
 
-test: install lint typecheck  ## lint, type-check, then every test against the local RabbitMQ
+test: install lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: install
@@ -25,15 +26,25 @@ integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check $(SOURCES)
-	$(BIN)/ruff format --check $(SOURCES)
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 format: install
-	$(BIN)/ruff format $(SOURCES)
-	$(BIN)/ruff check --fix $(SOURCES)
+	$(BIN)/ruff format $(LINT_PATHS)
+	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 typecheck: install
 	$(BIN)/mypy
+
+lint-docker: install  ## hadolint on the Dockerfile
+	$(BIN)/hadolint --no-color Dockerfile
+
+# The image installs requirements.lock with hashes (scripts/install-locked.sh); regenerate it after
+# changing dependencies in pyproject.toml (add PIP_COMPILE_ARGS=--upgrade to take newer releases).
+lock: install  ## pin every runtime dependency, with hashes, in requirements.lock
+	$(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --build-deps-for=wheel \
+		--strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
+		--output-file=requirements.lock pyproject.toml
 
 run: install  ## a worker against the local broker (settings from the environment)
 	$(BIN)/ricochet worker

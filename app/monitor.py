@@ -15,6 +15,7 @@ from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from app.alerts import DepthWatch, ReasonLimiter, depth_alert, job_failed_alert
 from app.connection import close_quietly, connect
 from app.failed import read_failure
+from app.http import serve_http
 from app.metrics import Metrics
 from app.settings import Settings
 from app.topology import Names, declare
@@ -143,12 +144,13 @@ class Monitor:
 
 
 async def run_monitor(settings: Settings, metrics: Metrics) -> None:
-    """Run the monitor with signal handling until SIGTERM/SIGINT."""
+    """Run the monitor with signal handling and its HTTP endpoints until SIGTERM/SIGINT."""
     lifecycle = Lifecycle()
     lifecycle.install_signals()
     try:
-        await Monitor(
-            settings, metrics, lifecycle, Webhook(settings.alert_webhook_url, metrics)
-        ).serve()
+        async with serve_http(settings.http_port, metrics.registry, lambda: lifecycle.ready):
+            await Monitor(
+                settings, metrics, lifecycle, Webhook(settings.alert_webhook_url, metrics)
+            ).serve()
     finally:
         lifecycle.restore_signals()

@@ -13,6 +13,7 @@ from aio_pika.abc import AbstractConnection
 from app.connection import CONNECTION_ERRORS, close_quietly, connect
 from app.consumer import Consumer
 from app.handler import Invoker
+from app.http import serve_http
 from app.metrics import Metrics
 from app.settings import Settings
 from app.topology import declare
@@ -167,10 +168,12 @@ class Worker:
 
 
 async def run_worker(settings: Settings, invoker: Invoker, metrics: Metrics) -> None:
-    """Run a worker with signal handling until SIGTERM/SIGINT."""
+    """Run a worker with signal handling and its HTTP endpoints until SIGTERM/SIGINT."""
     lifecycle = Lifecycle()
     lifecycle.install_signals()
     try:
-        await Worker(settings, invoker, metrics, lifecycle).serve()
+        # HTTP first: /healthz answers (and /readyz says 503) while the broker is awaited.
+        async with serve_http(settings.http_port, metrics.registry, lambda: lifecycle.ready):
+            await Worker(settings, invoker, metrics, lifecycle).serve()
     finally:
         lifecycle.restore_signals()

@@ -4,6 +4,7 @@ import asyncio
 import inspect
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,13 @@ def make_settings(queue: str, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a test's HTTP server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def publish(

@@ -1,0 +1,194 @@
+"""The deployment files agree with the code: settings, commands, endpoints, ports, timeouts."""
+
+import os
+import re
+import tomllib
+from urllib.parse import urlsplit
+
+import pytest
+from packaging.requirements import Requirement
+from prometheus_client import CollectorRegistry
+
+from app.cli import main
+from app.http import routes
+from app.settings import ENV_PREFIX, Settings, load_settings
+from tests.deploy_files import (
+    COMPOSE,
+    compose,
+    copied_sources,
+    dockerfile,
+    duration_s,
+    env_file,
+    interpolate,
+    only,
+    ricochet_services,
+    service_environment,
+)
+from tests.support import ROOT
+
+SETTINGS = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+# The commands SPEC section 6 names; a service may only run one of these.
+SPEC_COMMANDS = {"worker", "monitor", "topology", "status", "replay", "publish"}
+
+
+def load(monkeypatch: pytest.MonkeyPatch, environ: dict[str, str]) -> Settings:
+    """Settings exactly as a process with this RICOCHET_* environment builds them."""
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(key)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    return load_settings()
+
+
+def test_env_file_names_every_setting_and_nothing_else() -> None:
+    """config/ricochet.env sets (or, for the URL, documents) each setting, and only settings."""
+    env = env_file()
+    named = set(env.values) | set(env.commented)
+    assert named - SETTINGS == set(), "not settings of app.settings.Settings"
+    assert SETTINGS - named == set(), "settings missing from config/ricochet.env"
+
+
+def test_env_file_explains_each_setting() -> None:
+    """Every variable line of config/ricochet.env follows a comment line of its own."""
+    lines = env_file().lines
+    for i, line in enumerate(lines):
+        if re.match(r"(# )?RICOCHET_\w+=", line):
+            above = lines[i - 1]
+            assert above.startswith("# "), f"no comment above {line}"
+            assert not re.match(r"# RICOCHET_\w+=", above), f"no comment above {line}"
+
+
+def test_env_file_values_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values in config/ricochet.env pass the same validation the CLI applies."""
+    settings = load(monkeypatch, env_file().values)
+    assert settings.http_port != 0, "the image's health check needs the HTTP port"
+
+
+def test_compose_runs_worker_and_monitor() -> None:
+    """The stack has a worker (the image's default command) and a monitor service."""
+    services = ricochet_services()
+    assert "command" not in services["worker"]
+    assert only("CMD").exec_form() == ["worker"]
+    assert services["monitor"]["command"] == ["monitor"]
+
+
+@pytest.mark.parametrize("name", sorted(ricochet_services()))
+def test_service_command_exists(name: str) -> None:
+    """A ricochet service runs a command that SPEC names and the click CLI provides."""
+    command = ricochet_services()[name].get("command", only("CMD").exec_form())
+    assert command[0] in SPEC_COMMANDS, f"service {name}: {command[0]!r} is not in SPEC"
+    assert command[0] in main.commands, (
+        f"service {name} runs `ricochet {command[0]}`, which the CLI does not have "
+        f"(it has: {', '.join(sorted(main.commands))})"
+    )
+
+
+def test_ricochet_services_connect_to_the_compose_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker and monitor get valid settings whose broker is the rabbitmq service, as its user."""
+    broker = compose()["services"]["rabbitmq"]["environment"]
+    for name, service in ricochet_services().items():
+        env = service_environment(service)
+        assert set(env) <= SETTINGS, f"service {name} sets unknown RICOCHET_* variables"
+        url = urlsplit(load(monkeypatch, env).amqp_url)
+        assert url.hostname == "rabbitmq", name
+        assert url.username == interpolate(broker["RABBITMQ_DEFAULT_USER"]), name
+        assert url.password == interpolate(broker["RABBITMQ_DEFAULT_PASS"]), name
+        assert url.username != "guest", "guest can only log in from the broker's own host"
+
+
+def test_stop_grace_outlasts_the_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose waits longer than RICOCHET_SHUTDOWN_TIMEOUT_S before it kills a container."""
+    for name, service in ricochet_services().items():
+        drain_s = load(monkeypatch, service_environment(service)).shutdown_timeout_s
+        assert duration_s(service["stop_grace_period"]) > drain_s, name
+    assert only("STOPSIGNAL").args == "SIGTERM"
+
+
+def test_ricochet_services_can_scale() -> None:
+    """No container_name or host port on worker and monitor, so `--scale worker=N` works."""
+    for name, service in ricochet_services().items():
+        assert "container_name" not in service, name
+        assert "ports" not in service, name
+
+
+def test_published_ports_are_loopback_only() -> None:
+    """Every published port is bound to 127.0.0.1, and the broker's three are published."""
+    published = []
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"service {name} publishes {port}"
+            published.append(str(port).split(":")[1])
+    assert sorted(published) == ["15672", "15692", "5672"]
+
+
+def test_image_health_check_probes_healthz() -> None:
+    """The image's HEALTHCHECK fetches a path that app/http.py serves, on RICOCHET_HTTP_PORT."""
+    check = only("HEALTHCHECK").exec_form()
+    script = check[-1]
+    path = re.search(r"http://127\.0\.0\.1:%s(/\w+)", script)
+    assert path, script
+    served = {route.path for route in routes(CollectorRegistry(), lambda: True)}
+    assert path[1] == "/healthz"
+    assert path[1] in served
+    assert "RICOCHET_HTTP_PORT" in script
+    assert str(Settings.model_fields["http_port"].default) in script
+
+
+def test_broker_health_check_and_plugins() -> None:
+    """rabbitmq is checked with rabbitmq-diagnostics and loads ricochet's plugins and config."""
+    rabbitmq = compose()["services"]["rabbitmq"]
+    check = rabbitmq["healthcheck"]["test"]
+    assert check[:3] == ["CMD", "rabbitmq-diagnostics", "-q"]
+    assert check[3] in {"ping", "check_port_connectivity"}
+    assert re.fullmatch(r"rabbitmq:4\.\d+\.\d+-management", rabbitmq["image"])
+    mounts = {v.split(":")[0]: v.split(":")[1] for v in rabbitmq["volumes"]}
+    for source in ("./config/rabbitmq.conf", "./config/enabled_plugins"):
+        assert (COMPOSE.parent / source).is_file(), source
+        assert source in mounts
+    plugins = (ROOT / "config" / "enabled_plugins").read_text()
+    listed = set(re.findall(r"\w+", plugins))
+    assert {
+        "rabbitmq_management",
+        "rabbitmq_shovel",
+        "rabbitmq_shovel_management",
+        "rabbitmq_prometheus",
+    } <= listed
+    for service in ricochet_services().values():
+        assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+
+
+def test_image_runs_ricochet_as_non_root() -> None:
+    """Pinned slim base, ricochet as entry point, worker by default, a numeric non-root user."""
+    base = next(i for i in dockerfile() if i.keyword == "FROM").args
+    assert re.fullmatch(r"python:3\.1[1-9]\.\d+-slim-bookworm", base), base
+    assert only("ENTRYPOINT").exec_form() == ["ricochet"]
+    assert only("CMD").exec_form() == ["worker"]
+    user = only("USER").args.split(":")[0]
+    assert user.isdigit()
+    assert int(user) != 0
+
+
+def test_image_copies_only_what_dockerignore_lets_through() -> None:
+    """Every COPY source is re-included by .dockerignore, which excludes everything else."""
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [line for line in ignore if line and not line.startswith("#")]
+    assert patterns[0] == "*"
+    for source in copied_sources():
+        assert (ROOT / source).exists(), source
+        assert f"!{source}" in patterns, f"{source} is excluded from the build context"
+    assert any("install-locked.sh" in i.args for i in dockerfile() if i.keyword == "RUN")
+
+
+def test_lock_satisfies_pyproject() -> None:
+    """requirements.lock pins, with hashes, a version of every runtime dependency it allows."""
+    lock = (ROOT / "requirements.lock").read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.MULTILINE))
+    blocks = re.split(r"\n(?=[A-Za-z])", lock)
+    assert all("--hash=sha256:" in b for b in blocks if re.match(r"[A-Za-z]", b))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    normalized = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pins.items()}
+    for spec in map(Requirement, needed):
+        name = re.sub(r"[-_.]+", "-", spec.name).lower()
+        assert name in normalized, f"{spec.name} is not in requirements.lock: run make lock"
+        assert spec.specifier.contains(normalized[name]), f"{spec} vs {normalized[name]}"

@@ -1,0 +1,75 @@
+"""The HTTP endpoints of a service process, served on a real socket (no broker needed)."""
+
+import socket
+
+import aiohttp
+import psutil
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.errors import RicochetError
+from app.http import serve_http
+from tests.support import free_port
+
+
+async def get(port: int, path: str) -> tuple[int, str, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, response.headers["Content-Type"], await response.text()
+
+
+async def test_endpoints_follow_the_registry_and_the_ready_flag() -> None:
+    """/healthz is always 200, /readyz follows ready(), /metrics exposes the given registry."""
+    registry = CollectorRegistry()
+    Counter("demo_events", "Events.", registry=registry).inc(3)
+    ready = False
+    port = free_port()
+    async with serve_http(port, registry, lambda: ready):
+        assert (await get(port, "/healthz"))[0] == 200
+        assert (await get(port, "/readyz"))[0] == 503
+        ready = True
+        assert (await get(port, "/readyz"))[0] == 200
+        status, content_type, text = await get(port, "/metrics")
+        assert status == 200
+        assert content_type.startswith("text/plain; version=")
+        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert samples["demo_events_total"] == 3
+
+
+async def test_the_server_stops_with_the_block() -> None:
+    """Leaving the block closes the port again."""
+    port = free_port()
+    async with serve_http(port, CollectorRegistry(), lambda: True):
+        pass
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await get(port, "/healthz")
+
+
+def listening() -> set[int]:
+    return {
+        c.laddr.port
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+async def test_port_zero_serves_nothing() -> None:
+    """Port 0 turns HTTP off: the block runs and the process opens no listening socket."""
+    before = listening()
+    async with serve_http(0, CollectorRegistry(), lambda: True):
+        during = listening()
+    assert during == before
+
+
+async def test_a_port_in_use_is_a_clear_error() -> None:
+    """A taken port raises RicochetError naming the variable and the port, before the block."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RicochetError, match=f"RICOCHET_HTTP_PORT={port}: cannot listen"):
+            async with serve_http(port, CollectorRegistry(), lambda: True):
+                pytest.fail("the block must not run")
