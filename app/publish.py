@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import PublishError
 
 from app.errors import RicochetError
@@ -46,11 +46,20 @@ async def publish_job(
     )
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
+        await publish_to_queue(channel, queue, message)
+    finally:
+        await channel.close()
+    return message_id
+
+
+async def publish_to_queue(channel: AbstractChannel, queue: str, message: aio_pika.Message) -> None:
+    """Publish to a queue through the default exchange, confirmed; a missing queue is an error.
+
+    The channel must have publisher confirms and on_return_raises.
+    """
+    try:
         await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
     except PublishError:
         raise RicochetError(
             f"queue {queue!r} does not exist: run 'ricochet topology' or start a worker first"
         ) from None
-    finally:
-        await channel.close()
-    return message_id

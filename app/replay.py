@@ -16,10 +16,10 @@ from typing import Any
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from aiormq.exceptions import PublishError
 
 from app.errors import RicochetError
 from app.failed import FAILURE_HEADERS, FailureInfo, copied_properties, read_failure, without_death
+from app.publish import publish_to_queue
 from app.topology import Names
 from app.worker import Lifecycle
 
@@ -125,12 +125,7 @@ async def _move(channel: AbstractChannel, queue: str, message: AbstractIncomingM
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         **copied_properties(message),
     )
-    try:
-        await channel.default_exchange.publish(job, routing_key=queue, mandatory=True)
-    except PublishError:
-        raise RicochetError(
-            f"queue {queue!r} does not exist: run 'ricochet topology' or start a worker first"
-        ) from None
+    await publish_to_queue(channel, queue, job)
     # A crash right here leaves the job in both queues: the only at-least-once window.
     await message.ack()
     log.info("replayed", message_id=message.message_id, type=message.type)
