@@ -56,6 +56,12 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
     return connection
 
 
+def frame_max(connection: AbstractConnection) -> int:
+    """The largest frame the broker accepts on this connection (the tune it sent at open)."""
+    assert connection.transport is not None
+    return int(connection.transport.connection.connection_tune.frame_max)
+
+
 async def close_quietly(connection: AbstractConnection) -> None:
     """Close a connection that may already be broken."""
     if not connection.is_closed:

@@ -1,18 +1,24 @@
 """The consumer: the only place that acks, nacks or publishes on behalf of a delivery."""
 
 import asyncio
-import contextlib
 import datetime as dt
 import time
 from typing import Any
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
+from aiormq.exceptions import DeliveryError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from app.connection import CONNECTION_ERRORS
 from app.errors import PoisonMessage
-from app.failed import copied_properties, failed_headers, failure_reason
+from app.failed import copied_properties, failed_headers, failure_reason, fit_to_frame
 from app.handler import Invoker
 from app.job import Job
 from app.metrics import Metrics
@@ -32,9 +38,20 @@ from app.topology import Plan
 
 log = structlog.get_logger("ricochet.consumer")
 
-# Pause before handing back a job whose failed copy was not confirmed, so a broken failed
-# queue does not turn into a hot redelivery loop.
-UNCONFIRMED_BACKOFF_S = 1.0
+# First pause before publishing again a copy the broker did not confirm; it doubles up to 30 s.
+UNCONFIRMED_FIRST_WAIT_S = 0.5
+
+
+def _log_unconfirmed(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    # The frame says why (a Basic.Return with its reply text, or a Basic.Nack), not the body.
+    frame = getattr(error, "frame", None)
+    log.error(
+        "copy not confirmed, the job stays in the queue",
+        broker_said=getattr(frame, "reply_text", None) or type(frame).__name__,
+        attempt=state.attempt_number,
+        next_try_s=round(state.upcoming_sleep, 2),
+    )
 
 
 class Consumer:
@@ -48,32 +65,64 @@ class Consumer:
         self._metrics = metrics
         self.in_flight: set[asyncio.Task[None]] = set()
         self._channel: AbstractChannel | None = None
+        self._queue: AbstractQueue | None = None
         self._failed: AbstractExchange | None = None
         self._tag: str | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._frame_max = 0
 
-    async def start(self, channel: AbstractChannel) -> None:
-        """Start consuming the main queue on a channel opened with publisher confirms."""
+    async def start(self, channel: AbstractChannel, frame_max: int) -> None:
+        """Start taking jobs from the main queue on a channel opened with publisher confirms."""
         self._channel = channel
+        self._frame_max = frame_max
+        self._tag = None
         self._failed = await channel.get_exchange(self._names.failed, ensure=False)
-        queue = await channel.get_queue(self._names.queue, ensure=False)
-        self._tag = await queue.consume(self._on_message)
+        self._queue = await channel.get_queue(self._names.queue, ensure=False)
+        self._opening = asyncio.get_running_loop().create_task(self._redelivered_first())
+
+    async def _redelivered_first(self) -> None:
+        """Run the jobs that come back redelivered one at a time, then subscribe.
+
+        A job redelivered after a crash may be the one that killed its worker. The broker counts
+        a return against every delivery that was unacked at that moment, so with a full prefetch
+        the jobs around a poison job would reach the poison limit with it. Taken one by one with
+        basic.get, a redelivered job is the only delivery this worker holds while it runs.
+        """
+        assert self._queue is not None
+        try:
+            while (message := await self._queue.get(no_ack=False, fail=False)) is not None:
+                job = self._spawn(message)
+                if not message.redelivered:
+                    break
+                await asyncio.wait({job})
+            self._tag = await self._queue.consume(self._on_message)
+        except CONNECTION_ERRORS as error:
+            # The worker sees the channel close and starts over on a new connection.
+            log.warning("consuming interrupted", error=str(error))
 
     async def stop(self) -> None:
         """Stop taking deliveries; jobs in flight carry on."""
-        if self._channel is None or self._tag is None or self._channel.is_closed:
+        if self._opening is not None:
+            self._opening.cancel()  # it only waits on jobs, never cancels them
+        if self._queue is None or self._tag is None or self._channel is None:
+            return
+        if self._channel.is_closed:
             return
         try:
-            queue = await self._channel.get_queue(self._names.queue, ensure=False)
-            await queue.cancel(self._tag)
+            await self._queue.cancel(self._tag)
         except CONNECTION_ERRORS as error:
             log.warning("consumer cancel failed", error=str(error))
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._spawn(message)
+
+    def _spawn(self, message: AbstractIncomingMessage) -> asyncio.Task[None]:
         # Jobs run in tasks of their own, so closing a channel never cancels a handler.
         task = asyncio.get_running_loop().create_task(self._process(message))
         self.in_flight.add(task)
         self._metrics.in_flight.labels(self._names.queue).inc()
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
@@ -150,14 +199,17 @@ class Consumer:
     async def _fail(
         self, message: AbstractIncomingMessage, job: Job, error: BaseException, kind: FailureKind
     ) -> None:
-        headers = failed_headers(
-            job.headers,
-            error,
-            kind,
-            retry_count=job.attempt - 1,
-            queue=self._names.queue,
-            routing_key=original_routing_key(job.headers, self._names.queue, job.routing_key),
-            now=dt.datetime.now(dt.UTC),
+        headers = fit_to_frame(
+            failed_headers(
+                job.headers,
+                error,
+                kind,
+                retry_count=job.attempt - 1,
+                queue=self._names.queue,
+                routing_key=original_routing_key(job.headers, self._names.queue, job.routing_key),
+                now=dt.datetime.now(dt.UTC),
+            ),
+            self._frame_max,
         )
         copy = aio_pika.Message(
             message.body,
@@ -194,15 +246,25 @@ class Consumer:
         copy: aio_pika.Message,
         routing_key: str,
     ) -> bool:
-        """Publish with a confirm, then ack; hand the original back if the confirm fails."""
+        """Publish with a confirm, then ack the original.
+
+        A copy the broker returns (unroutable) or nacks is published again with backoff while
+        the original stays unacked in the queue. It is not requeued: each requeue would raise
+        its delivery count until the job looked like poison and lost its real reason.
+        """
         try:
-            await exchange.publish(copy, routing_key=routing_key, mandatory=True)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(DeliveryError),
+                wait=wait_exponential_jitter(multiplier=UNCONFIRMED_FIRST_WAIT_S, max=30),
+                before_sleep=_log_unconfirmed,
+            ):
+                with attempt:
+                    await exchange.publish(copy, routing_key=routing_key, mandatory=True)
         except CONNECTION_ERRORS as error:
-            log.error("copy not confirmed, the job stays in the queue", error=str(error))
-            await asyncio.sleep(UNCONFIRMED_BACKOFF_S)
-            # If the channel is gone, the broker hands the job back by itself.
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await message.nack(requeue=True)
+            # The channel is gone: the broker hands the original back by itself.
+            log.warning(
+                "copy not published: channel closed, the job stays in the queue", error=str(error)
+            )
             return False
         return await self._ack(message)
 

@@ -6,11 +6,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pamqp.encode import field_table
+
 from app.job import job_type
 from app.retry import FailureKind
 
 REASON_MAX_CHARS = 1000
 TRACEBACK_MAX_CHARS = 4096
+# A message's properties and headers travel in one frame; this much of it is left to the
+# properties other than the headers (at most eight short strings and a few numbers).
+PROPERTIES_RESERVE_BYTES = 4096
 
 # Headers the broker writes while dead-lettering; a failed copy starts its history afresh.
 DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
@@ -82,6 +87,23 @@ def failed_headers(
         "original-queue": queue,
         "original-routing-key": routing_key,
     }
+
+
+def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
+    """The headers, with the traceback and then the reason shortened until they fit one frame.
+
+    A header frame larger than the connection's frame_max makes the broker close the whole
+    connection, so a failed copy that does not fit would send its job round forever.
+    """
+    fitted = dict(headers)
+    for key, keep_end in (("failed-traceback", True), ("failed-reason", False)):
+        excess = len(field_table(fitted)) - (frame_max - PROPERTIES_RESERVE_BYTES)
+        if excess <= 0:
+            break
+        text = fitted[key]
+        # Cutting n characters removes at least n bytes of UTF-8.
+        fitted[key] = text[excess:] if keep_end else text[: max(len(text) - excess, 0)]
+    return fitted
 
 
 def copied_properties(message: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import structlog
 from aio_pika.abc import AbstractConnection
 
-from app.connection import CONNECTION_ERRORS, close_quietly, connect
+from app.connection import CONNECTION_ERRORS, close_quietly, connect, frame_max
 from app.consumer import Consumer
 from app.handler import Invoker
 from app.http import serve_http
@@ -132,7 +132,7 @@ class Worker:
             self._consumer = Consumer(
                 plan, self._settings.max_retries, self._invoker, self._metrics
             )
-        await self._consumer.start(channel)
+        await self._consumer.start(channel, frame_max(connection))
         self._lifecycle.ready = True
         log.info("consuming", queue=plan.names.queue, prefetch=self._settings.prefetch)
         stop = asyncio.ensure_future(self._lifecycle.stopping.wait())

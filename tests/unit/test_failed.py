@@ -2,13 +2,18 @@
 
 import datetime as dt
 
+import pytest
+from pamqp.encode import field_table
+
 from app.errors import PermanentError
 from app.failed import (
+    PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
     exception_name,
     failed_headers,
     failure_reason,
+    fit_to_frame,
     without_death,
 )
 from app.retry import FailureKind
@@ -75,3 +80,50 @@ def test_without_death_keeps_everything_else() -> None:
         "a": 1,
         "x-other": 2,
     }
+
+
+FRAME_MAX = 131_072
+
+
+def big_failure(application_bytes: int) -> dict[str, object]:
+    """Failure headers with a full-length reason and traceback, and one large application header."""
+    headers = failed_headers(
+        {"blob": "é" * (application_bytes // 2)},
+        raised(ValueError("x" * 2 * REASON_MAX_CHARS)),
+        FailureKind.PERMANENT,
+        0,
+        "jobs",
+        "jobs",
+        dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+    )
+    headers["failed-traceback"] = "t" * (TRACEBACK_MAX_CHARS - 10) + "raise here"
+    return headers
+
+
+def test_headers_that_fit_are_untouched() -> None:
+    """A failed copy well within the frame keeps its reason and traceback whole."""
+    headers = big_failure(1000)
+    assert fit_to_frame(headers, FRAME_MAX) == headers
+
+
+@pytest.mark.parametrize(
+    ("application_bytes", "traceback_kept", "reason_kept"),
+    [
+        (FRAME_MAX - PROPERTIES_RESERVE_BYTES - 4000, True, True),  # the traceback is cut
+        (FRAME_MAX - PROPERTIES_RESERVE_BYTES - 600, False, True),  # then the reason
+    ],
+)
+def test_large_copies_are_cut_to_the_frame(
+    application_bytes: int, traceback_kept: bool, reason_kept: bool
+) -> None:
+    """Near the frame limit the traceback is cut first (keeping its end), then the reason
+    (keeping its start), until the encoded headers leave room for the other properties."""
+    headers = big_failure(application_bytes)
+    fitted = fit_to_frame(headers, FRAME_MAX)
+    assert len(field_table(fitted)) <= FRAME_MAX - PROPERTIES_RESERVE_BYTES
+    assert fitted["blob"] == headers["blob"]
+    assert bool(fitted["failed-traceback"]) is traceback_kept
+    if traceback_kept:
+        assert fitted["failed-traceback"].endswith("raise here")
+    assert bool(fitted["failed-reason"]) is reason_kept
+    assert headers["failed-reason"].startswith(fitted["failed-reason"])
