@@ -2,10 +2,11 @@
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
-from app import Job
+from app import Job, PermanentError
 
 
 def _mark(event: str, job: Job) -> None:
@@ -31,3 +32,20 @@ def stuck(job: Job) -> None:
     """A sync handler that never finishes in time."""
     _mark("start", job)
     time.sleep(600)
+
+
+async def fault(job: Job) -> None:
+    """Journal start and done; the payload may ask to work ("sleep_s"), fail the first N attempts
+    ("fail": N), fail for good ("fail": "permanent"), hang ("hang_s") or kill the whole worker
+    process ("poison": true) every time it is handled."""
+    payload = job.payload
+    _mark("start", job)
+    if payload.get("poison"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    await asyncio.sleep(float(payload.get("hang_s", payload.get("sleep_s", 0))))
+    fail = payload.get("fail", 0)
+    if fail == "permanent":
+        raise PermanentError("cannot ever work")
+    if isinstance(fail, int) and job.attempt <= fail:
+        raise ConnectionError(f"flaky on attempt {job.attempt}")
+    _mark("done", job)

@@ -237,10 +237,12 @@ def run_cli(
     )
 
 
-def close_connections(queue: str, role: str = "worker") -> int:
-    """Have the broker close the connections of ricochet processes of a queue; returns how many."""
+def close_connections(queue: str, role: str = "worker", node: str | None = None) -> int:
+    """Have the broker (or the named node) close the connections of ricochet processes of a
+    queue; returns how many."""
+    ctl = ["rabbitmqctl", *(["-n", node] if node else [])]
     listed = subprocess.run(
-        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        [*ctl, "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
         capture_output=True,
         text=True,
         check=True,
@@ -251,7 +253,7 @@ def close_connections(queue: str, role: str = "worker") -> int:
         pid, _, properties = line.partition("\t")
         found = re.search(r'\{"connection_name","([^"]*)"\}', properties)
         if found and found.group(1).startswith(prefix):
-            subprocess.run(["rabbitmqctl", "close_connection", pid, "test"], capture_output=True)
+            subprocess.run([*ctl, "close_connection", pid, "test"], capture_output=True)
             closed += 1
     return closed
 

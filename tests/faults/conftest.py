@@ -1,0 +1,88 @@
+"""Fixtures of the fault suite: a private broker node, a connection to it, one FaultRun a test."""
+
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractConnection
+
+from app.connection import close_quietly
+from tests.faults.harness import TALLIES, FaultRun, fault_settings
+from tests.faults.node import Node, node_base
+from tests.support import delete_topology
+
+NODE_PORT = 5682
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/faults/" in str(item.path):
+            item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def node_dir() -> Iterator[Path]:
+    path = node_base()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def node(node_dir: Path) -> Iterator[Node]:
+    """A RabbitMQ node of the fault suite's own, so no fault reaches the shared broker."""
+    private = Node("ricochet-faults", NODE_PORT, node_dir).start()
+    yield private
+    private.stop()
+
+
+@pytest.fixture
+async def connection(node: Node, queue_name: str) -> AsyncIterator[AbstractConnection]:
+    """The test's own connection to the private node; the test's queues are deleted after."""
+    conn = await aio_pika.connect(node.url, client_properties={"connection_name": "tests"})
+    yield conn
+    # A fault may have closed the test's connection: clean up on a fresh one.
+    async with await aio_pika.connect(node.url) as cleanup:
+        await delete_topology(cleanup, queue_name)
+    await close_quietly(conn)
+
+
+@pytest.fixture
+def fault_run(
+    node: Node, connection: AbstractConnection, queue_name: str, tmp_path: Path
+) -> Iterator[Callable[..., FaultRun]]:
+    """`fault_run(name, **settings)`: a run on the test's queue; its workers are killed after."""
+    runs: list[FaultRun] = []
+
+    def make(name: str, **overrides: Any) -> FaultRun:
+        run = FaultRun(
+            name, connection, fault_settings(queue_name, node.url, **overrides), tmp_path
+        )
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        for worker in run.workers:
+            if worker.alive:
+                worker.kill()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not TALLIES:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("fault suite: every job accounted for")
+    write(f"{'fault':<44} {'jobs':>6} {'done':>6} {'failed':>6} {'lost':>5} {'dups':>5}")
+    for t in TALLIES:
+        write(
+            f"{t.fault:<44} {t.published:>6} {t.completed:>6} {t.failed:>6} "
+            f"{t.lost:>5} {t.duplicates:>5}"
+        )
+    write(
+        f"{'total':<44} {sum(t.published for t in TALLIES):>6} "
+        f"{sum(t.completed for t in TALLIES):>6} {sum(t.failed for t in TALLIES):>6} "
+        f"{sum(t.lost for t in TALLIES):>5} {sum(t.duplicates for t in TALLIES):>5}"
+    )

@@ -1,0 +1,235 @@
+"""The fault suite's bookkeeping: real worker processes, N jobs with unique ids, and at the end an
+account of every id: completed (handled and acked), in the failed queue, or lost."""
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from app.connection import close_quietly
+from app.settings import Settings
+from app.topology import Names, declare, plan
+from tests.support import consumers, depth, journal, make_settings, ricochet_env, spawn, wait_for
+
+PUBLISH_BATCH = 200  # confirms awaited together, so publishing N jobs takes a moment, not minutes
+
+
+@dataclass(frozen=True)
+class Tally:
+    """One fault's figures, as the README's Guarantees section reports them."""
+
+    fault: str
+    published: int
+    completed: int
+    failed: int
+    lost: int
+    duplicates: int
+
+
+TALLIES: list[Tally] = []
+
+
+class WorkerProcess:
+    """`python -m app worker` with the run's settings; output appended to one log file."""
+
+    def __init__(self, env: dict[str, str], output: Path) -> None:
+        self._env = env
+        self.output = output
+        self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+
+    def start(self) -> "WorkerProcess":
+        self.proc = spawn(["worker"], self._env, self.output)
+        self.starts += 1
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no close; the broker notices the dead connection."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    async def terminate(self, timeout_s: float = 30) -> int:
+        """SIGTERM, then the exit code once the worker has drained."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.to_thread(self.proc.wait, timeout_s)
+
+
+class Supervisor:
+    """Restarts a worker whenever it dies, as a container's restart policy would."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self._task: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> "Supervisor":
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            if not self.worker.alive:
+                self.worker.start()
+            await asyncio.sleep(0.1)
+
+
+@dataclass
+class FaultRun:
+    """One fault test's queue, journal, workers and failed copies."""
+
+    name: str
+    connection: AbstractConnection
+    settings: Settings
+    tmp_path: Path
+    published: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # message_id -> failed-kind
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def names(self) -> Names:
+        return Names(self.settings.queue)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.tmp_path / "journal"
+
+    def worker(self, **overrides: Any) -> WorkerProcess:
+        """A worker process (not started); overrides change the run's settings from now on."""
+        self.settings = self.settings.model_copy(update=overrides)
+        env = ricochet_env(self.settings, TEST_JOURNAL=str(self.journal_path))
+        worker = WorkerProcess(env, self.tmp_path / "worker.log")
+        self.workers.append(worker)
+        return worker
+
+    async def start_worker(self, **overrides: Any) -> WorkerProcess:
+        """Start a worker and wait until it consumes."""
+        worker = self.worker(**overrides).start()
+        await self.wait_consumers(1)
+        return worker
+
+    async def wait_consumers(self, n: int, timeout_s: float = 30) -> None:
+        async def enough() -> bool:
+            return await consumers(self.connection, self.settings.queue) >= n
+
+        await wait_for(enough, timeout_s, f"{n} consumer(s) on {self.settings.queue}")
+
+    async def publish(self, n: int, **payload: Any) -> list[str]:
+        """Publish n persistent jobs with unique ids and this payload, confirmed."""
+        stem = re.sub(r"\W+", "-", self.name).strip("-")
+        ids = [f"{stem}-{len(self.published) + i}" for i in range(n)]
+        await self.publish_ids(ids, payload)
+        return ids
+
+    async def publish_ids(self, ids: list[str], payload: dict[str, Any]) -> None:
+        if not self.published:
+            await declare(self.connection, self.settings)
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        body = json.dumps(payload).encode()
+        for start in range(0, len(ids), PUBLISH_BATCH):
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(
+                            body, message_id=i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                        ),
+                        routing_key=self.settings.queue,
+                        mandatory=True,
+                    )
+                    for i in ids[start : start + PUBLISH_BATCH]
+                )
+            )
+        await channel.close()
+        self.published.extend(ids)
+
+    async def reconnect(self) -> None:
+        """A new connection for the test, after a fault that closed the old one."""
+        await close_quietly(self.connection)
+        self.connection = await aio_pika.connect(self.settings.amqp_url)
+
+    def done(self) -> Counter[str]:
+        """How often each id's handler completed (more than once: a duplicate)."""
+        return Counter(m for event, m, _ in journal(self.journal_path) if event == "done")
+
+    def started(self) -> set[str]:
+        return {m for event, m, _ in journal(self.journal_path) if event == "start"}
+
+    async def collect_failed(self, channel: AbstractChannel) -> None:
+        """Take the failed copies that arrived so far (the test owns its failed queue)."""
+        queue = await channel.declare_queue(self.names.failed, passive=True)
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            kind = (message.headers or {}).get("failed-kind")
+            self.failed[message.message_id or ""] = str(kind)
+
+    async def until_settled(self, timeout_s: float = 90) -> None:
+        """Wait until every published id completed or is in the failed queue."""
+        channel = await self.connection.channel()
+
+        async def settled() -> bool:
+            await self.collect_failed(channel)
+            return set(self.published) <= set(self.done()) | set(self.failed)
+
+        try:
+            await wait_for(settled, timeout_s, f"every job of {self.name} to settle")
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def account(self, expected_failed: set[str] | None = None) -> Tally:
+        """Stop the workers, check that no queue still holds a job, and count every id."""
+        await self.until_settled()
+        for worker in self.workers:
+            if worker.alive:
+                assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
+        channel = await self.connection.channel()
+        for queue in [self.names.queue, *(spec.name for spec in plan(self.settings).tiers)]:
+            assert await depth(channel, queue) == 0, f"{queue} still holds jobs"
+        await self.collect_failed(channel)
+        await channel.close()
+        done = self.done()
+        published = set(self.published)
+        lost = published - set(done) - set(self.failed)
+        assert set(self.failed) == (expected_failed or set()), self.failed
+        tally = Tally(
+            fault=self.name,
+            published=len(published),
+            completed=len(published & set(done)),
+            failed=len(published & set(self.failed)),
+            lost=len(lost),
+            duplicates=sum(n - 1 for n in done.values()),
+        )
+        TALLIES.append(tally)
+        assert not lost, f"lost {len(lost)} jobs: {sorted(lost)[:10]}"
+        return tally
+
+
+def fault_settings(queue: str, url: str, **overrides: Any) -> Settings:
+    """Settings of a fault run: the private node, the journaling handler, short delays."""
+    values: dict[str, Any] = {
+        "amqp_url": url,
+        "handler": "tests.handlers:fault",
+        "retry_delay_ms": 100,
+        "max_retries": 2,
+        "shutdown_timeout_s": 10,
+        "connect_timeout_s": 30,
+    }
+    values.update(overrides)
+    return make_settings(queue, **values)

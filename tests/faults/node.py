@@ -1,0 +1,122 @@
+"""Private RabbitMQ nodes for the fault suite, so that a stopped app, an alarm or a cluster never
+touches the broker the other tests use. Each node has its own name, ports and data directory."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+START_TIMEOUT_S = 90
+# Node data must belong to the user the broker runs as (the server script switches to it).
+BROKER_USER = "rabbitmq"
+
+
+def ctl(node: str, *args: str, timeout_s: float = 60, check: bool = True) -> str:
+    """Run `rabbitmqctl -n node ARGS` and return its output."""
+    done = subprocess.run(
+        ["rabbitmqctl", "-n", node, "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"rabbitmqctl {' '.join(args)} on {node}: {done.stderr or done.stdout}"
+        )
+    return done.stdout
+
+
+@dataclass
+class Node:
+    """One RabbitMQ node of our own: AMQP on 127.0.0.1:amqp_port."""
+
+    short_name: str
+    amqp_port: int
+    base: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.short_name}@localhost"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    def _env(self) -> dict[str, str]:
+        home = self.base / self.short_name
+        return {
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.amqp_port),
+            "RABBITMQ_DIST_PORT": str(self.amqp_port + 20000),
+            "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(home / "data"),
+            "RABBITMQ_LOG_BASE": str(home / "log"),
+            "RABBITMQ_PID_FILE": str(home / "pid"),
+        }
+
+    def start(self) -> "Node":
+        """Start the node (stopping a leftover of an earlier run first) and wait until it runs."""
+        self.stop()
+        home = self.base / self.short_name
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        (home / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{self.amqp_port}\n"
+            # A 2-core machine: the broker must not take alarms for the tests' own load.
+            "vm_memory_high_watermark.relative = 0.4\n"
+            "disk_free_limit.absolute = 50MB\n"
+        )
+        (home / "enabled_plugins").write_text("[].\n")
+        shutil.chown(self.base, BROKER_USER, BROKER_USER)
+        for path in [home, *home.iterdir()]:
+            shutil.chown(path, BROKER_USER, BROKER_USER)
+        env = {**_base_env(), **self._env()}
+        subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
+        self.wait_running()
+        return self
+
+    def wait_running(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            # await_startup fails at once while the node is not yet registered with epmd.
+            probe = subprocess.run(
+                ["rabbitmqctl", "-n", self.name, "-q", "await_startup", "--timeout", "30"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if probe.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {self.name} did not start: {probe.stderr}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop the whole node if it runs."""
+        ctl(self.name, "stop", check=False)
+
+    def ctl(self, *args: str, timeout_s: float = 60) -> str:
+        return ctl(self.name, *args, timeout_s=timeout_s)
+
+    def join(self, other: "Node") -> None:
+        """Make this (fresh) node a member of other's cluster."""
+        self.ctl("stop_app")
+        self.ctl("join_cluster", other.name)
+        self.ctl("start_app")
+        self.wait_running()
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+
+
+def node_base() -> Path:
+    """A directory for node data that the broker's user may write to."""
+    path = Path(tempfile.mkdtemp(prefix="ricochet-nodes-"))
+    path.chmod(0o755)
+    return path
