@@ -12,12 +12,11 @@ from asyncio.subprocess import PIPE
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import psutil
 import pytest
 
 from tests.deploy_files import copied_sources
-from tests.support import ROOT, free_port, make_settings, ricochet_env, wait_for
+from tests.support import ROOT, free_port, http_status, make_settings, ricochet_env, wait_for
 
 INSTALL_TIMEOUT_S = 300
 USER = "nobody"
@@ -63,17 +62,6 @@ def build_context(target: Path) -> Path:
         else:
             shutil.copy2(origin, copy)
     return target
-
-
-async def http_status(port: int, path: str) -> int | None:
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}{path}") as response,
-        ):
-            return response.status
-    except aiohttp.ClientConnectionError:
-        return None
 
 
 @pytest.mark.slow

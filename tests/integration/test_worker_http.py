@@ -16,8 +16,10 @@ from app.metrics import Metrics
 from app.topology import Names
 from app.worker import run_worker
 from tests.support import (
+    answers,
     depth,
     free_port,
+    http_status,
     make_settings,
     publish,
     ricochet_env,
@@ -55,14 +57,6 @@ async def scrape(port: int) -> Samples:
     }
 
 
-async def status(port: int, path: str) -> int:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"http://127.0.0.1:{port}{path}") as response,
-    ):
-        return response.status
-
-
 async def test_metrics_count_what_happened(queue_name: str, channel: AbstractChannel) -> None:
     """After 3 successes, 1 retried success, 2 permanent and 1 exhausted failure (2 retries),
     the worker's /metrics shows exactly those outcomes, tiers, kinds and handler calls."""
@@ -74,10 +68,7 @@ async def test_metrics_count_what_happened(queue_name: str, channel: AbstractCha
 
     async def ready() -> bool:
         assert not worker.done(), worker.result()
-        try:
-            return await status(port, "/readyz") == 200
-        except aiohttp.ClientConnectionError:
-            return False
+        return await answers(port, "/readyz", 200)
 
     try:
         await wait_for(ready, 20, "/readyz to answer 200")
@@ -131,14 +122,6 @@ async def test_worker_exits_1_when_its_http_port_is_taken(queue_name: str) -> No
     assert '"event": "connected"' not in result.stdout
 
 
-async def answers(port: int, path: str, code: int) -> bool:
-    """Whether the endpoint answers with this status (False while nothing listens)."""
-    try:
-        return await status(port, path) == code
-    except aiohttp.ClientConnectionError:
-        return False
-
-
 def stop(worker: asyncio.Task[None]) -> None:
     """SIGTERM to this process, which run_worker handles as a graceful stop while it runs."""
     if not worker.done():
@@ -156,7 +139,7 @@ async def test_readyz_is_503_while_waiting_for_the_broker(queue_name: str) -> No
     worker = asyncio.create_task(run_worker(settings, invoker, Metrics(queue_name)))
     try:
         await wait_for(lambda: answers(port, "/healthz", 200), 20, "/healthz to answer 200")
-        assert await status(port, "/readyz") == 503
+        assert await http_status(port, "/readyz") == 503
         assert not worker.done()
     finally:
         stop(worker)
@@ -186,7 +169,7 @@ async def test_readyz_is_503_while_the_worker_drains(
         stop(worker)
         stopped = True
         await wait_for(lambda: answers(port, "/readyz", 503), 10, "/readyz to answer 503")
-        assert await status(port, "/healthz") == 200
+        assert await http_status(port, "/healthz") == 200
         assert not worker.done()
     finally:
         release.set()
