@@ -8,7 +8,8 @@ from typing import Any, TextIO
 
 import structlog
 
-_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+# The password runs to the last "@" of the authority: a raw "@" in it must not leave its end.
+_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^/\s]*@", re.IGNORECASE)
 
 
 def redact(text: str) -> str:

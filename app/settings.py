@@ -121,13 +121,24 @@ def _describe(error: ValidationError) -> str:
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
     # The cross-field check has no location: it is about the cap on the delays.
     name = str(first["loc"][0]) if first["loc"] else "retry_delay_max_ms"
+    field = Settings.model_fields[name]
     value = first["input"]
     if isinstance(value, dict):
-        value = value.get(name, "")
+        # The cap left at its default can still be below a first delay that was set.
+        value = value.get(name, field.default)
     return (
-        f"{ENV_PREFIX}{name.upper()}={redact(str(value))!r} is invalid: "
-        f"allowed {_allowed(Settings.model_fields[name])}"
+        f"{ENV_PREFIX}{name.upper()}={_shown(name, str(value))!r} is invalid: "
+        f"allowed {_allowed(field)}"
     )
+
+
+def _shown(name: str, value: str) -> str:
+    """A value as the error message shows it: never with the broker's password."""
+    shown = redact(value)
+    if name == "amqp_url" and shown == value and "@" in value:
+        # Not a URL that redact() recognises (no scheme, say): hide all of its user part.
+        shown = "***@" + value.rpartition("@")[2]
+    return shown
 
 
 def _unknown_variable(environ: Mapping[str, str]) -> str | None:

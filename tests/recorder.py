@@ -17,6 +17,7 @@ class Attempt:
     max_attempts: int
     at: float
     headers: dict[str, Any]
+    routing_key: str
 
 
 @dataclass
@@ -29,7 +30,9 @@ class Recorder:
 
     async def __call__(self, job: Job) -> None:
         self.seen[job.message_id].append(
-            Attempt(job.attempt, job.max_attempts, time.monotonic(), dict(job.headers))
+            Attempt(
+                job.attempt, job.max_attempts, time.monotonic(), dict(job.headers), job.routing_key
+            )
         )
         payload = job.payload
         await asyncio.sleep(payload.get("sleep_s", 0))

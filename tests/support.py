@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aiormq.exceptions import ChannelNotFoundEntity
 
@@ -45,6 +46,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def http_status(port: int, path: str) -> int | None:
+    """The status a local HTTP endpoint answers with, or None while nothing listens."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}{path}") as response,
+        ):
+            return response.status
+    except aiohttp.ClientConnectionError:
+        return None
+
+
+async def answers(port: int, path: str, code: int) -> bool:
+    """Whether a local HTTP endpoint answers with this status now."""
+    return await http_status(port, path) == code
 
 
 async def publish(

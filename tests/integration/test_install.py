@@ -12,12 +12,12 @@ from asyncio.subprocess import PIPE
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import psutil
 import pytest
+from aio_pika.abc import AbstractConnection
 
 from tests.deploy_files import copied_sources
-from tests.support import ROOT, free_port, make_settings, ricochet_env, wait_for
+from tests.support import ROOT, free_port, http_status, make_settings, ricochet_env, wait_for
 
 INSTALL_TIMEOUT_S = 300
 USER = "nobody"
@@ -65,22 +65,14 @@ def build_context(target: Path) -> Path:
     return target
 
 
-async def http_status(port: int, path: str) -> int | None:
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}{path}") as response,
-        ):
-            return response.status
-    except aiohttp.ClientConnectionError:
-        return None
-
-
 @pytest.mark.slow
-async def test_locked_install_runs_a_worker_as_non_root(queue_name: str, build_dir: Path) -> None:
+async def test_locked_install_runs_a_worker_as_non_root(
+    queue_name: str, connection: AbstractConnection, build_dir: Path
+) -> None:
     """scripts/install-locked.sh makes a working ricochet in a fresh virtualenv, and its worker,
     run as an unprivileged user with a HOME of its own, answers /healthz and /readyz, and
     exits 0 on SIGTERM."""
+    # `connection` is here for its teardown: it deletes the queues the worker declares.
     python = interpreter_for(USER)
     context = build_context(build_dir / "src")
     venv = build_dir / "venv"

@@ -6,8 +6,9 @@ import signal
 from pathlib import Path
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from structlog.testing import capture_logs
 
-from app.topology import Names
+from app.topology import Names, declare, plan
 from tests.recorder import Recorder
 from tests.support import (
     close_connections,
@@ -100,6 +101,31 @@ async def test_changed_retry_settings_between_restarts(
     for message_id in ids:
         assert recorder.attempts(message_id) == [2, 3]
     assert {c.headers["retry-count"] for c in copies} == {2}
+
+
+async def test_new_delays_apply_to_empty_tiers_and_wait_for_busy_ones(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Declaring again with other delays: the empty tier is redeclared with its new delay; the
+    tier that holds a job keeps its old delay and the job, with a warning naming both."""
+    n = Names(queue_name)
+    before = make_settings(queue_name, max_retries=2, retry_delay_ms=60_000)
+    after = make_settings(queue_name, max_retries=2, retry_delay_ms=100)
+    await declare(connection, before)
+    await publish(channel, n.tier(1), "{}", message_id="waiting")  # 60 s before it moves on
+    with capture_logs() as logs:
+        await declare(connection, after)
+
+    # Declaring a queue with the arguments it has succeeds; with others, the broker refuses.
+    ch = await connection.channel()
+    await ch.declare_queue(n.tier(1), durable=True, arguments=plan(before).tiers[0].arguments)
+    await ch.declare_queue(n.tier(2), durable=True, arguments=plan(after).tiers[1].arguments)
+    await ch.close()
+    assert await depth(channel, n.tier(1)) == 1
+    events = {(log["event"], log["queue"]): log for log in logs if "queue" in log}
+    kept = events[("tier keeps its old delay until it drains", n.tier(1))]
+    assert (kept["log_level"], kept["wanted_delay_ms"], kept["messages"]) == ("warning", 100, 1)
+    assert events[("tier redeclared", n.tier(2))]["delay_ms"] == 200
 
 
 async def test_stuck_sync_handler_does_not_block_exit(

@@ -2,24 +2,36 @@
 
 import asyncio
 import json
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiohttp import web
 from structlog.testing import capture_logs
 
 from app.metrics import Metrics
-from app.monitor import Monitor
+from app.monitor import Monitor, run_monitor
 from app.settings import Settings
 from app.topology import Names, declare
 from app.webhook import Webhook
 from app.worker import Lifecycle
 from tests.integration.failures import publish_failed
-from tests.support import depth, make_settings, ricochet_env, spawn, take, wait_for
+from tests.support import (
+    answers,
+    depth,
+    free_port,
+    http_status,
+    make_settings,
+    ricochet_env,
+    spawn,
+    take,
+    wait_for,
+)
 
 
 class WebhookServer:
@@ -289,3 +301,39 @@ async def test_monitor_survives_a_dead_webhook(
     assert "webhook failed, retrying" in events
     assert await depth(channel, Names(queue_name).events) == 0
     assert await depth(channel, Names(queue_name).failed) == 6
+
+
+async def test_monitor_serves_http_with_its_alert_count(
+    queue_name: str, channel: AbstractChannel, webhook: Any
+) -> None:
+    """The monitor answers /healthz and /readyz on RICOCHET_HTTP_PORT, and its /metrics counts
+    the alerts the webhook accepted."""
+    server = await webhook([200])
+    port = free_port()
+    settings = make_settings(
+        queue_name, http_port=port, alert_webhook_url=server.url, alert_failed_threshold=100
+    )
+    monitor = asyncio.create_task(run_monitor(settings, Metrics(queue_name)))
+    try:
+        await wait_for(lambda: answers(port, "/readyz", 200), 20, "/readyz to answer 200")
+        assert await http_status(port, "/healthz") == 200
+        await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
+
+        async def counted() -> bool:
+            return f'ricochet_alerts_total{{event="job.failed",queue="{queue_name}"}} 1.0' in (
+                await metrics_text(port)
+            )
+
+        await wait_for(counted, 20, "the delivered alert on /metrics")
+    finally:
+        if not monitor.done():
+            os.kill(os.getpid(), signal.SIGTERM)  # run_monitor's own handler: a graceful stop
+        await asyncio.wait_for(monitor, 30)
+
+
+async def metrics_text(port: int) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        return await response.text()

@@ -325,6 +325,8 @@ async def test_sends_a_delivery_to_the_right_tier_after_each_failure(
     await start_worker(recorder, max_retries=2, retry_delay_ms=30)
     await publish(channel, queue_name, json.dumps({"fail": 2}), message_id="tracked")
     await until_seen(recorder, "tracked", 3)
+    keys = [a.routing_key for a in recorder.seen["tracked"]]
+    assert keys == [queue_name, f"{queue_name}.attempt.1", f"{queue_name}.attempt.2"]
     third = recorder.seen["tracked"][2].headers["x-death"]
     queues = {(d["queue"], d["reason"]): d["count"] for d in third}
     assert queues[(queue_name, "rejected")] == 2

@@ -15,7 +15,18 @@ from app.job import Job
 from app.metrics import Metrics
 from app.topology import Names
 from app.worker import run_worker
-from tests.support import free_port, make_settings, publish, ricochet_env, run_cli, take, wait_for
+from tests.support import (
+    answers,
+    depth,
+    free_port,
+    http_status,
+    make_settings,
+    publish,
+    ricochet_env,
+    run_cli,
+    take,
+    wait_for,
+)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -46,14 +57,6 @@ async def scrape(port: int) -> Samples:
     }
 
 
-async def status(port: int, path: str) -> int:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"http://127.0.0.1:{port}{path}") as response,
-    ):
-        return response.status
-
-
 async def test_metrics_count_what_happened(queue_name: str, channel: AbstractChannel) -> None:
     """After 3 successes, 1 retried success, 2 permanent and 1 exhausted failure (2 retries),
     the worker's /metrics shows exactly those outcomes, tiers, kinds and handler calls."""
@@ -65,10 +68,7 @@ async def test_metrics_count_what_happened(queue_name: str, channel: AbstractCha
 
     async def ready() -> bool:
         assert not worker.done(), worker.result()
-        try:
-            return await status(port, "/readyz") == 200
-        except aiohttp.ClientConnectionError:
-            return False
+        return await answers(port, "/readyz", 200)
 
     try:
         await wait_for(ready, 20, "/readyz to answer 200")
@@ -120,3 +120,60 @@ async def test_worker_exits_1_when_its_http_port_is_taken(queue_name: str) -> No
     assert result.returncode == 1, result.stderr
     assert f"RICOCHET_HTTP_PORT={port}: cannot listen on 0.0.0.0:{port}" in result.stderr
     assert '"event": "connected"' not in result.stdout
+
+
+def stop(worker: asyncio.Task[None]) -> None:
+    """SIGTERM to this process, which run_worker handles as a graceful stop while it runs."""
+    if not worker.done():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def test_readyz_is_503_while_waiting_for_the_broker(queue_name: str) -> None:
+    """A worker whose broker does not answer yet is alive (/healthz 200) but not ready (503)."""
+    port = free_port()
+    nothing_there = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    settings = make_settings(
+        queue_name, http_port=port, amqp_url=nothing_there, connect_timeout_s=60
+    )
+    invoker = Invoker(handler, settings.handler_timeout_s, settings.prefetch)
+    worker = asyncio.create_task(run_worker(settings, invoker, Metrics(queue_name)))
+    try:
+        await wait_for(lambda: answers(port, "/healthz", 200), 20, "/healthz to answer 200")
+        assert await http_status(port, "/readyz") == 503
+        assert not worker.done()
+    finally:
+        stop(worker)
+        await asyncio.wait_for(worker, 30)
+
+
+async def test_readyz_is_503_while_the_worker_drains(
+    queue_name: str, channel: AbstractChannel
+) -> None:
+    """/readyz says 200 while the worker consumes and 503 as soon as SIGTERM stops it taking
+    jobs, while the job in flight still runs; /healthz stays 200; the job is then acked."""
+    port = free_port()
+    settings = make_settings(queue_name, http_port=port)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        started.set()
+        await release.wait()
+
+    invoker = Invoker(slow, settings.handler_timeout_s, settings.prefetch)
+    worker = asyncio.create_task(run_worker(settings, invoker, Metrics(queue_name)))
+    stopped = False
+    try:
+        await wait_for(lambda: answers(port, "/readyz", 200), 20, "/readyz to answer 200")
+        await publish(channel, queue_name, b"{}", message_id="inflight")
+        await wait_for(started.is_set, 10, "the job to start")
+        stop(worker)
+        stopped = True
+        await wait_for(lambda: answers(port, "/readyz", 503), 10, "/readyz to answer 503")
+        assert await http_status(port, "/healthz") == 200
+        assert not worker.done()
+    finally:
+        release.set()
+        if not stopped:  # a second SIGTERM would cut the drain short
+            stop(worker)
+        await asyncio.wait_for(worker, 30)
+    assert await depth(channel, queue_name) == 0

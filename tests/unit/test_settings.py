@@ -91,6 +91,34 @@ def test_password_never_in_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "user:***@" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("guest:s3cret@localhost", "***@localhost"),  # no scheme: redact() cannot see a URL
+        ("amqp://guest:s3cr@t@host:x/", "amqp://guest:***@host:x/"),  # a raw @ in the password
+    ],
+)
+def test_password_never_in_error_of_a_malformed_url(
+    monkeypatch: pytest.MonkeyPatch, url: str, shown: str
+) -> None:
+    """A broker URL too malformed to parse is still shown without any part of its password."""
+    monkeypatch.setenv("RICOCHET_AMQP_URL", url)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "s3cr" not in str(caught.value)
+    assert str(caught.value).startswith(f"RICOCHET_AMQP_URL={shown!r} is invalid")
+
+
+def test_first_delay_above_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first delay above the default cap names the cap with the value it has, its default."""
+    monkeypatch.setenv("RICOCHET_RETRY_DELAY_MS", "7200000")
+    with pytest.raises(
+        ConfigError,
+        match=r"^RICOCHET_RETRY_DELAY_MAX_MS='3600000' is invalid: allowed >= RICOCHET_RETRY",
+    ):
+        load_settings()
+
+
 def test_unknown_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """A misspelt RICOCHET_ variable is an error with a suggestion, not silently ignored."""
     monkeypatch.setenv("RICOCHET_MAX_RETRY", "5")
