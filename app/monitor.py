@@ -6,27 +6,24 @@ Q.failed; the depth of Q.failed it only reads with passive declares.
 
 import asyncio
 import contextlib
-from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 
 from app.alerts import DepthWatch, ReasonLimiter, depth_alert, job_failed_alert
-from app.connection import close_quietly, connect
+from app.connection import CONNECTION_ERRORS
 from app.failed import read_failure
 from app.http import serve_http
 from app.metrics import Metrics
 from app.settings import Settings
 from app.topology import Names, declare
 from app.webhook import Webhook
-from app.worker import Lifecycle, connection_name
+from app.worker import Lifecycle, connection_name, run_sessions
 
 log = structlog.get_logger("ricochet.monitor")
 
 PREFETCH = 100
 TICK_S = 0.5  # how often held-back alerts are looked at; the depth is read every interval
-_CHANNEL_GONE = (AMQPError, ChannelInvalidStateError, ConnectionError)
 
 
 class Monitor:
@@ -45,52 +42,31 @@ class Monitor:
 
     async def serve(self) -> None:
         """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
-        name = connection_name("monitor", self._settings.queue)
-        url = self._settings.amqp_url
-        connection = await self.lifecycle.unless_stopped(
-            connect(url, name, self._settings.connect_timeout_s)
-        )
         self._webhook.start()
         try:
-            while connection is not None and await self._watch(connection):
-                log.warning("connection lost, reconnecting")
-                await close_quietly(connection)
-                connection = await self.lifecycle.unless_stopped(connect(url, name, None))
+            name = connection_name("monitor", self._settings.queue)
+            await run_sessions(self.lifecycle, self._settings, name, self._watch)
         finally:
-            if connection is not None:
-                await close_quietly(connection)
             await self.lifecycle.unless_forced(
                 self._webhook.close(self._settings.shutdown_timeout_s)
             )
         log.info("stopped")
 
-    async def _watch(self, connection: AbstractConnection) -> bool:
-        """Declare, consume until stop (False) or until the connection or channel dies (True)."""
+    async def _watch(self, connection: AbstractConnection) -> None:
+        """Declare, then consume the events until a stop is requested or the connection dies."""
         await declare(connection, self._settings)
         channel = await connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=PREFETCH)
-        lost = asyncio.Event()
-
-        def on_close(*_: Any) -> None:
-            lost.set()
-
-        connection.close_callbacks.add(on_close)
-        channel.close_callbacks.add(on_close)
         events = await channel.get_queue(self._names.events, ensure=False)
         await events.consume(self._on_event)
         ticker = asyncio.get_running_loop().create_task(self._tick(connection))
-        self.lifecycle.ready = True
         log.info("monitoring", queue=self._names.events, failed_queue=self._names.failed)
-        stop = asyncio.ensure_future(self.lifecycle.stopping.wait())
-        gone = asyncio.ensure_future(lost.wait())
-        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        gone.cancel()
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        self.lifecycle.ready = False
-        return not self.lifecycle.stopping.is_set()
+        try:
+            await self.lifecycle.serve_until_lost(connection, channel)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
 
     async def _on_event(self, message: AbstractIncomingMessage) -> None:
         failure = read_failure(
@@ -103,7 +79,7 @@ class Monitor:
             self._webhook.send(job_failed_alert(self._names.queue, failure, suppressed))
         try:
             await message.ack()
-        except _CHANNEL_GONE:
+        except CONNECTION_ERRORS:
             log.warning("event not acked: channel closed, the broker delivers it again")
 
     async def _tick(self, connection: AbstractConnection) -> None:
@@ -128,7 +104,7 @@ class Monitor:
             if channel is None or channel.is_closed:
                 channel = await connection.channel(publisher_confirms=False)
             declared = await channel.declare_queue(self._names.failed, passive=True)
-        except _CHANNEL_GONE as error:
+        except CONNECTION_ERRORS as error:
             log.warning("failed queue depth unknown", queue=self._names.failed, error=str(error))
             return None
         depth = declared.declaration_result.message_count or 0

@@ -4,11 +4,11 @@ import asyncio
 import os
 import signal
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from app.connection import CONNECTION_ERRORS, close_quietly, connect, frame_max
 from app.consumer import Consumer
@@ -56,6 +56,26 @@ class Lifecycle:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
+    async def serve_until_lost(
+        self, connection: AbstractConnection, channel: AbstractChannel
+    ) -> bool:
+        """Report ready until a stop is requested (True) or the connection or channel dies."""
+        lost = asyncio.Event()
+
+        def on_close(*_: Any) -> None:
+            lost.set()
+
+        connection.close_callbacks.add(on_close)
+        channel.close_callbacks.add(on_close)
+        self.ready = True
+        stop = asyncio.ensure_future(self.stopping.wait())
+        gone = asyncio.ensure_future(lost.wait())
+        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        gone.cancel()
+        self.ready = False
+        return self.stopping.is_set() and not lost.is_set()
+
     async def unless_stopped(self, work: Awaitable[T]) -> T | None:
         """Await work, or give up on it (None) as soon as a stop is requested."""
         return await _unless(self.stopping, work)
@@ -76,6 +96,34 @@ async def _unless(event: asyncio.Event, work: Awaitable[T]) -> T | None:
     return None
 
 
+async def run_sessions(
+    lifecycle: Lifecycle,
+    settings: Settings,
+    name: str,
+    session: Callable[[AbstractConnection], Awaitable[None]],
+) -> None:
+    """Connect and run session(connection) until a stop is requested, starting over on a new
+    connection whenever the broker drops one (at start it is awaited for connect_timeout_s)."""
+    url = settings.amqp_url
+    connection = await lifecycle.unless_stopped(connect(url, name, settings.connect_timeout_s))
+    try:
+        while connection is not None:
+            try:
+                await session(connection)
+            except CONNECTION_ERRORS as error:
+                # The broker went away mid-declaration: the same as losing it later.
+                log.warning("connection failed while starting", error=str(error))
+            if lifecycle.stopping.is_set():
+                break
+            log.warning("connection lost, reconnecting")
+            await close_quietly(connection)
+            await lifecycle.unless_stopped(asyncio.sleep(RECONNECT_PAUSE_S))
+            connection = await lifecycle.unless_stopped(connect(url, name, None))
+    finally:
+        if connection is not None:
+            await close_quietly(connection)
+
+
 class Worker:
     """Consumes the main queue until stopped, reconnecting whenever the broker drops it."""
 
@@ -91,60 +139,26 @@ class Worker:
     async def serve(self) -> None:
         """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
         name = connection_name("worker", self._settings.queue)
-        url = self._settings.amqp_url
-        connection = await self._lifecycle.unless_stopped(
-            connect(url, name, self._settings.connect_timeout_s)
-        )
         try:
-            while connection is not None and await self._consume(connection):
-                log.warning("connection lost, reconnecting")
-                await close_quietly(connection)
-                await self._lifecycle.unless_stopped(asyncio.sleep(RECONNECT_PAUSE_S))
-                connection = await self._lifecycle.unless_stopped(connect(url, name, None))
-            await self._drain()
+            await run_sessions(self._lifecycle, self._settings, name, self._consume)
         finally:
-            if connection is not None:
-                await close_quietly(connection)
             self._invoker.close()
         log.info("stopped")
 
-    async def _consume(self, connection: AbstractConnection) -> bool:
-        """Declare, consume until stop (False) or until the connection or channel dies (True)."""
-        try:
-            return await self._consume_until_lost(connection)
-        except CONNECTION_ERRORS as error:
-            # The broker went away mid-declaration: the same as losing it later.
-            log.warning("connection failed while starting to consume", error=str(error))
-            return not self._lifecycle.stopping.is_set()
-
-    async def _consume_until_lost(self, connection: AbstractConnection) -> bool:
+    async def _consume(self, connection: AbstractConnection) -> None:
+        """Declare, then consume until a stop is requested (drained here) or the connection dies."""
         plan = await declare(connection, self._settings)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.set_qos(prefetch_count=self._settings.prefetch)
-        lost = asyncio.Event()
-
-        def on_close(*_: Any) -> None:
-            lost.set()
-
-        connection.close_callbacks.add(on_close)
-        channel.close_callbacks.add(on_close)
         if self._consumer is None:
             self._consumer = Consumer(
                 plan, self._settings.max_retries, self._invoker, self._metrics
             )
         await self._consumer.start(channel, frame_max(connection))
-        self._lifecycle.ready = True
         log.info("consuming", queue=plan.names.queue, prefetch=self._settings.prefetch)
-        stop = asyncio.ensure_future(self._lifecycle.stopping.wait())
-        gone = asyncio.ensure_future(lost.wait())
-        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        gone.cancel()
-        self._lifecycle.ready = False
-        if self._lifecycle.stopping.is_set() and not lost.is_set():
+        if await self._lifecycle.serve_until_lost(connection, channel):
             await self._consumer.stop()
-            return False
-        return not self._lifecycle.stopping.is_set()
+            await self._drain()  # while the connection is up, so finished jobs are acked
 
     async def _drain(self) -> None:
         """Let jobs in flight finish within the shutdown timeout (or until a second signal)."""
