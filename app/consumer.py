@@ -150,7 +150,7 @@ class Consumer:
         with structlog.contextvars.bound_contextvars(
             message_id=job.message_id, type=job.type, attempt=attempt, max_attempts=job.max_attempts
         ):
-            if is_poison(headers):
+            if is_poison(headers, bool(message.redelivered)):
                 poison = PoisonMessage(
                     f"delivered more than {POISON_DELIVERIES} times without an ack"
                 )

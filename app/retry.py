@@ -99,10 +99,14 @@ def max_attempts(headers: Mapping[str, Any], max_retries: int) -> int:
     return 1 + max_retries
 
 
-def is_poison(headers: Mapping[str, Any]) -> bool:
-    """True when the broker counts more unacked deliveries than a healthy job would get."""
+def is_poison(headers: Mapping[str, Any], redelivered: bool) -> bool:
+    """True when the broker counts more unacked deliveries than a healthy job would get.
+
+    The broker sets its counts only on a message it delivers again, so a count on a first
+    delivery was written by a publisher and says nothing.
+    """
     counts = [headers.get("x-delivery-count"), headers.get("x-acquired-count")]
-    return any(isinstance(c, int) and c > POISON_DELIVERIES for c in counts)
+    return redelivered and any(isinstance(c, int) and c > POISON_DELIVERIES for c in counts)
 
 
 def decide(outcome: Outcome, attempt: int, attempts_allowed: int) -> Decision:

@@ -296,6 +296,17 @@ async def test_poison_delivery_goes_to_failed(
     assert recorder.seen["poison"] == []
 
 
+async def test_delivery_count_from_a_publisher_is_not_poison(
+    start_worker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A first delivery that carries an x-delivery-count written by its publisher is handled as
+    usual, not failed as poison."""
+    recorder = Recorder()
+    await start_worker(recorder)
+    await publish(channel, queue_name, b"{}", message_id="forged", headers={"x-delivery-count": 99})
+    await wait_for(lambda: recorder.succeeded == ["forged"], 10, "the job to succeed")
+
+
 async def test_topology_declared_twice(
     connection, channel: AbstractChannel, queue_name: str
 ) -> None:

@@ -114,19 +114,21 @@ def test_max_attempts(header: Any, configured: int, expected: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("headers", "poison"),
+    ("headers", "redelivered", "poison"),
     [
-        ({}, False),
-        ({"x-delivery-count": 5}, False),
-        ({"x-delivery-count": 6}, True),
-        ({"x-acquired-count": 6}, True),  # RabbitMQ 4.x counts returns here
-        ({"x-delivery-count": "9"}, False),
-        ({"x-delivery-count": True}, False),
+        ({}, True, False),
+        ({"x-delivery-count": 5}, True, False),
+        ({"x-delivery-count": 6}, True, True),
+        ({"x-acquired-count": 6}, True, True),  # RabbitMQ 4.x counts returns here
+        ({"x-delivery-count": "9"}, True, False),
+        ({"x-delivery-count": True}, True, False),
+        ({"x-delivery-count": 99}, False, False),  # a first delivery: a publisher wrote it
     ],
 )
-def test_poison(headers: dict, poison: bool) -> None:
-    """More than five unacked deliveries make a job poison."""
-    assert is_poison(headers) is poison
+def test_poison(headers: dict, redelivered: bool, poison: bool) -> None:
+    """More than five unacked deliveries, counted by the broker on a redelivery, make a job
+    poison."""
+    assert is_poison(headers, redelivered) is poison
 
 
 @pytest.mark.parametrize(
