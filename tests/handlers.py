@@ -49,3 +49,13 @@ async def fault(job: Job) -> None:
     if isinstance(fail, int) and job.attempt <= fail:
         raise ConnectionError(f"flaky on attempt {job.attempt}")
     _mark("done", job)
+
+
+async def fuzzed(job: Job) -> None:
+    """Read all a handler may read (the payload may be undecodable: a permanent failure), and
+    fail the first attempt of jobs with an odd number, so retries see the odd headers too."""
+    _ = (job.type, job.headers, job.max_attempts, repr(job))
+    _ = job.payload
+    if job.attempt == 1 and int((job.message_id or "0").rsplit("-", 1)[-1]) % 2:
+        raise ConnectionError("first attempts of odd jobs fail")
+    _mark("done", job)

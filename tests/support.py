@@ -281,7 +281,8 @@ def journal(path: Path) -> list[tuple[str, str, int]]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    # The last line may still be being written: only whole lines count.
+    for line in path.read_text().split("\n")[:-1]:
         event, message_id, attempt = line.split()
         rows.append((event, message_id, int(attempt)))
     return rows
