@@ -18,7 +18,13 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from app.connection import CONNECTION_ERRORS
 from app.errors import PoisonMessage
-from app.failed import copied_properties, failed_headers, failure_reason, fit_to_frame
+from app.failed import (
+    copied_headers,
+    copied_properties,
+    failed_headers,
+    failure_reason,
+    fit_to_frame,
+)
 from app.handler import Invoker
 from app.job import Job
 from app.metrics import Metrics
@@ -229,7 +235,7 @@ class Consumer:
         # or lose the message), so the job comes back as a clean first attempt instead.
         clean = aio_pika.Message(
             message.body,
-            headers={k: v for k, v in headers.items() if k != "x-death"},
+            headers=copied_headers(headers),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             **copied_properties(message),
         )

@@ -42,9 +42,22 @@ COPIED_PROPERTIES = (
 )
 
 
-def without_death(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """The application headers without the broker's dead-letter bookkeeping."""
-    return {k: v for k, v in headers.items() if not k.startswith(DEATH_HEADERS)}
+def copied_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The application headers as a copy carries them: without the broker's dead-letter
+    bookkeeping, and with long strings that are not UTF-8 as byte arrays of the same bytes."""
+    return {k: _sendable(v) for k, v in headers.items() if not k.startswith(DEATH_HEADERS)}
+
+
+def _sendable(value: Any) -> Any:
+    # The client reads a long string that is not UTF-8 (as other languages' clients may send)
+    # as bytes, which it cannot send back as a string; a copy would never be published.
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sendable(v) for v in value]
+    return value
 
 
 def exception_name(exc: BaseException) -> str:
@@ -77,7 +90,7 @@ def failed_headers(
 ) -> dict[str, Any]:
     """The failed copy's headers: the original's without x-death, plus the failure's."""
     return {
-        **without_death(headers),
+        **copied_headers(headers),
         "failed-at": now.astimezone(dt.UTC).isoformat(),
         "failed-reason": failure_reason(exc),
         "failed-exception": exception_name(exc),

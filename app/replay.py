@@ -18,7 +18,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from app.errors import RicochetError
-from app.failed import FAILURE_HEADERS, FailureInfo, copied_properties, read_failure, without_death
+from app.failed import FAILURE_HEADERS, FailureInfo, copied_headers, copied_properties, read_failure
 from app.publish import publish_to_queue
 from app.topology import Names
 from app.worker import Lifecycle
@@ -51,7 +51,7 @@ def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The copy's headers without the failure's, with replay-count incremented."""
     kept = {
         k: v
-        for k, v in without_death(headers).items()
+        for k, v in copied_headers(headers).items()
         if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS
     }
     previous = headers.get(REPLAY_COUNT)

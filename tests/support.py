@@ -41,6 +41,21 @@ def make_settings(queue: str, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
+class ForeignBytes(str):
+    """A header value as some other languages' clients send raw bytes: a long string that is
+    not UTF-8 (the client library here only sends str, encoded as UTF-8)."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> "ForeignBytes":
+        value = super().__new__(cls, "")
+        value.raw = raw
+        return value
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now (for a test's HTTP server)."""
     with socket.socket() as s:

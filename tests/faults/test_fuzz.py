@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pamqp.encode import field_table
 
 from tests.faults.harness import FaultRun
+from tests.support import ForeignBytes
 
 FRAME_MAX = 131_072  # RabbitMQ's default, which the private node keeps
 
@@ -24,6 +25,7 @@ scalars = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.floats(allow_nan=False, allow_infinity=False, width=32),  # tables carry 32-bit floats
     st.text(max_size=40),
+    st.binary(max_size=20).map(lambda b: ForeignBytes(b"\xff" + b)),  # a long string, not UTF-8
     st.binary(max_size=40).map(bytearray),  # a table carries bytes as a byte array
     st.decimals(min_value=-(10**6), max_value=10**6, places=3),
     st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1)),
@@ -97,7 +99,7 @@ async def fuzz_run(fault_run: Callable[..., FaultRun]) -> AsyncIterator[FaultRun
 
 
 @settings(
-    max_examples=30,
+    max_examples=80,
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,  # one worker serves every example, on purpose
@@ -106,7 +108,7 @@ async def fuzz_run(fault_run: Callable[..., FaultRun]) -> AsyncIterator[FaultRun
         HealthCheck.large_base_example,
     ],
 )
-@given(batch=st.lists(deliveries(), min_size=1, max_size=8))
+@given(batch=st.lists(deliveries(), min_size=1, max_size=12))
 async def test_fuzzed_deliveries_end_completed_or_failed(
     fuzz_run: FaultRun, batch: list[tuple[bytes, dict[str, Any], dict[str, Any]]]
 ) -> None:

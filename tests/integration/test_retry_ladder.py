@@ -10,7 +10,7 @@ from aio_pika.abc import AbstractChannel
 from app import Job
 from app.topology import Names
 from tests.recorder import Recorder
-from tests.support import publish, take, wait_depth, wait_for
+from tests.support import ForeignBytes, publish, take, wait_depth, wait_for
 
 QUEUE_TYPES = ["quorum", "classic"]
 
@@ -305,6 +305,25 @@ async def test_delivery_count_from_a_publisher_is_not_poison(
     await start_worker(recorder)
     await publish(channel, queue_name, b"{}", message_id="forged", headers={"x-delivery-count": 99})
     await wait_for(lambda: recorder.succeeded == ["forged"], 10, "the job to succeed")
+
+
+async def test_header_that_is_not_utf8_survives_into_the_failed_copy(
+    start_worker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A long-string header of raw bytes (as other clients send them) neither blocks the failed
+    copy nor is lost: the copy carries the same bytes, as a byte array."""
+    await start_worker(Recorder())
+    raw = b"\xff\xfe binary"
+    await publish(
+        channel,
+        queue_name,
+        json.dumps({"fail": "permanent"}),
+        message_id="raw",
+        headers={"blob": ForeignBytes(raw)},
+    )
+    [copy] = await take(channel, Names(queue_name).failed, 1)
+    assert copy.message_id == "raw"
+    assert bytes(copy.headers["blob"]) == raw
 
 
 async def test_topology_declared_twice(

@@ -10,11 +10,11 @@ from app.failed import (
     PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
+    copied_headers,
     exception_name,
     failed_headers,
     failure_reason,
     fit_to_frame,
-    without_death,
 )
 from app.retry import FailureKind
 
@@ -74,12 +74,23 @@ def test_exception_names() -> None:
     assert failure_reason(CustomError("boom")) == "CustomError: boom"
 
 
-def test_without_death_keeps_everything_else() -> None:
+def test_copied_headers_drop_only_the_dead_letter_ones() -> None:
     """Only the dead-letter headers are dropped."""
-    assert without_death({"x-death": [], "x-first-death-exchange": "", "a": 1, "x-other": 2}) == {
+    assert copied_headers({"x-death": [], "x-first-death-exchange": "", "a": 1, "x-other": 2}) == {
         "a": 1,
         "x-other": 2,
     }
+
+
+def test_copied_headers_carry_raw_strings_as_byte_arrays() -> None:
+    """Long strings the client read as bytes (not UTF-8) are copied as byte arrays, however
+    deep in the table, so the copy can be published."""
+    copied = copied_headers({"raw": b"\xff\x00", "deep": {"list": [b"\xfe", "text", 1]}})
+    assert copied == {
+        "raw": bytearray(b"\xff\x00"),
+        "deep": {"list": [bytearray(b"\xfe"), "text", 1]},
+    }
+    assert field_table(copied)  # encodable
 
 
 FRAME_MAX = 131_072
