@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -26,16 +27,19 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-async def _measure(started: Callable[[], bool], settled: Callable[[], int], target: int) -> float:
-    """Seconds from the start of consuming until target jobs are settled."""
+async def _measure(
+    started: Callable[[], bool], settled: Callable[[], int], target: int
+) -> dict[str, float]:
+    """Wall-clock and CPU seconds of this process from the start of consuming until target jobs
+    are settled. CPU time is the steadier figure when other processes share the machine."""
     # Polling, not an event: both consumers are timed the same way, without touching app/.
     while not started():  # noqa: ASYNC110
         await asyncio.sleep(0.001)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     emit("ready")
     while settled() < target:  # noqa: ASYNC110
         await asyncio.sleep(POLL_S)
-    return time.perf_counter() - t0
+    return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
 
 async def raw(url: str, queue: str, prefetch: int, target: int) -> None:
@@ -59,9 +63,9 @@ async def raw(url: str, queue: str, prefetch: int, target: int) -> None:
         consuming.set()
 
     task = asyncio.ensure_future(consume())
-    seconds = await _measure(consuming.is_set, lambda: acked, target)
+    measured = await _measure(consuming.is_set, lambda: acked, target)
     await task
-    emit("done", seconds=seconds)
+    emit("done", **measured)
     await stop.wait()
     await connection.close()
 
@@ -94,11 +98,14 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
         raise RuntimeError("the worker stopped before the jobs were done")
     from bench.handlers import observed_delays_s
 
-    emit("done", seconds=measuring.result(), delays_s=observed_delays_s)
+    emit("done", **measuring.result(), delays_s=observed_delays_s)
     await serving
 
 
 def main() -> None:
+    # An A/B run against another checkout of ricochet (python -m bench --base-src DIR).
+    if src := os.environ.get("BENCH_APP_SRC"):
+        sys.path.insert(0, src)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("consumer", choices=["raw", "ricochet"])
     parser.add_argument("--target", type=int, required=True, help="jobs to settle")
@@ -106,7 +113,12 @@ def main() -> None:
     parser.add_argument("--url", help="raw: the broker")
     parser.add_argument("--queue", help="raw: the queue")
     parser.add_argument("--prefetch", type=int, default=32, help="raw: the prefetch")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
     args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
     if args.consumer == "raw":
         asyncio.run(raw(args.url, args.queue, args.prefetch, args.target))
     else:

@@ -53,14 +53,16 @@ def table(results: dict[str, Any]) -> str:
     """The results as Markdown tables (printed, and pasted into the README)."""
     qts = list(results["queue_types"])
     rows = [
-        "| scenario | " + " | ".join(f"{qt} jobs/s | ratio" for qt in qts) + " |",
-        "|---|" + "---:|---:|" * len(qts),
+        "| scenario | " + " | ".join(f"{qt} jobs/s | ratio | CPU µs/job" for qt in qts) + " |",
+        "|---|" + "---:|---:|---:|" * len(qts),
     ]
     for scenario, label in LABELS.items():
         cells = []
         for qt in qts:
             tp = results["queue_types"][qt]["throughput"][scenario]
-            cells.append(f"{tp['median']:,} | {tp.get('ratio', 1.0):.2f}")
+            cells.append(
+                f"{tp['median']:,} | {tp.get('ratio', 1.0):.2f} | {tp['cpu_us_per_job']:,}"
+            )
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     rows += [
         "",

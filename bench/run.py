@@ -35,6 +35,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "retry": ("bench.handlers:fail_once", "succeeded"),
     "failure": ("bench.handlers:fail", "failed"),
 }
+# A/B variants, only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
+# NAME@base runs the app/ of another checkout (--base-src).
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.05  # the delay scenario publishes its load in steps this long
@@ -52,6 +54,9 @@ class Config:
     load_share: float = 0.5
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
+    scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
+    parts: list[str] = field(default_factory=lambda: ["delay", "memory"])
+    base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
 
@@ -166,8 +171,8 @@ def run_name(scenario: str, queue_type: str) -> str:
 
 async def throughput(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, scenario: str, qt: str
-) -> float:
-    """Jobs per second of one consumer on a queue pre-filled with cfg.jobs jobs."""
+) -> tuple[float, float]:
+    """Jobs per second, and consumer CPU microseconds per job, on a queue pre-filled with jobs."""
     queue = run_name(scenario, qt)
     timeout_s = 60 + cfg.jobs / 100
     if scenario == "raw":
@@ -178,15 +183,22 @@ async def throughput(
             done = await run_child([*args, f"--target={cfg.jobs}"], {}, timeout_s)
         finally:
             await channel.queue_delete(queue)
-        return cfg.jobs / float(done["seconds"])
-    handler, outcome = SCENARIOS[scenario]
+        return per_job(done, cfg.jobs)
+    handler, outcome = SCENARIOS[scenario.split("@")[0].removesuffix("-uvloop")]
     retry = {"max_retries": 1, "retry_delay_ms": 10}
     settings = worker_settings(queue, qt, cfg.prefetch, handler=handler, **retry)
     async with ricochet_queue(connection, settings) as env:
         await publish(channel, queue, 0, cfg.jobs)
         args = ["ricochet", f"--target={cfg.jobs}", f"--outcome={outcome}"]
+        args += ["--uvloop"] if scenario.endswith("-uvloop") else []
+        if scenario.endswith("@base"):
+            env["BENCH_APP_SRC"] = str(cfg.base_src)
         done = await run_child(args, env, timeout_s)
-    return cfg.jobs / float(done["seconds"])
+    return per_job(done, cfg.jobs)
+
+
+def per_job(done: dict[str, Any], jobs: int) -> tuple[float, float]:
+    return jobs / float(done["seconds"]), float(done["cpu_s"]) / jobs * 1e6
 
 
 async def run_child(args: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
@@ -283,16 +295,26 @@ async def throughputs(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
 ) -> dict[str, Any]:
     """Every scenario cfg.repeats times, interleaved, the order reversed every other repeat."""
-    order = ["raw", *SCENARIOS]
+    order = ["raw", *cfg.scenarios]
     rates: dict[str, list[float]] = {name: [] for name in order}
+    cpu: dict[str, list[float]] = {name: [] for name in order}
     for r in range(cfg.repeats):
         for name in order if r % 2 == 0 else order[::-1]:
-            rate = await throughput(connection, channel, cfg, name, qt)
+            rate, cpu_us = await throughput(connection, channel, cfg, name, qt)
             rates[name].append(rate)
-            print(f"  {qt:8} repeat {r + 1}/{cfg.repeats} {name:8} {rate:8.0f} jobs/s", flush=True)
+            cpu[name].append(cpu_us)
+            print(
+                f"  {qt:8} repeat {r + 1}/{cfg.repeats} {name:12} {rate:8.0f} jobs/s"
+                f" {cpu_us:6.0f} CPU us/job",
+                flush=True,
+            )
     result: dict[str, Any] = {}
     for name, values in rates.items():
-        result[name] = {"jobs_per_s": [round(v) for v in values], "median": round(median(values))}
+        result[name] = {
+            "jobs_per_s": [round(v) for v in values],
+            "median": round(median(values)),
+            "cpu_us_per_job": round(median(cpu[name])),
+        }
         if name != "raw":
             ratios = paired_ratios(values, rates["raw"])
             result[name]["ratios"] = [round(x, 3) for x in ratios]
@@ -335,14 +357,16 @@ async def bench(cfg: Config) -> dict[str, Any]:
         started = time.monotonic()
         for qt in cfg.queue_types:
             tp = await throughputs(connection, channel, cfg, qt)
-            load = cfg.load_share * tp["happy"]["median"]
-            print(f"  {qt:8} retry delays under {load:.0f} jobs/s of load", flush=True)
-            delays = await delay_accuracy(connection, channel, cfg, qt, load)
-            print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
-            mem = await memory(channel, connection, cfg, qt)
-            results["queue_types"][qt] = {"throughput": tp, "delay": delays, "memory": mem}
+            results["queue_types"][qt] = {"throughput": tp}
+            if "delay" in cfg.parts:
+                load = cfg.load_share * tp["happy"]["median"]
+                print(f"  {qt:8} retry delays under {load:.0f} jobs/s of load", flush=True)
+                delays = await delay_accuracy(connection, channel, cfg, qt, load)
+                results["queue_types"][qt]["delay"] = delays
+            if "memory" in cfg.parts:
+                print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
+                results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
         results["seconds"] = round(time.monotonic() - started)
-        results["targets"] = evaluate(results["queue_types"])
         return results
     finally:
         await connection.close()
@@ -357,6 +381,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--delay-s", type=float, help="seconds of probes and load (default 10)")
     parser.add_argument("--queue-types", help="comma-separated (default quorum,classic)")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    parser.add_argument(
+        "--scenarios",
+        help="an A/B comparison of throughput scenarios only, e.g. happy,happy-uvloop",
+    )
     args = parser.parse_args(argv)
     cfg = Config()
     if args.quick:
@@ -367,9 +395,13 @@ def parse_args(argv: list[str] | None = None) -> Config:
             delay_s=3.0,
             out=ROOT / "bench" / "results" / "quick",
         )
-    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out"):
+    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
+    if args.scenarios:
+        cfg.scenarios = args.scenarios.split(",")
+        cfg.parts = []
+        cfg.out = cfg.out / "ab"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -379,6 +411,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if cfg.parts != ["delay", "memory"] or cfg.scenarios != list(SCENARIOS):
+        print(json.dumps(results["queue_types"], indent=1))
+        return
+    results["targets"] = evaluate(results["queue_types"])
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     from bench.chart import draw
