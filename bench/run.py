@@ -36,7 +36,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "failure": ("bench.handlers:fail", "failed"),
 }
 # A/B variants, only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
-# NAME@base runs the app/ of another checkout (--base-src).
+# NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
+# deliveries prefetch/2 at a time with multiple=True.
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.05  # the delay scenario publishes its load in steps this long
@@ -46,7 +47,7 @@ PACE_S = 0.05  # the delay scenario publishes its load in steps this long
 class Config:
     """How much to run; the defaults make a full run of about ten minutes."""
 
-    jobs: int = 20_000
+    jobs: int = 10_000
     repeats: int = 5
     memory_jobs: int = 100_000
     delay_s: float = 10.0
@@ -166,7 +167,7 @@ async def publish(
 
 
 def run_name(scenario: str, queue_type: str) -> str:
-    return f"bench.{scenario}.{queue_type}.{uuid.uuid4().hex[:8]}"
+    return f"bench.{scenario.replace('@', '-')}.{queue_type}.{uuid.uuid4().hex[:8]}"
 
 
 async def throughput(
@@ -175,11 +176,13 @@ async def throughput(
     """Jobs per second, and consumer CPU microseconds per job, on a queue pre-filled with jobs."""
     queue = run_name(scenario, qt)
     timeout_s = 60 + cfg.jobs / 100
-    if scenario == "raw":
+    if scenario.startswith("raw"):
         await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": qt})
         try:
             await publish(channel, queue, 0, cfg.jobs)
             args = ["raw", f"--url={URL}", f"--queue={queue}", f"--prefetch={cfg.prefetch}"]
+            if scenario == "raw-multiple":
+                args.append(f"--ack-every={cfg.prefetch // 2}")
             done = await run_child([*args, f"--target={cfg.jobs}"], {}, timeout_s)
         finally:
             await channel.queue_delete(queue)
@@ -295,7 +298,7 @@ async def throughputs(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
 ) -> dict[str, Any]:
     """Every scenario cfg.repeats times, interleaved, the order reversed every other repeat."""
-    order = ["raw", *cfg.scenarios]
+    order = ["raw", *(s for s in cfg.scenarios if s != "raw")]
     rates: dict[str, list[float]] = {name: [] for name in order}
     cpu: dict[str, list[float]] = {name: [] for name in order}
     for r in range(cfg.repeats):
@@ -375,7 +378,7 @@ async def bench(cfg: Config) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small counts: a one-minute check")
-    parser.add_argument("--jobs", type=int, help="jobs per throughput run (default 20000)")
+    parser.add_argument("--jobs", type=int, help="jobs per throughput run (default 10000)")
     parser.add_argument("--repeats", type=int, help="runs of each scenario (default 5)")
     parser.add_argument("--memory-jobs", type=int, help="jobs for the RSS measurement (100000)")
     parser.add_argument("--delay-s", type=float, help="seconds of probes and load (default 10)")
@@ -383,8 +386,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     parser.add_argument(
         "--scenarios",
-        help="an A/B comparison of throughput scenarios only, e.g. happy,happy-uvloop",
+        help="A/B of throughput scenarios only, e.g. happy,happy-uvloop or happy,happy@base",
     )
+    parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     args = parser.parse_args(argv)
     cfg = Config()
     if args.quick:
