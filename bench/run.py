@@ -354,7 +354,7 @@ async def bench(cfg: Config) -> dict[str, Any]:
         results: dict[str, Any] = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": machine(connection),
-            "config": {k: v for k, v in asdict(cfg).items() if k != "out"},
+            "config": {k: v for k, v in asdict(cfg).items() if not isinstance(v, Path)},
             "queue_types": {},
         }
         started = time.monotonic()
