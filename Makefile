@@ -16,6 +16,10 @@ $(BIN)/ricochet: pyproject.toml
 
 install: $(BIN)/ricochet  ## make the virtualenv with ricochet and the dev tools
 
+$(VENV)/.bench: $(BIN)/ricochet
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
 test: install lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -45,6 +49,11 @@ lock: install  ## pin every runtime dependency, with hashes, in requirements.loc
 	$(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --build-deps-for=wheel \
 		--strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
 		--output-file=requirements.lock pyproject.toml
+
+# A benchmark, not a test: about ten minutes on the local broker (BENCH_ARGS=--quick: one minute).
+BENCH_ARGS ?=
+bench: $(VENV)/.bench  ## throughput, retry delays and memory against a raw aio-pika loop (bench/)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 run: install  ## a worker against the local broker (settings from the environment)
 	$(BIN)/ricochet worker

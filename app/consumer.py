@@ -24,6 +24,7 @@ from app.failed import (
     failed_headers,
     failure_reason,
     fit_to_frame,
+    format_traceback,
 )
 from app.handler import Invoker
 from app.job import Job
@@ -205,6 +206,9 @@ class Consumer:
     async def _fail(
         self, message: AbstractIncomingMessage, job: Job, error: BaseException, kind: FailureKind
     ) -> None:
+        # Formatted once for the header and the log: formatting parses source lines, and doing it
+        # twice took a third of the failure path's time.
+        formatted = format_traceback(error)
         headers = fit_to_frame(
             failed_headers(
                 job.headers,
@@ -214,6 +218,7 @@ class Consumer:
                 queue=self._names.queue,
                 routing_key=original_routing_key(job.headers, self._names.queue, job.routing_key),
                 now=dt.datetime.now(dt.UTC),
+                formatted_traceback=formatted,
             ),
             self._frame_max,
         )
@@ -228,7 +233,12 @@ class Consumer:
             return
         self._metrics.jobs.labels(self._names.queue, "failed").inc()
         self._metrics.failed.labels(self._names.queue, str(kind)).inc()
-        log.error("job failed", kind=str(kind), error=headers["failed-reason"], exc_info=error)
+        log.error(
+            "job failed",
+            kind=str(kind),
+            error=headers["failed-reason"],
+            exception=formatted.removesuffix("\n"),  # what exc_info=error would render
+        )
 
     async def _sanitize(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> None:
         # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue

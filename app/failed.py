@@ -74,9 +74,9 @@ def failure_reason(exc: BaseException) -> str:
     return text[:REASON_MAX_CHARS]
 
 
-def traceback_tail(exc: BaseException) -> str:
-    """The formatted traceback, keeping its end when it is too long."""
-    return "".join(traceback.format_exception(exc))[-TRACEBACK_MAX_CHARS:]
+def format_traceback(exc: BaseException) -> str:
+    """The whole formatted traceback, as the log shows it."""
+    return "".join(traceback.format_exception(exc))
 
 
 def failed_headers(
@@ -87,14 +87,21 @@ def failed_headers(
     queue: str,
     routing_key: str,
     now: dt.datetime,
+    formatted_traceback: str | None = None,
 ) -> dict[str, Any]:
-    """The failed copy's headers: the original's without x-death, plus the failure's."""
+    """The failed copy's headers: the original's without x-death, plus the failure's.
+
+    formatted_traceback is format_traceback(exc) when the caller has it already.
+    """
+    if formatted_traceback is None:
+        formatted_traceback = format_traceback(exc)
     return {
         **copied_headers(headers),
         "failed-at": now.astimezone(dt.UTC).isoformat(),
         "failed-reason": failure_reason(exc),
         "failed-exception": exception_name(exc),
-        "failed-traceback": traceback_tail(exc),
+        # Its end: that is where the error was raised.
+        "failed-traceback": formatted_traceback[-TRACEBACK_MAX_CHARS:],
         "failed-kind": str(kind),
         "retry-count": retry_count,
         "original-queue": queue,

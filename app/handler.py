@@ -48,12 +48,14 @@ class Invoker:
 
     async def _call(self, job: Job) -> None:
         route, args = self._resolve(job)
-        if route.is_async:
-            call = route.fn(*args)
-        else:
-            call = asyncio.get_running_loop().run_in_executor(self._pool, route.fn, *args)
+        # asyncio.timeout rather than wait_for, which on Python 3.11 wraps every call in a task.
         try:
-            await asyncio.wait_for(call, self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                if route.is_async:
+                    await route.fn(*args)
+                else:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self._pool, route.fn, *args)
         except TimeoutError:
             raise HandlerTimeout(f"handler ran longer than {self._timeout_s:g} s") from None
 

@@ -14,6 +14,10 @@ _CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^/\s]*@", re.IGNO
 
 def redact(text: str) -> str:
     """Replace the password of any URL in text with ***."""
+    # Every string of every log line passes here; most hold no URL, and a substring test is
+    # far cheaper than the regex (it was 6 % of the worker's time per successful job).
+    if "://" not in text:
+        return text
     return _CREDENTIALS.sub(r"\1***@", text)
 
 

@@ -1,0 +1,95 @@
+"""The README's chart: throughput ratios, retry-delay error and RSS, for each queue type."""
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+from bench.report import DELAY_P99_TARGET_MS, LABELS, RATIO_TARGETS
+
+COLORS = {"quorum": "#3b6ea8", "classic": "#e08a2c"}
+
+
+def draw(results: dict[str, Any], path: Path) -> None:
+    """Three panels side by side, written as a PNG."""
+    qts = list(results["queue_types"])
+    fig, (tp_ax, delay_ax, mem_ax) = plt.subplots(1, 3, figsize=(15, 4.8))
+    width = 0.8 / len(qts)
+
+    scenarios = list(LABELS)
+    for i, qt in enumerate(qts):
+        tp = results["queue_types"][qt]["throughput"]
+        xs = [s + i * width for s in range(len(scenarios))]
+        bars = tp_ax.bar(
+            xs, [tp[s]["median"] for s in scenarios], width, label=qt, color=COLORS.get(qt)
+        )
+        for bar, s in zip(bars, scenarios, strict=True):
+            tp_ax.annotate(
+                f"{tp[s].get('ratio', 1.0):.2f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    tp_ax.set_xticks([s + width * (len(qts) - 1) / 2 for s in range(len(scenarios))])
+    tp_ax.set_xticklabels([LABELS[s].replace(" ", "\n", 1) for s in scenarios], fontsize=8)
+    tp_ax.set_ylabel("jobs per second (median)")
+    tp_ax.set_title("Throughput (label: ratio to the raw loop)")
+    tp_ax.legend()
+
+    tiers = [t for t, d in results["queue_types"][qts[0]]["delay"].items() if isinstance(d, dict)]
+    for i, qt in enumerate(qts):
+        delay = results["queue_types"][qt]["delay"]
+        xs = list(range(len(tiers)))
+        delay_ax.bar(
+            [x + i * width for x in xs],
+            [delay[t]["p99_ms"] for t in tiers],
+            width,
+            label=f"{qt} p99",
+            color=COLORS.get(qt),
+        )
+        delay_ax.plot(
+            [x + i * width for x in xs],
+            [delay[t]["p50_ms"] for t in tiers],
+            "kD",
+            markersize=4,
+            label="p50" if i == 0 else None,
+        )
+    delay_ax.axhline(
+        DELAY_P99_TARGET_MS, color="red", linestyle="--", linewidth=1, label="p99 target"
+    )
+    delay_ax.set_xticks([x + width * (len(qts) - 1) / 2 for x in range(len(tiers))])
+    delay_ax.set_xticklabels([f"{int(t):,} ms tier" for t in tiers])
+    delay_ax.set_ylabel("observed - configured delay (ms)")
+    delay_ax.set_title("Retry delay error under load")
+    delay_ax.legend(fontsize=8)
+
+    for i, qt in enumerate(qts):
+        mem = results["queue_types"][qt]["memory"]
+        mem_ax.bar(
+            [0 + i * width, 1 + i * width],
+            [mem["idle_mb"], mem["after_mb"]],
+            width,
+            label=qt,
+            color=COLORS.get(qt),
+        )
+    jobs = results["queue_types"][qts[0]]["memory"]["jobs"]
+    mem_ax.set_xticks([width * (len(qts) - 1) / 2, 1 + width * (len(qts) - 1) / 2])
+    mem_ax.set_xticklabels(["idle", f"after {jobs:,} jobs"])
+    mem_ax.set_ylabel("worker RSS (MB)")
+    mem_ax.set_title("Worker memory")
+    mem_ax.legend()
+
+    m = results["machine"]
+    fig.suptitle(
+        f"ricochet, {m['cpus']} cores, RabbitMQ {m['rabbitmq']}, Python {m['python']}, "
+        f"prefetch {results['config']['prefetch']}, targets: ratios "
+        + ", ".join(f"{v[1]:g}" for v in RATIO_TARGETS.values()),
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

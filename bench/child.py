@@ -1,0 +1,137 @@
+"""A consumer process of the benchmark: the raw aio-pika loop, or the real ricochet worker.
+
+Both report on stdout, one JSON object per line: {"event": "ready"} once consuming, then
+{"event": "done", "seconds": ...} when `--target` jobs are settled; then they wait for SIGTERM
+(so the driver can read their RSS) and exit. The ricochet worker takes its settings from the
+RICOCHET_* environment like `ricochet worker`, and logs at its configured level to /dev/null.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+
+# Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
+POLL_S = 0.01
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+async def _measure(
+    started: Callable[[], bool], settled: Callable[[], int], target: int
+) -> dict[str, float]:
+    """Wall-clock and CPU seconds of this process from the start of consuming until target jobs
+    are settled. CPU time is the steadier figure when other processes share the machine."""
+    # Polling, not an event: both consumers are timed the same way, without touching app/.
+    while not started():  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    emit("ready")
+    while settled() < target:  # noqa: ASYNC110
+        await asyncio.sleep(POLL_S)
+    return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
+
+
+async def raw(url: str, queue: str, prefetch: int, target: int, ack_every: int) -> None:
+    """The baseline: consume and ack, nothing else, with the worker's prefetch.
+
+    ack_every > 1 acks with multiple=True once per that many deliveries, which is safe here
+    only because this loop settles its deliveries in order and never fails one.
+    """
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    acked = received = 0
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        nonlocal acked, received
+        received += 1
+        if received % ack_every == 0 or received == target:
+            await message.ack(multiple=ack_every > 1)
+            acked = received
+
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=prefetch)
+    consuming = asyncio.Event()
+
+    async def consume() -> None:
+        await (await channel.get_queue(queue, ensure=False)).consume(on_message)
+        consuming.set()
+
+    task = asyncio.ensure_future(consume())
+    measured = await _measure(consuming.is_set, lambda: acked, target)
+    await task
+    emit("done", **measured)
+    await stop.wait()
+    await connection.close()
+
+
+async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
+    """The real worker (app.worker.Worker, as `ricochet worker` runs it), timed from outside."""
+    from app.handler import Invoker, load_handler
+    from app.log import configure_logging
+    from app.metrics import Metrics
+    from app.settings import load_settings
+    from app.worker import Lifecycle, Worker
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, log_stream)
+    invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s, settings.prefetch)
+    metrics = Metrics(settings.queue)
+    lifecycle = Lifecycle()
+    lifecycle.install_signals()
+    sample = {"queue": settings.queue, "outcome": outcome}
+
+    def settled() -> int:
+        return int(metrics.registry.get_sample_value("ricochet_jobs_total", sample) or 0)
+
+    serving = asyncio.ensure_future(Worker(settings, invoker, metrics, lifecycle).serve())
+    measuring = asyncio.ensure_future(_measure(lambda: lifecycle.ready, settled, target))
+    await asyncio.wait({serving, measuring}, return_when=asyncio.FIRST_COMPLETED)
+    if not measuring.done():
+        measuring.cancel()
+        await serving  # raises what stopped the worker
+        raise RuntimeError("the worker stopped before the jobs were done")
+    from bench.handlers import observed_delays_s
+
+    emit("done", **measuring.result(), delays_s=observed_delays_s)
+    await serving
+
+
+def main() -> None:
+    # An A/B run against another checkout of ricochet (python -m bench --base-src DIR).
+    if src := os.environ.get("BENCH_APP_SRC"):
+        sys.path.insert(0, src)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("consumer", choices=["raw", "ricochet"])
+    parser.add_argument("--target", type=int, required=True, help="jobs to settle")
+    parser.add_argument("--outcome", default="succeeded", help="ricochet: the outcome to count")
+    parser.add_argument("--url", help="raw: the broker")
+    parser.add_argument("--queue", help="raw: the queue")
+    parser.add_argument("--prefetch", type=int, default=32, help="raw: the prefetch")
+    parser.add_argument("--ack-every", type=int, default=1, help="raw: multiple=True acks")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
+    args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
+    if args.consumer == "raw":
+        asyncio.run(raw(args.url, args.queue, args.prefetch, args.target, args.ack_every))
+    else:
+        with open(os.devnull, "w") as log_stream:
+            asyncio.run(ricochet(args.outcome, args.target, log_stream))
+
+
+if __name__ == "__main__":
+    main()

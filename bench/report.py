@@ -1,0 +1,99 @@
+"""The targets, and the results as a table (pure: results in, verdicts and text out)."""
+
+from typing import Any
+
+# scenario -> (label, the least ratio to the raw loop the issue asks for)
+RATIO_TARGETS = {
+    "happy": ("happy path", 0.9),
+    "retry": ("retry path", 0.8),
+    "failure": ("failure path", 0.5),
+}
+LABELS = {"raw": "raw aio-pika loop", **{k: v[0] for k, v in RATIO_TARGETS.items()}}
+DELAY_P99_TARGET_MS = 20.0
+RSS_GROWTH_TARGET_MB = 10.0
+
+
+def evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
+    """One verdict per target and queue type: what was measured, what was asked, met or not."""
+    verdicts: list[dict[str, Any]] = []
+    for qt, r in queue_types.items():
+        for scenario, (label, least) in RATIO_TARGETS.items():
+            ratio = r["throughput"][scenario]["ratio"]
+            verdicts.append(
+                {
+                    "queue_type": qt,
+                    "target": f"{label} ratio >= {least}",
+                    "value": ratio,
+                    "met": ratio >= least,
+                }
+            )
+        for tier, d in r["delay"].items():
+            if isinstance(d, dict):
+                verdicts.append(
+                    {
+                        "queue_type": qt,
+                        "target": f"{tier} ms tier p99 error <= {DELAY_P99_TARGET_MS:g} ms",
+                        "value": d["p99_ms"],
+                        "met": abs(d["p99_ms"]) <= DELAY_P99_TARGET_MS,
+                    }
+                )
+        growth = r["memory"]["growth_mb"]
+        verdicts.append(
+            {
+                "queue_type": qt,
+                "target": f"RSS growth < {RSS_GROWTH_TARGET_MB:g} MB",
+                "value": growth,
+                "met": growth < RSS_GROWTH_TARGET_MB,
+            }
+        )
+    return verdicts
+
+
+def table(results: dict[str, Any]) -> str:
+    """The results as Markdown tables (printed, and pasted into the README)."""
+    qts = list(results["queue_types"])
+    rows = [
+        "| scenario | " + " | ".join(f"{qt} jobs/s | ratio | CPU µs/job" for qt in qts) + " |",
+        "|---|" + "---:|---:|---:|" * len(qts),
+    ]
+    for scenario, label in LABELS.items():
+        cells = []
+        for qt in qts:
+            tp = results["queue_types"][qt]["throughput"][scenario]
+            cells.append(
+                f"{tp['median']:,} | {tp.get('ratio', 1.0):.2f} | {tp['cpu_us_per_job']:,}"
+            )
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows += [
+        "",
+        "| retry delay error (observed - configured) | "
+        + " | ".join(f"{qt} p50 | p99" for qt in qts)
+        + " |",
+        "|---|" + "---:|---:|" * len(qts),
+    ]
+    tiers = [t for t, d in results["queue_types"][qts[0]]["delay"].items() if isinstance(d, dict)]
+    for tier in tiers:
+        cells = [
+            f"{d['p50_ms']:+.1f} ms | {d['p99_ms']:+.1f} ms"
+            for d in (results["queue_types"][qt]["delay"][tier] for qt in qts)
+        ]
+        rows.append(f"| {int(tier):,} ms tier | " + " | ".join(cells) + " |")
+    rows += ["", "| worker RSS | " + " | ".join(qts) + " |", "|---|" + "---:|" * len(qts)]
+    mem = [results["queue_types"][qt]["memory"] for qt in qts]
+    rows.append("| idle | " + " | ".join(f"{m['idle_mb']} MB" for m in mem) + " |")
+    rows.append(
+        f"| after {mem[0]['jobs']:,} jobs | "
+        + " | ".join(f"{m['after_mb']} MB" for m in mem)
+        + " |"
+    )
+    rows.append("| growth | " + " | ".join(f"{m['growth_mb']:+} MB" for m in mem) + " |")
+    return "\n".join(rows)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print()
+    print(table(results))
+    print()
+    for v in results["targets"]:
+        verdict = "met    " if v["met"] else "NOT MET"
+        print(f"{verdict}  {v['queue_type']:8} {v['target']}: {v['value']}")
