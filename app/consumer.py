@@ -16,6 +16,7 @@ from aio_pika.abc import (
 from aiormq.exceptions import DeliveryError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from app.acks import Acks
 from app.connection import CONNECTION_ERRORS
 from app.errors import PoisonMessage
 from app.failed import (
@@ -77,11 +78,19 @@ class Consumer:
         self._tag: str | None = None
         self._opening: asyncio.Task[None] | None = None
         self._frame_max = 0
+        self._acks = Acks()
+        # Prometheus children resolved once: labels() costs a lock and a lookup per call.
+        self._in_flight = metrics.in_flight.labels(self._names.queue)
+        self._duration = metrics.duration.labels(self._names.queue)
+        self._succeeded = metrics.jobs.labels(self._names.queue, "succeeded")
+        self._retried = metrics.jobs.labels(self._names.queue, "retried")
+        self._failed_jobs = metrics.jobs.labels(self._names.queue, "failed")
 
     async def start(self, channel: AbstractChannel, frame_max: int) -> None:
         """Start taking jobs from the main queue on a channel opened with publisher confirms."""
         self._channel = channel
         self._frame_max = frame_max
+        self._acks = Acks()  # delivery tags start again on every channel
         self._tag = None
         self._failed = await channel.get_exchange(self._names.failed, ensure=False)
         self._queue = await channel.get_queue(self._names.queue, ensure=False)
@@ -120,27 +129,32 @@ class Consumer:
         except CONNECTION_ERRORS as error:
             log.warning("consumer cancel failed", error=str(error))
 
+    async def drain_acks(self) -> None:
+        """Send the acks of finished jobs still pending (before the channel closes)."""
+        await self._acks.drain()
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         self._spawn(message)
 
     def _spawn(self, message: AbstractIncomingMessage) -> asyncio.Task[None]:
         # Jobs run in tasks of their own, so closing a channel never cancels a handler.
-        task = asyncio.get_running_loop().create_task(self._process(message))
+        self._acks.delivered(message)
+        task = asyncio.get_running_loop().create_task(self._process(message, self._acks))
         self.in_flight.add(task)
-        self._metrics.in_flight.labels(self._names.queue).inc()
+        self._in_flight.inc()
         task.add_done_callback(self._done)
         return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
-        self._metrics.in_flight.labels(self._names.queue).dec()
+        self._in_flight.dec()
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery not settled", exc_info=task.exception())
 
-    async def _process(self, message: AbstractIncomingMessage) -> None:
+    async def _process(self, message: AbstractIncomingMessage, acks: Acks) -> None:
         headers: dict[str, Any] = dict(message.headers or {})
         if death_is_forged(headers):
-            await self._sanitize(message, headers)
+            await self._sanitize(message, headers, acks)
             return
         attempt = retries_so_far(headers, self._names.queue) + 1
         job = Job(
@@ -161,12 +175,14 @@ class Consumer:
                 poison = PoisonMessage(
                     f"delivered more than {POISON_DELIVERIES} times without an ack"
                 )
-                await self._fail(message, job, poison, FailureKind.POISON)
+                await self._fail(message, job, poison, FailureKind.POISON, acks)
                 return
             started = time.perf_counter()
             outcome, error = await self._invoker(job)
-            self._metrics.duration.labels(self._names.queue).observe(time.perf_counter() - started)
-            await self._settle(message, job, decide(outcome, attempt, job.max_attempts), error)
+            self._duration.observe(time.perf_counter() - started)
+            await self._settle(
+                message, job, decide(outcome, attempt, job.max_attempts), error, acks
+            )
 
     async def _settle(
         self,
@@ -174,19 +190,22 @@ class Consumer:
         job: Job,
         decision: Decision,
         error: BaseException | None,
+        acks: Acks,
     ) -> None:
         if decision.action is Action.ACK:
-            if await self._ack(message):
-                self._metrics.jobs.labels(self._names.queue, "succeeded").inc()
-                log.info("job succeeded")
+            acks.ack_soon(message)
+            self._succeeded.inc()
+            log.info("job succeeded")
         elif decision.action is Action.RETRY:
-            await self._retry(message, job, error)
+            await self._retry(message, job, error, acks)
         else:
             assert error is not None
             assert decision.kind is not None
-            await self._fail(message, job, error, decision.kind)
+            await self._fail(message, job, error, decision.kind, acks)
 
-    async def _retry(self, message: AbstractIncomingMessage, job: Job, error: Any) -> None:
+    async def _retry(
+        self, message: AbstractIncomingMessage, job: Job, error: Any, acks: Acks
+    ) -> None:
         tier = min(job.attempt, len(self._plan.tiers))
         spec = self._plan.tiers[tier - 1]
         try:
@@ -194,7 +213,9 @@ class Consumer:
         except CONNECTION_ERRORS:
             log.warning("job not settled: channel closed, the broker delivers it again")
             return
-        self._metrics.jobs.labels(self._names.queue, "retried").inc()
+        finally:
+            acks.release(message)  # only now, with the nack written, may a multiple ack pass it
+        self._retried.inc()
         self._metrics.retries.labels(self._names.queue, str(tier)).inc()
         log.warning(
             "job failed, retrying",
@@ -204,7 +225,12 @@ class Consumer:
         )
 
     async def _fail(
-        self, message: AbstractIncomingMessage, job: Job, error: BaseException, kind: FailureKind
+        self,
+        message: AbstractIncomingMessage,
+        job: Job,
+        error: BaseException,
+        kind: FailureKind,
+        acks: Acks,
     ) -> None:
         # Formatted once for the header and the log: formatting parses source lines, and doing it
         # twice took a third of the failure path's time.
@@ -229,9 +255,9 @@ class Consumer:
             **copied_properties(message),
         )
         assert self._failed is not None
-        if not await self._publish_then_ack(message, self._failed, copy, self._names.failed):
+        if not await self._publish_then_ack(message, self._failed, copy, self._names.failed, acks):
             return
-        self._metrics.jobs.labels(self._names.queue, "failed").inc()
+        self._failed_jobs.inc()
         self._metrics.failed.labels(self._names.queue, str(kind)).inc()
         log.error(
             "job failed",
@@ -240,7 +266,9 @@ class Consumer:
             exception=formatted.removesuffix("\n"),  # what exc_info=error would render
         )
 
-    async def _sanitize(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> None:
+    async def _sanitize(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any], acks: Acks
+    ) -> None:
         # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue
         # or lose the message), so the job comes back as a clean first attempt instead.
         clean = aio_pika.Message(
@@ -251,7 +279,7 @@ class Consumer:
         )
         assert self._channel is not None
         if await self._publish_then_ack(
-            message, self._channel.default_exchange, clean, self._names.queue
+            message, self._channel.default_exchange, clean, self._names.queue, acks
         ):
             log.warning("forged x-death header removed", message_id=message.message_id)
 
@@ -261,6 +289,7 @@ class Consumer:
         exchange: AbstractExchange,
         copy: aio_pika.Message,
         routing_key: str,
+        acks: Acks,
     ) -> bool:
         """Publish with a confirm, then ack the original.
 
@@ -282,13 +311,5 @@ class Consumer:
                 "copy not published: channel closed, the job stays in the queue", error=str(error)
             )
             return False
-        return await self._ack(message)
-
-    @staticmethod
-    async def _ack(message: AbstractIncomingMessage) -> bool:
-        try:
-            await message.ack()
-        except CONNECTION_ERRORS:
-            log.warning("job not acked: channel closed, the broker delivers it again")
-            return False
+        acks.ack_soon(message)
         return True

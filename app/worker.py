@@ -159,6 +159,7 @@ class Worker:
         if await self._lifecycle.serve_until_lost(connection, channel):
             await self._consumer.stop()
             await self._drain()  # while the connection is up, so finished jobs are acked
+            await self._consumer.drain_acks()
 
     async def _drain(self) -> None:
         """Let jobs in flight finish within the shutdown timeout (or until a second signal)."""
