@@ -168,21 +168,19 @@ class Consumer:
             correlation_id=message.correlation_id,
             content_type=message.content_type,
         )
-        with structlog.contextvars.bound_contextvars(
+        # Each job runs in a task of its own, with its own copy of the context: binding here
+        # tags every line logged for this job (an async handler's too) and leaks into no other.
+        structlog.contextvars.bind_contextvars(
             message_id=job.message_id, type=job.type, attempt=attempt, max_attempts=job.max_attempts
-        ):
-            if is_poison(headers, bool(message.redelivered)):
-                poison = PoisonMessage(
-                    f"delivered more than {POISON_DELIVERIES} times without an ack"
-                )
-                await self._fail(message, job, poison, FailureKind.POISON, acks)
-                return
-            started = time.perf_counter()
-            outcome, error = await self._invoker(job)
-            self._duration.observe(time.perf_counter() - started)
-            await self._settle(
-                message, job, decide(outcome, attempt, job.max_attempts), error, acks
-            )
+        )
+        if is_poison(headers, bool(message.redelivered)):
+            poison = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+            await self._fail(message, job, poison, FailureKind.POISON, acks)
+            return
+        started = time.perf_counter()
+        outcome, error = await self._invoker(job)
+        self._duration.observe(time.perf_counter() - started)
+        await self._settle(message, job, decide(outcome, attempt, job.max_attempts), error, acks)
 
     async def _settle(
         self,
