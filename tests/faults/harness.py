@@ -235,6 +235,18 @@ class FaultRun:
         return tally
 
 
+async def publish_mixed(run: FaultRun, jobs: int, sleep_s: float = 0.002) -> None:
+    """Nine in ten jobs succeed at once, one in ten fails once and goes through tier 1."""
+    for _ in range(10):
+        await run.publish(jobs // 10 - jobs // 100, sleep_s=sleep_s)
+        await run.publish(jobs // 100, sleep_s=sleep_s, fail=1)
+
+
+async def progress(run: FaultRun, jobs: int, timeout_s: float = 60) -> None:
+    """Wait until the run's handlers have completed at least this many jobs."""
+    await wait_for(lambda: len(run.done()) >= jobs, timeout_s, f"{jobs} jobs done")
+
+
 def fault_settings(queue: str, url: str, **overrides: Any) -> Settings:
     """Settings of a fault run: the private node, the journaling handler, short delays."""
     values: dict[str, Any] = {

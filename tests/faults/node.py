@@ -1,11 +1,13 @@
 """Private RabbitMQ nodes for the fault suite, so that a stopped app, an alarm or a cluster never
 touches the broker the other tests use. Each node has its own name, ports and data directory."""
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +48,12 @@ class Node:
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
 
+    @property
+    def home(self) -> Path:
+        return self.base / self.short_name
+
     def _env(self) -> dict[str, str]:
-        home = self.base / self.short_name
+        home = self.home
         return {
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.amqp_port),
@@ -60,9 +66,10 @@ class Node:
         }
 
     def start(self) -> "Node":
-        """Start the node (stopping a leftover of an earlier run first) and wait until it runs."""
+        """Start the node with no data (stopping a leftover of an earlier run first) and wait
+        until it runs."""
         self.stop()
-        home = self.base / self.short_name
+        home = self.home
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         (home / "rabbitmq.conf").write_text(
@@ -75,6 +82,10 @@ class Node:
         shutil.chown(self.base, BROKER_USER, BROKER_USER)
         for path in [home, *home.iterdir()]:
             shutil.chown(path, BROKER_USER, BROKER_USER)
+        return self.restart()
+
+    def restart(self) -> "Node":
+        """Start the stopped node again on the data it had, and wait until it runs."""
         env = {**_base_env(), **self._env()}
         subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
         self.wait_running()
@@ -100,8 +111,18 @@ class Node:
         """Stop the whole node if it runs."""
         ctl(self.name, "stop", check=False)
 
+    def discard(self) -> None:
+        """Stop the node and remove its data."""
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
     def ctl(self, *args: str, timeout_s: float = 60) -> str:
         return ctl(self.name, *args, timeout_s=timeout_s)
+
+    def running_nodes(self) -> set[str]:
+        """The nodes of this node's cluster that run, as this node sees them."""
+        status = json.loads(self.ctl("cluster_status", "--formatter", "json"))
+        return set(status["running_nodes"])
 
     def join(self, other: "Node") -> None:
         """Make this (fresh) node a member of other's cluster."""
@@ -109,6 +130,16 @@ class Node:
         self.ctl("join_cluster", other.name)
         self.ctl("start_app")
         self.wait_running()
+
+
+def start_cluster(base: Path, names: list[str], ports: list[int]) -> list[Node]:
+    """Start fresh nodes (at once: each takes seconds to boot) and join the others to the first."""
+    nodes = [Node(name, port, base) for name, port in zip(names, ports, strict=True)]
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(Node.start, nodes))
+    for node in nodes[1:]:
+        node.join(nodes[0])
+    return nodes
 
 
 def _base_env() -> dict[str, str]:

@@ -11,20 +11,9 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from app.topology import declare
-from tests.faults.harness import FaultRun
+from tests.faults.harness import FaultRun, progress, publish_mixed
 from tests.faults.node import Node
 from tests.support import close_connections, depth, free_port, ricochet_env, spawn, wait_for
-
-
-async def publish_mixed(run: FaultRun, jobs: int, sleep_s: float = 0.002) -> None:
-    """Nine in ten jobs succeed at once, one in ten fails once and goes through tier 1."""
-    for _ in range(10):
-        await run.publish(jobs // 10 - jobs // 100, sleep_s=sleep_s)
-        await run.publish(jobs // 100, sleep_s=sleep_s, fail=1)
-
-
-async def progress(run: FaultRun, jobs: int, timeout_s: float = 60) -> None:
-    await wait_for(lambda: len(run.done()) >= jobs, timeout_s, f"{jobs} jobs done")
 
 
 async def test_connections_closed_repeatedly_under_load(
