@@ -296,13 +296,17 @@ class Consumer:
         its delivery count until the job looked like poison and lost its real reason.
         """
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(DeliveryError),
-                wait=wait_exponential_jitter(multiplier=UNCONFIRMED_FIRST_WAIT_S, max=30),
-                before_sleep=_log_unconfirmed,
-            ):
-                with attempt:
-                    await exchange.publish(copy, routing_key=routing_key, mandatory=True)
+            try:
+                await exchange.publish(copy, routing_key=routing_key, mandatory=True)
+            except DeliveryError:
+                # Rare, so the retry machinery (a third of a publish's cost) waits until needed.
+                async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(DeliveryError),
+                    wait=wait_exponential_jitter(multiplier=UNCONFIRMED_FIRST_WAIT_S, max=30),
+                    before_sleep=_log_unconfirmed,
+                ):
+                    with attempt:
+                        await exchange.publish(copy, routing_key=routing_key, mandatory=True)
         except CONNECTION_ERRORS as error:
             # The channel is gone: the broker hands the original back by itself.
             log.warning(
