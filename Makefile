@@ -29,6 +29,9 @@ unit: install
 integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+faults: install  ## the fault suite alone: real workers, a private broker node, a 3-node cluster
+	$(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
