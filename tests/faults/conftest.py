@@ -1,5 +1,6 @@
 """Fixtures of the fault suite: a private broker node, a connection to it, one FaultRun a test."""
 
+import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Any
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractConnection
+from hypothesis import settings
 
 from app.connection import close_quietly
 from tests.faults.harness import TALLIES, FaultRun, fault_settings
@@ -15,6 +17,11 @@ from tests.faults.node import Node, node_base
 from tests.support import delete_topology
 
 NODE_PORT = 5682
+
+# CI replays the same fuzzed examples every run; on a developer's machine they are new each time.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
