@@ -94,9 +94,12 @@ class Consumer:
         self._tag = None
         self._failed = await channel.get_exchange(self._names.failed, ensure=False)
         self._queue = await channel.get_queue(self._names.queue, ensure=False)
-        self._opening = asyncio.get_running_loop().create_task(self._redelivered_first())
+        if self._opening is not None:
+            # One left from a lost connection must not subscribe on this channel too.
+            self._opening.cancel()
+        self._opening = asyncio.get_running_loop().create_task(self._redelivered_first(self._queue))
 
-    async def _redelivered_first(self) -> None:
+    async def _redelivered_first(self, queue: AbstractQueue) -> None:
         """Run the jobs that come back redelivered one at a time, then subscribe.
 
         A job redelivered after a crash may be the one that killed its worker. The broker counts
@@ -104,14 +107,13 @@ class Consumer:
         the jobs around a poison job would reach the poison limit with it. Taken one by one with
         basic.get, a redelivered job is the only delivery this worker holds while it runs.
         """
-        assert self._queue is not None
         try:
-            while (message := await self._queue.get(no_ack=False, fail=False)) is not None:
+            while (message := await queue.get(no_ack=False, fail=False)) is not None:
                 job = self._spawn(message)
                 if not message.redelivered:
                     break
-                await asyncio.wait({job})
-            self._tag = await self._queue.consume(self._on_message)
+                await asyncio.wait({job})  # never cancels the job when this task is cancelled
+            self._tag = await queue.consume(self._on_message)
         except CONNECTION_ERRORS as error:
             # The worker sees the channel close and starts over on a new connection.
             log.warning("consuming interrupted", error=str(error))
@@ -119,7 +121,7 @@ class Consumer:
     async def stop(self) -> None:
         """Stop taking deliveries; jobs in flight carry on."""
         if self._opening is not None:
-            self._opening.cancel()  # it only waits on jobs, never cancels them
+            self._opening.cancel()
         if self._queue is None or self._tag is None or self._channel is None:
             return
         if self._channel.is_closed:
