@@ -143,3 +143,26 @@ async def test_stuck_sync_handler_does_not_block_exit(
         assert await asyncio.to_thread(worker.wait, 15) == 0
     assert "jobs unfinished at shutdown go back to the queue" in output.read_text()
     await wait_depth(channel, queue_name, 1)
+
+
+async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
+    start_worker, connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A redelivered job is still running when the broker drops the connection: once it ends,
+    the worker consumes the queue with one subscription, not one per connection it had."""
+    recorder = Recorder()
+    settings = make_settings(queue_name)
+    await declare(connection, settings)
+    await publish(channel, queue_name, json.dumps({"sleep_s": 4}), message_id="slow")
+    # Taken and given back unacked: the worker receives it redelivered, one at a time.
+    held = await connection.channel()
+    queue = await held.declare_queue(queue_name, passive=True)
+    assert await queue.get(fail=False) is not None
+    await held.close()
+    worker = await start_worker(recorder)
+    await wait_for(lambda: recorder.seen["slow"], 10, "the redelivered job to start")
+    assert await asyncio.to_thread(close_connections, queue_name) == 1
+    await wait_for(lambda: worker.lifecycle.ready, 20, "the worker to reconnect")
+    await wait_for(lambda: len(recorder.seen["slow"]) == 2, 20, "the job to run again")
+    await asyncio.sleep(4.5)  # both runs of the job have ended
+    assert await consumers(connection, queue_name) == 1
