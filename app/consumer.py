@@ -1,4 +1,4 @@
-"""The consumer: the only place that acks, nacks or publishes on behalf of a delivery."""
+"""The consumer: the only place that settles a delivery (its acks go out through app.acks)."""
 
 import asyncio
 import datetime as dt
@@ -122,9 +122,12 @@ class Consumer:
         """Stop taking deliveries; jobs in flight carry on."""
         if self._opening is not None:
             self._opening.cancel()
-        if self._queue is None or self._tag is None or self._channel is None:
-            return
-        if self._channel.is_closed:
+        if (
+            self._queue is None
+            or self._tag is None
+            or self._channel is None
+            or self._channel.is_closed
+        ):
             return
         try:
             await self._queue.cancel(self._tag)

@@ -87,14 +87,12 @@ def failed_headers(
     queue: str,
     routing_key: str,
     now: dt.datetime,
-    formatted_traceback: str | None = None,
+    formatted_traceback: str,
 ) -> dict[str, Any]:
     """The failed copy's headers: the original's without x-death, plus the failure's.
 
-    formatted_traceback is format_traceback(exc) when the caller has it already.
+    formatted_traceback is format_traceback(exc), which the caller also logs.
     """
-    if formatted_traceback is None:
-        formatted_traceback = format_traceback(exc)
     return {
         **copied_headers(headers),
         "failed-at": now.astimezone(dt.UTC).isoformat(),

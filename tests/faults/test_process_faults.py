@@ -2,8 +2,8 @@
 
 from collections.abc import Callable
 
-from tests.faults.harness import FaultRun, Supervisor
-from tests.support import wait_for
+from tests.faults.harness import FaultRun, Supervisor, progress
+from tests.support import wait_depth
 
 JOBS = 2000
 
@@ -14,7 +14,7 @@ async def test_kill_9_mid_batch_then_restart(fault_run: Callable[..., FaultRun])
     run = fault_run("kill -9 mid-batch", prefetch=32)
     await run.publish(JOBS, sleep_s=0.002)
     worker = await run.start_worker()
-    await wait_for(lambda: len(run.done()) >= JOBS // 4, 60, "a quarter of the jobs")
+    await progress(run, JOBS // 4)
     worker.kill()
     await run.start_worker()
     tally = await run.account()
@@ -29,7 +29,7 @@ async def test_sigterm_mid_batch_finishes_in_flight_jobs(
     run = fault_run("SIGTERM mid-batch", prefetch=16)
     await run.publish(JOBS // 2, sleep_s=0.02)
     worker = await run.start_worker()
-    await wait_for(lambda: len(run.done()) >= JOBS // 8, 60, "an eighth of the jobs")
+    await progress(run, JOBS // 8)
     assert await worker.terminate() == 0
     assert run.started() == set(run.done())  # nothing started was abandoned
     await run.start_worker()
@@ -76,13 +76,9 @@ async def test_jobs_waiting_in_tiers_across_changed_settings(
     doomed = await run.publish(100, fail=10)
     worker = await run.start_worker()
 
-    async def all_waiting() -> bool:
-        channel = await run.connection.channel()
-        declared = await channel.declare_queue(run.names.tier(1), passive=True)
-        await channel.close()
-        return declared.declaration_result.message_count == 400
-
-    await wait_for(all_waiting, 30, "every job in tier 1")
+    channel = await run.connection.channel()
+    await wait_depth(channel, run.names.tier(1), 400, timeout_s=30)
+    await channel.close()
     assert await worker.terminate() == 0
     await run.start_worker(max_retries=1, retry_delay_ms=200)
     tally = await run.account(expected_failed=set(doomed))

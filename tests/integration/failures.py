@@ -6,7 +6,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel
 
-from app.failed import failed_headers
+from app.failed import failed_headers, format_traceback
 from app.retry import FailureKind
 from app.topology import Names
 
@@ -37,6 +37,7 @@ async def publish_failed(
                 queue=queue,
                 routing_key=queue,
                 now=dt.datetime.now(dt.UTC),
+                formatted_traceback=format_traceback(error),
             ),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         ),

@@ -15,6 +15,7 @@ from app.failed import (
     failed_headers,
     failure_reason,
     fit_to_frame,
+    format_traceback,
 )
 from app.retry import FailureKind
 
@@ -40,8 +41,9 @@ def test_headers_replace_death_with_failure() -> None:
         "x-last-death-queue": "jobs",
     }
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    exc = raised(ValueError("bad row 7"))
     headers = failed_headers(
-        original, raised(ValueError("bad row 7")), FailureKind.EXHAUSTED, 3, "jobs", "jobs", now
+        original, exc, FailureKind.EXHAUSTED, 3, "jobs", "jobs", now, format_traceback(exc)
     )
     assert headers["tenant"] == "acme"
     assert not any(k.startswith(("x-death", "x-first-death", "x-last-death")) for k in headers)
@@ -58,7 +60,10 @@ def test_headers_replace_death_with_failure() -> None:
 def test_reason_and_traceback_are_bounded() -> None:
     """failed-reason keeps at most 1000 characters, failed-traceback the last 4096."""
     exc = raised(RuntimeError("x" * 5000))
-    headers = failed_headers({}, exc, FailureKind.PERMANENT, 0, "q", "q", dt.datetime.now(dt.UTC))
+    now = dt.datetime.now(dt.UTC)
+    headers = failed_headers(
+        {}, exc, FailureKind.PERMANENT, 0, "q", "q", now, format_traceback(exc)
+    )
     assert len(headers["failed-reason"]) == REASON_MAX_CHARS
     assert headers["failed-reason"].startswith("RuntimeError: xxx")
     assert len(headers["failed-traceback"]) == TRACEBACK_MAX_CHARS
@@ -106,8 +111,8 @@ def big_failure(application_bytes: int) -> dict[str, object]:
         "jobs",
         "jobs",
         dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+        "t" * (TRACEBACK_MAX_CHARS - 10) + "raise here",
     )
-    headers["failed-traceback"] = "t" * (TRACEBACK_MAX_CHARS - 10) + "raise here"
     return headers
 
 
