@@ -13,6 +13,11 @@ from bench.report import DELAY_P99_TARGET_MS, LABELS, RATIO_TARGETS
 COLORS = {"quorum": "#3b6ea8", "classic": "#e08a2c"}
 
 
+def _ratio_label(tp: dict[str, Any]) -> str:
+    ratio = f"{tp.get('ratio', 1.0):.2f}"
+    return f"{ratio}/{tp['same_work_ratio']:.2f}" if "same_work_ratio" in tp else ratio
+
+
 def draw(results: dict[str, Any], path: Path) -> None:
     """Three panels side by side, written as a PNG."""
     qts = list(results["queue_types"])
@@ -28,43 +33,48 @@ def draw(results: dict[str, Any], path: Path) -> None:
         )
         for bar, s in zip(bars, scenarios, strict=True):
             tp_ax.annotate(
-                f"{tp[s].get('ratio', 1.0):.2f}",
+                _ratio_label(tp[s]),
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",
                 fontsize=8,
             )
     tp_ax.set_xticks([s + width * (len(qts) - 1) / 2 for s in range(len(scenarios))])
-    tp_ax.set_xticklabels([LABELS[s].replace(" ", "\n", 1) for s in scenarios], fontsize=8)
+    tp_ax.set_xticklabels([LABELS[s].replace(": ", ":\n", 1) for s in scenarios], fontsize=7)
     tp_ax.set_ylabel("jobs per second (median)")
-    tp_ax.set_title("Throughput (label: ratio to the raw loop)")
+    tp_ax.set_title("Throughput (ratio to the raw ack loop / to the same work)", fontsize=10)
     tp_ax.legend()
 
-    tiers = [t for t, d in results["queue_types"][qts[0]]["delay"].items() if isinstance(d, dict)]
+    tiers = list(results["queue_types"][qts[0]]["delay"]["ricochet"])
+    bar = 0.8 / (2 * len(qts))
     for i, qt in enumerate(qts):
         delay = results["queue_types"][qt]["delay"]
-        xs = list(range(len(tiers)))
-        delay_ax.bar(
-            [x + i * width for x in xs],
-            [delay[t]["p99_ms"] for t in tiers],
-            width,
-            label=f"{qt} p99",
-            color=COLORS.get(qt),
-        )
-        delay_ax.plot(
-            [x + i * width for x in xs],
-            [delay[t]["p50_ms"] for t in tiers],
-            "kD",
-            markersize=4,
-            label="p50" if i == 0 else None,
-        )
+        for j, consumer in enumerate(("ricochet", "raw")):
+            xs = [x + (2 * i + j) * bar for x in range(len(tiers))]
+            delay_ax.bar(
+                xs,
+                [delay[consumer][t]["p99_ms"] for t in tiers],
+                bar,
+                label=f"{qt} {'raw loop' if consumer == 'raw' else consumer} p99",
+                color=COLORS.get(qt),
+                alpha=1.0 if consumer == "ricochet" else 0.45,
+                hatch=None if consumer == "ricochet" else "//",
+            )
+            delay_ax.plot(
+                xs,
+                [delay[consumer][t]["p50_ms"] for t in tiers],
+                "kD",
+                markersize=3,
+                label="p50" if i == j == 0 else None,
+            )
     delay_ax.axhline(
         DELAY_P99_TARGET_MS, color="red", linestyle="--", linewidth=1, label="p99 target"
     )
-    delay_ax.set_xticks([x + width * (len(qts) - 1) / 2 for x in range(len(tiers))])
+    delay_ax.set_xticks([x + bar * (2 * len(qts) - 1) / 2 for x in range(len(tiers))])
     delay_ax.set_xticklabels([f"{int(t):,} ms tier" for t in tiers])
     delay_ax.set_ylabel("observed - configured delay (ms)")
-    delay_ax.set_title("Retry delay error under load")
+    load = results["queue_types"][qts[0]]["delay"]["load_jobs_per_s"]
+    delay_ax.set_title(f"Retry delay error under {load:,} jobs/s of load", fontsize=10)
     delay_ax.legend(fontsize=8)
 
     for i, qt in enumerate(qts):

@@ -19,6 +19,9 @@ from typing import Any, TextIO
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+from bench.probe import PROBE_TYPE, observed_delays_s, probe_fails
+
+RAW_MODES = ("ack", "retry", "fail", "probe")
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
 POLL_S = 0.01
 
@@ -42,26 +45,61 @@ async def _measure(
     return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
 
-async def raw(url: str, queue: str, prefetch: int, target: int, ack_every: int) -> None:
-    """The baseline: consume and ack, nothing else, with the worker's prefetch.
+def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
+    """1 + the times the broker dead-lettered this message out of the queue (from x-death)."""
+    deaths = (message.headers or {}).get("x-death")
+    if not isinstance(deaths, list):
+        return 1
+    return 1 + sum(int(d["count"]) for d in deaths if isinstance(d, dict) and d["queue"] == queue)
 
-    ack_every > 1 acks with multiple=True once per that many deliveries, which is safe here
-    only because this loop settles its deliveries in order and never fails one.
+
+async def raw(
+    url: str, queue: str, prefetch: int, target: int, mode: str, ack_every: int, failed: str
+) -> None:
+    """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
+
+    ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
+    ricochet's 10 ms tier and back) and ack the second. fail: publish a persistent copy to the
+    failed exchange, await its confirm, then ack. probe: nack a probe three times, timing its
+    tiers as the ricochet handler does, and ack everything else. ack_every > 1 acks with
+    multiple=True once per that many deliveries, which is safe here only because this loop
+    settles its deliveries in order and never fails one.
     """
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     acked = received = 0
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel(publisher_confirms=True)
+    await channel.set_qos(prefetch_count=prefetch)
+    failed_exchange = await channel.get_exchange(failed, ensure=False) if mode == "fail" else None
+
+    def fails(message: AbstractIncomingMessage) -> bool:
+        if mode == "retry":
+            return attempt_of(message, queue) == 1
+        if mode == "probe" and message.type == PROBE_TYPE:
+            return probe_fails(message.message_id, attempt_of(message, queue))
+        return False
 
     async def on_message(message: AbstractIncomingMessage) -> None:
         nonlocal acked, received
+        if fails(message):
+            await message.nack(requeue=False)
+            return
+        if failed_exchange is not None:
+            copy = aio_pika.Message(
+                message.body,
+                headers={"failed-reason": "benchmark: this job always fails"},
+                message_id=message.message_id,
+                type=message.type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            await failed_exchange.publish(copy, routing_key="", mandatory=True)
         received += 1
-        if received % ack_every == 0 or received == target:
+        n = received
+        if n % ack_every == 0 or n == target:
             await message.ack(multiple=ack_every > 1)
-            acked = received
+            acked = max(acked, n)
 
-    connection = await aio_pika.connect(url)
-    channel = await connection.channel()
-    await channel.set_qos(prefetch_count=prefetch)
     consuming = asyncio.Event()
 
     async def consume() -> None:
@@ -71,7 +109,7 @@ async def raw(url: str, queue: str, prefetch: int, target: int, ack_every: int) 
     task = asyncio.ensure_future(consume())
     measured = await _measure(consuming.is_set, lambda: acked, target)
     await task
-    emit("done", **measured)
+    emit("done", **measured, delays_s=observed_delays_s)
     await stop.wait()
     await connection.close()
 
@@ -102,8 +140,6 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
         measuring.cancel()
         await serving  # raises what stopped the worker
         raise RuntimeError("the worker stopped before the jobs were done")
-    from bench.handlers import observed_delays_s
-
     emit("done", **measuring.result(), delays_s=observed_delays_s)
     await serving
 
@@ -119,7 +155,9 @@ def main() -> None:
     parser.add_argument("--url", help="raw: the broker")
     parser.add_argument("--queue", help="raw: the queue")
     parser.add_argument("--prefetch", type=int, default=32, help="raw: the prefetch")
+    parser.add_argument("--mode", choices=RAW_MODES, default="ack", help="raw: the broker work")
     parser.add_argument("--ack-every", type=int, default=1, help="raw: multiple=True acks")
+    parser.add_argument("--failed", default="", help="raw, fail mode: the failed exchange")
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
     args = parser.parse_args()
     if args.uvloop:
@@ -127,7 +165,17 @@ def main() -> None:
 
         uvloop.install()
     if args.consumer == "raw":
-        asyncio.run(raw(args.url, args.queue, args.prefetch, args.target, args.ack_every))
+        asyncio.run(
+            raw(
+                args.url,
+                args.queue,
+                args.prefetch,
+                args.target,
+                args.mode,
+                args.ack_every,
+                args.failed,
+            )
+        )
     else:
         with open(os.devnull, "w") as log_stream:
             asyncio.run(ricochet(args.outcome, args.target, log_stream))

@@ -1,14 +1,7 @@
 """Handlers the benchmark runs in the real worker (RICOCHET_HANDLER=bench.handlers:...)."""
 
-import time
-
 from app import Job, PermanentError
-
-# Tier k's observed delays (seconds) in the delay scenario; the worker process reports them.
-observed_delays_s: dict[int, list[float]] = {}
-_failed_at: dict[str | None, float] = {}
-PROBE_TYPE = "probe"
-PROBE_FAILURES = 3  # a probe goes through tiers 1, 2 and 3 before it succeeds
+from bench.probe import PROBE_TYPE, probe_fails
 
 
 async def noop(job: Job) -> None:
@@ -27,14 +20,6 @@ async def fail(job: Job) -> None:
 
 
 async def probe(job: Job) -> None:
-    """Load jobs succeed; a probe fails PROBE_FAILURES times and records each tier's delay."""
-    if job.type != PROBE_TYPE:
-        return
-    now = time.monotonic()
-    if job.attempt > 1:
-        tier = job.attempt - 1
-        observed_delays_s.setdefault(tier, []).append(now - _failed_at.pop(job.message_id))
-    if job.attempt <= PROBE_FAILURES:
-        # Taken as late as possible: the nack follows right after the handler returns.
-        _failed_at[job.message_id] = time.monotonic()
+    """Load jobs succeed; a probe fails three times, timed in each tier (bench.probe)."""
+    if job.type == PROBE_TYPE and probe_fails(job.message_id, job.attempt):
         raise RuntimeError("benchmark: probe goes to the next tier")

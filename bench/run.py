@@ -29,30 +29,32 @@ ROOT = Path(__file__).resolve().parent.parent
 URL = os.environ.get("RICOCHET_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MB = 1024 * 1024
 
-# scenario -> (handler, the outcome the worker counts); "raw" is the aio-pika loop.
-SCENARIOS: dict[str, tuple[str, str]] = {
-    "happy": ("bench.handlers:noop", "succeeded"),
-    "retry": ("bench.handlers:fail_once", "succeeded"),
-    "failure": ("bench.handlers:fail", "failed"),
+# scenario -> (handler, the outcome the worker counts, the raw loop doing the same broker work)
+SCENARIOS: dict[str, tuple[str, str, str]] = {
+    "happy": ("bench.handlers:noop", "succeeded", "raw"),
+    "retry": ("bench.handlers:fail_once", "succeeded", "raw-retry"),
+    "failure": ("bench.handlers:fail", "failed", "raw-failure"),
 }
+# The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
+RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
 # A/B variants, only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
 # NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
 # deliveries prefetch/2 at a time with multiple=True.
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
-PACE_S = 0.05  # the delay scenario publishes its load in steps this long
+PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
 
 
 @dataclass
 class Config:
-    """How much to run; the defaults make a full run of about ten minutes."""
+    """How much to run; the defaults make a full run of about a quarter of an hour."""
 
     jobs: int = 10_000
     repeats: int = 5
     memory_jobs: int = 100_000
-    delay_s: float = 10.0
-    probes_per_s: float = 20.0
-    load_share: float = 0.5
+    delay_s: float = 20.0
+    probes_per_s: float = 50.0
+    load_per_s: float = 1000.0
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
@@ -173,31 +175,46 @@ def run_name(scenario: str, queue_type: str) -> str:
 async def throughput(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, scenario: str, qt: str
 ) -> tuple[float, float]:
-    """Jobs per second, and consumer CPU microseconds per job, on a queue pre-filled with jobs."""
+    """Jobs per second, and consumer CPU microseconds per job, on a queue pre-filled with jobs.
+
+    Every consumer, raw or not, reads a queue declared with ricochet's topology for the same
+    settings, so the raw loops' nacks and copies take the routes the worker's take.
+    """
     queue = run_name(scenario, qt)
-    timeout_s = 60 + cfg.jobs / 100
-    if scenario.startswith("raw"):
-        await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": qt})
-        try:
-            await publish(channel, queue, 0, cfg.jobs)
-            args = ["raw", f"--url={URL}", f"--queue={queue}", f"--prefetch={cfg.prefetch}"]
-            if scenario == "raw-multiple":
-                args.append(f"--ack-every={cfg.prefetch // 2}")
-            done = await run_child([*args, f"--target={cfg.jobs}"], {}, timeout_s)
-        finally:
-            await channel.queue_delete(queue)
-        return per_job(done, cfg.jobs)
-    handler, outcome = SCENARIOS[scenario.split("@")[0].removesuffix("-uvloop")]
+    name = base_name(scenario)
+    handler, outcome, _ = SCENARIOS.get(name, SCENARIOS["happy"])
     retry = {"max_retries": 1, "retry_delay_ms": 10}
     settings = worker_settings(queue, qt, cfg.prefetch, handler=handler, **retry)
     async with ricochet_queue(connection, settings) as env:
         await publish(channel, queue, 0, cfg.jobs)
-        args = ["ricochet", f"--target={cfg.jobs}", f"--outcome={outcome}"]
-        args += ["--uvloop"] if scenario.endswith("-uvloop") else []
-        if scenario.endswith("@base"):
-            env["BENCH_APP_SRC"] = str(cfg.base_src)
-        done = await run_child(args, env, timeout_s)
+        if name in RAW:
+            args = raw_args(settings, RAW[name])
+            env = {}
+            if name == "raw-multiple":
+                args.append(f"--ack-every={cfg.prefetch // 2}")
+        else:
+            args = ["ricochet", f"--outcome={outcome}"]
+            args += ["--uvloop"] if scenario.endswith("-uvloop") else []
+            if scenario.endswith("@base"):
+                env["BENCH_APP_SRC"] = str(cfg.base_src)
+        done = await run_child([*args, f"--target={cfg.jobs}"], env, 60 + cfg.jobs / 100)
     return per_job(done, cfg.jobs)
+
+
+def base_name(scenario: str) -> str:
+    """happy@base and happy-uvloop are variants of happy."""
+    return scenario.split("@")[0].removesuffix("-uvloop")
+
+
+def raw_args(settings: Settings, mode: str) -> list[str]:
+    return [
+        "raw",
+        f"--url={URL}",
+        f"--queue={settings.queue}",
+        f"--prefetch={settings.prefetch}",
+        f"--mode={mode}",
+        f"--failed={settings.queue}.failed",
+    ]
 
 
 def per_job(done: dict[str, Any], jobs: int) -> tuple[float, float]:
@@ -229,11 +246,15 @@ async def paced(
 
 
 async def delay_accuracy(
-    connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str, load: float
+    connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str, consumer: str
 ) -> dict[str, Any]:
-    """Observed minus configured delay per tier (ms), while the worker handles load jobs/s."""
+    """Observed minus configured delay per tier (ms), while the consumer handles load jobs.
+
+    Probes are published for cfg.delay_s; the load goes on until the last of them has been
+    through the 5 s tier, so every tier is measured under the same load.
+    """
     settings = worker_settings(
-        run_name("delay", qt),
+        run_name(f"delay-{consumer}", qt),
         qt,
         cfg.prefetch,
         handler="bench.handlers:probe",
@@ -242,20 +263,22 @@ async def delay_accuracy(
         retry_delay_multiplier=10,
         retry_delay_max_ms=DELAY_TIERS_MS[-1],
     )
+    load_s = cfg.delay_s + sum(DELAY_TIERS_MS) / 1000 + 1
     streams = {
-        "load": (load, int(load * cfg.delay_s)),
+        "load": (cfg.load_per_s, int(cfg.load_per_s * load_s)),
         "probe": (cfg.probes_per_s, int(cfg.probes_per_s * cfg.delay_s)),
     }
     target = sum(total for _, total in streams.values())
     async with ricochet_queue(connection, settings) as env:
-        child = await Child.start(["ricochet", f"--target={target}"], env)
+        args = raw_args(settings, "probe") if consumer == "raw" else ["ricochet"]
+        child = await Child.start([*args, f"--target={target}"], {} if consumer == "raw" else env)
         try:
             await child.expect("ready", 60)
             await paced(channel, settings.queue, streams)
-            done = await child.expect("done", 60 + sum(DELAY_TIERS_MS) / 1000)
+            done = await child.expect("done", 60)
         finally:
             await child.stop()
-    tiers: dict[str, Any] = {"load_jobs_per_s": round(load)}
+    tiers: dict[str, Any] = {}
     for k, configured_ms in enumerate(DELAY_TIERS_MS, start=1):
         errors_ms = [s * 1000 - configured_ms for s in done["delays_s"][str(k)]]
         tiers[str(configured_ms)] = {
@@ -298,7 +321,8 @@ async def throughputs(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
 ) -> dict[str, Any]:
     """Every scenario cfg.repeats times, interleaved, the order reversed every other repeat."""
-    order = ["raw", *(s for s in cfg.scenarios if s != "raw")]
+    twins = [SCENARIOS[base_name(s)][2] for s in cfg.scenarios if base_name(s) in SCENARIOS]
+    order = list(dict.fromkeys(["raw", *twins, *cfg.scenarios]))
     rates: dict[str, list[float]] = {name: [] for name in order}
     cpu: dict[str, list[float]] = {name: [] for name in order}
     for r in range(cfg.repeats):
@@ -319,10 +343,30 @@ async def throughputs(
             "cpu_us_per_job": round(median(cpu[name])),
         }
         if name != "raw":
-            ratios = paired_ratios(values, rates["raw"])
-            result[name]["ratios"] = [round(x, 3) for x in ratios]
-            result[name]["ratio"] = round(median(ratios), 3)
+            result[name].update(ratio_to(values, rates["raw"], "ratio"))
+        twin = SCENARIOS[base_name(name)][2] if base_name(name) in SCENARIOS else "raw"
+        if twin != "raw":
+            result[name].update(ratio_to(values, rates[twin], "same_work_ratio"))
     return result
+
+
+def ratio_to(values: list[float], baseline: list[float], key: str) -> dict[str, Any]:
+    ratios = paired_ratios(values, baseline)
+    return {f"{key}s": [round(x, 3) for x in ratios], key: round(median(ratios), 3)}
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far by kind (user, nice, system, idle, iowait, irq, softirq,
+    steal), from /proc/stat; empty where there is none."""
+    with contextlib.suppress(OSError):
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return []
+
+
+def steal_pct(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests between two readings."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return round(100 * spent[7] / sum(spent), 1) if len(spent) == 8 and sum(spent) else None
 
 
 def machine(connection: AbstractConnection) -> dict[str, Any]:
@@ -357,19 +401,26 @@ async def bench(cfg: Config) -> dict[str, Any]:
             "config": {k: v for k, v in asdict(cfg).items() if not isinstance(v, Path)},
             "queue_types": {},
         }
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), cpu_times()
         for qt in cfg.queue_types:
             tp = await throughputs(connection, channel, cfg, qt)
             results["queue_types"][qt] = {"throughput": tp}
             if "delay" in cfg.parts:
-                load = cfg.load_share * tp["happy"]["median"]
-                print(f"  {qt:8} retry delays under {load:.0f} jobs/s of load", flush=True)
-                delays = await delay_accuracy(connection, channel, cfg, qt, load)
-                results["queue_types"][qt]["delay"] = delays
+                print(
+                    f"  {qt:8} retry delays under {cfg.load_per_s:.0f} jobs/s of load", flush=True
+                )
+                results["queue_types"][qt]["delay"] = {
+                    "load_jobs_per_s": round(cfg.load_per_s),
+                    **{
+                        consumer: await delay_accuracy(connection, channel, cfg, qt, consumer)
+                        for consumer in ("raw", "ricochet")
+                    },
+                }
             if "memory" in cfg.parts:
                 print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
                 results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
         results["seconds"] = round(time.monotonic() - started)
+        results["machine"]["cpu_steal_pct"] = steal_pct(cpu_before, cpu_times())
         return results
     finally:
         await connection.close()
@@ -381,7 +432,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--jobs", type=int, help="jobs per throughput run (default 10000)")
     parser.add_argument("--repeats", type=int, help="runs of each scenario (default 5)")
     parser.add_argument("--memory-jobs", type=int, help="jobs for the RSS measurement (100000)")
-    parser.add_argument("--delay-s", type=float, help="seconds of probes and load (default 10)")
+    parser.add_argument("--delay-s", type=float, help="seconds of probes (default 20)")
+    parser.add_argument("--load", type=float, help="jobs/s of load under the probes (1000)")
     parser.add_argument("--queue-types", help="comma-separated (default quorum,classic)")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     parser.add_argument(
@@ -396,12 +448,14 @@ def parse_args(argv: list[str] | None = None) -> Config:
             jobs=2_000,
             repeats=3,
             memory_jobs=10_000,
-            delay_s=3.0,
+            delay_s=5.0,
             out=ROOT / "bench" / "results" / "quick",
         )
     for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
+    if args.load is not None:
+        cfg.load_per_s = args.load
     if args.scenarios:
         cfg.scenarios = args.scenarios.split(",")
         cfg.parts = []
