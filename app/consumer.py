@@ -25,7 +25,6 @@ from app.failed import (
     failed_headers,
     failure_reason,
     fit_to_frame,
-    format_traceback,
 )
 from app.handler import Invoker
 from app.job import Job
@@ -43,6 +42,7 @@ from app.retry import (
     retries_so_far,
 )
 from app.topology import Plan
+from app.tracebacks import format_traceback
 
 log = structlog.get_logger("ricochet.consumer")
 

@@ -1,7 +1,6 @@
 """The failed copy: what a job looks like in the failed queue (pure functions)."""
 
 import datetime as dt
-import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,11 +73,6 @@ def failure_reason(exc: BaseException) -> str:
     return text[:REASON_MAX_CHARS]
 
 
-def format_traceback(exc: BaseException) -> str:
-    """The whole formatted traceback, as the log shows it."""
-    return "".join(traceback.format_exception(exc))
-
-
 def failed_headers(
     headers: Mapping[str, Any],
     exc: BaseException,
@@ -91,7 +85,7 @@ def failed_headers(
 ) -> dict[str, Any]:
     """The failed copy's headers: the original's without x-death, plus the failure's.
 
-    formatted_traceback is format_traceback(exc), which the caller also logs.
+    formatted_traceback is app.tracebacks.format_traceback(exc), which the caller also logs.
     """
     return {
         **copied_headers(headers),

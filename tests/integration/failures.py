@@ -6,9 +6,10 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel
 
-from app.failed import failed_headers, format_traceback
+from app.failed import failed_headers
 from app.retry import FailureKind
 from app.topology import Names
+from app.tracebacks import format_traceback
 
 
 async def publish_failed(

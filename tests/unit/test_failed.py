@@ -15,9 +15,9 @@ from app.failed import (
     failed_headers,
     failure_reason,
     fit_to_frame,
-    format_traceback,
 )
 from app.retry import FailureKind
+from app.tracebacks import format_traceback
 
 
 class CustomError(Exception):
