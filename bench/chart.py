@@ -15,13 +15,15 @@ COLORS = {"quorum": "#3b6ea8", "classic": "#e08a2c"}
 
 def _ratio_label(tp: dict[str, Any]) -> str:
     ratio = f"{tp.get('ratio', 1.0):.2f}"
-    return f"{ratio}/{tp['same_work_ratio']:.2f}" if "same_work_ratio" in tp else ratio
+    return f"{ratio}\n({tp['same_work_ratio']:.2f})" if "same_work_ratio" in tp else ratio
 
 
 def draw(results: dict[str, Any], path: Path) -> None:
     """Three panels side by side, written as a PNG."""
     qts = list(results["queue_types"])
-    fig, (tp_ax, delay_ax, mem_ax) = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, (tp_ax, delay_ax, mem_ax) = plt.subplots(
+        1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [1.5, 1.2, 0.7]}
+    )
     width = 0.8 / len(qts)
 
     scenarios = list(LABELS)
@@ -37,12 +39,14 @@ def draw(results: dict[str, Any], path: Path) -> None:
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",
-                fontsize=8,
+                fontsize=7,
             )
     tp_ax.set_xticks([s + width * (len(qts) - 1) / 2 for s in range(len(scenarios))])
-    tp_ax.set_xticklabels([LABELS[s].replace(": ", ":\n", 1) for s in scenarios], fontsize=7)
+    tp_ax.set_xticklabels(
+        [LABELS[s].replace(": ", ":\n").replace(", ", ",\n") for s in scenarios], fontsize=7
+    )
     tp_ax.set_ylabel("jobs per second (median)")
-    tp_ax.set_title("Throughput (ratio to the raw ack loop / to the same work)", fontsize=10)
+    tp_ax.set_title("Throughput: ratio to the raw ack loop (to the same work)", fontsize=10)
     tp_ax.legend()
 
     tiers = list(results["queue_types"][qts[0]]["delay"]["ricochet"])
@@ -91,7 +95,7 @@ def draw(results: dict[str, Any], path: Path) -> None:
     mem_ax.set_xticklabels(["idle", f"after {jobs:,} jobs"])
     mem_ax.set_ylabel("worker RSS (MB)")
     mem_ax.set_title("Worker memory")
-    mem_ax.legend()
+    mem_ax.legend(loc="lower center")
 
     m = results["machine"]
     fig.suptitle(

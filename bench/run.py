@@ -38,6 +38,7 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
 # The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
 RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
 # A/B variants, only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
+# NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log line per successful job),
 # NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
 # deliveries prefetch/2 at a time with multiple=True.
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
@@ -54,7 +55,7 @@ class Config:
     memory_jobs: int = 100_000
     delay_s: float = 20.0
     probes_per_s: float = 50.0
-    load_per_s: float = 1000.0
+    load_per_s: float = 500.0
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
@@ -195,6 +196,8 @@ async def throughput(
         else:
             args = ["ricochet", f"--outcome={outcome}"]
             args += ["--uvloop"] if scenario.endswith("-uvloop") else []
+            if scenario.endswith("-warnings"):
+                env["RICOCHET_LOG_LEVEL"] = "WARNING"
             if scenario.endswith("@base"):
                 env["BENCH_APP_SRC"] = str(cfg.base_src)
         done = await run_child([*args, f"--target={cfg.jobs}"], env, 60 + cfg.jobs / 100)
@@ -202,8 +205,8 @@ async def throughput(
 
 
 def base_name(scenario: str) -> str:
-    """happy@base and happy-uvloop are variants of happy."""
-    return scenario.split("@")[0].removesuffix("-uvloop")
+    """happy@base, happy-uvloop and happy-warnings are variants of happy."""
+    return scenario.split("@")[0].removesuffix("-uvloop").removesuffix("-warnings")
 
 
 def raw_args(settings: Settings, mode: str) -> list[str]:
@@ -428,12 +431,12 @@ async def bench(cfg: Config) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small counts: a one-minute check")
+    parser.add_argument("--quick", action="store_true", help="small counts: a three-minute check")
     parser.add_argument("--jobs", type=int, help="jobs per throughput run (default 10000)")
     parser.add_argument("--repeats", type=int, help="runs of each scenario (default 5)")
     parser.add_argument("--memory-jobs", type=int, help="jobs for the RSS measurement (100000)")
     parser.add_argument("--delay-s", type=float, help="seconds of probes (default 20)")
-    parser.add_argument("--load", type=float, help="jobs/s of load under the probes (1000)")
+    parser.add_argument("--load", type=float, help="jobs/s of load under the probes (500)")
     parser.add_argument("--queue-types", help="comma-separated (default quorum,classic)")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     parser.add_argument(
