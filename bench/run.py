@@ -209,6 +209,11 @@ def base_name(scenario: str) -> str:
     return scenario.split("@")[0].removesuffix("-uvloop").removesuffix("-warnings")
 
 
+def raw_twin(scenario: str) -> str:
+    """The raw loop that does a scenario's broker work; the ack loop for the raw loops."""
+    return SCENARIOS[base_name(scenario)][2] if base_name(scenario) in SCENARIOS else "raw"
+
+
 def raw_args(settings: Settings, mode: str) -> list[str]:
     return [
         "raw",
@@ -324,8 +329,7 @@ async def throughputs(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
 ) -> dict[str, Any]:
     """Every scenario cfg.repeats times, interleaved, the order reversed every other repeat."""
-    twins = [SCENARIOS[base_name(s)][2] for s in cfg.scenarios if base_name(s) in SCENARIOS]
-    order = list(dict.fromkeys(["raw", *twins, *cfg.scenarios]))
+    order = list(dict.fromkeys(["raw", *map(raw_twin, cfg.scenarios), *cfg.scenarios]))
     rates: dict[str, list[float]] = {name: [] for name in order}
     cpu: dict[str, list[float]] = {name: [] for name in order}
     for r in range(cfg.repeats):
@@ -347,8 +351,7 @@ async def throughputs(
         }
         if name != "raw":
             result[name].update(ratio_to(values, rates["raw"], "ratio"))
-        twin = SCENARIOS[base_name(name)][2] if base_name(name) in SCENARIOS else "raw"
-        if twin != "raw":
+        if (twin := raw_twin(name)) != "raw":
             result[name].update(ratio_to(values, rates[twin], "same_work_ratio"))
     return result
 
