@@ -278,8 +278,11 @@ async def delay_accuracy(
     }
     target = sum(total for _, total in streams.values())
     async with ricochet_queue(connection, settings) as env:
-        args = raw_args(settings, "probe") if consumer == "raw" else ["ricochet"]
-        child = await Child.start([*args, f"--target={target}"], {} if consumer == "raw" else env)
+        if consumer == "raw":
+            args, env = raw_args(settings, "probe"), {}
+        else:
+            args = ["ricochet"]
+        child = await Child.start([*args, f"--target={target}"], env)
         try:
             await child.expect("ready", 60)
             await paced(channel, settings.queue, streams)
