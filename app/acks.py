@@ -5,9 +5,9 @@ import asyncio
 from collections.abc import Collection
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from app.connection import CONNECTION_ERRORS
+from app.delivery import Delivery
 
 log = structlog.get_logger("ricochet.acks")
 
@@ -36,20 +36,18 @@ class Acks:
 
     def __init__(self) -> None:
         self._running: set[int] = set()
-        self._finished: dict[int, AbstractIncomingMessage] = {}
+        self._finished: dict[int, Delivery] = {}
         self._flushing: asyncio.Task[None] | None = None
 
-    def delivered(self, message: AbstractIncomingMessage) -> None:
-        assert message.delivery_tag is not None
+    def delivered(self, message: Delivery) -> None:
         self._running.add(message.delivery_tag)
 
-    def release(self, message: AbstractIncomingMessage) -> None:
+    def release(self, message: Delivery) -> None:
         """The delivery was settled otherwise (nacked): it no longer holds back the acks."""
-        self._running.discard(message.delivery_tag or 0)
+        self._running.discard(message.delivery_tag)
 
-    def ack_soon(self, message: AbstractIncomingMessage) -> None:
+    def ack_soon(self, message: Delivery) -> None:
         """Ack the delivery together with the others that finish in the same loop turn."""
-        assert message.delivery_tag is not None
         self._running.discard(message.delivery_tag)
         self._finished[message.delivery_tag] = message
         if self._flushing is None or self._flushing.done():

@@ -7,17 +7,16 @@ from typing import Any
 
 import aio_pika
 import structlog
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractChannel, AbstractExchange
+from aiormq import spec
+from aiormq.abc import AbstractChannel as AMQPChannel
+from aiormq.abc import DeliveredMessage
 from aiormq.exceptions import DeliveryError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from app.acks import Acks
 from app.connection import CONNECTION_ERRORS
+from app.delivery import Delivery
 from app.errors import PoisonMessage
 from app.failed import (
     copied_headers,
@@ -73,7 +72,7 @@ class Consumer:
         self._metrics = metrics
         self.in_flight: set[asyncio.Task[None]] = set()
         self._channel: AbstractChannel | None = None
-        self._queue: AbstractQueue | None = None
+        self._amqp: AMQPChannel | None = None
         self._failed: AbstractExchange | None = None
         self._tag: str | None = None
         self._opening: asyncio.Task[None] | None = None
@@ -93,13 +92,14 @@ class Consumer:
         self._acks = Acks()  # delivery tags start again on every channel
         self._tag = None
         self._failed = await channel.get_exchange(self._names.failed, ensure=False)
-        self._queue = await channel.get_queue(self._names.queue, ensure=False)
+        # Deliveries are taken from the AMQP channel under aio-pika's (see app.delivery).
+        self._amqp = await channel.get_underlay_channel()
         if self._opening is not None:
             # One left from a lost connection must not subscribe on this channel too.
             self._opening.cancel()
-        self._opening = asyncio.get_running_loop().create_task(self._redelivered_first(self._queue))
+        self._opening = asyncio.get_running_loop().create_task(self._redelivered_first(self._amqp))
 
-    async def _redelivered_first(self, queue: AbstractQueue) -> None:
+    async def _redelivered_first(self, amqp: AMQPChannel) -> None:
         """Run the jobs that come back redelivered one at a time, then subscribe.
 
         A job redelivered after a crash may be the one that killed its worker. The broker counts
@@ -107,13 +107,15 @@ class Consumer:
         the jobs around a poison job would reach the poison limit with it. Taken one by one with
         basic.get, a redelivered job is the only delivery this worker holds while it runs.
         """
+        queue = self._names.queue
         try:
-            while (message := await queue.get(no_ack=False, fail=False)) is not None:
+            while isinstance((got := await amqp.basic_get(queue)).delivery, spec.Basic.GetOk):
+                message = Delivery(got)
                 job = self._spawn(message)
                 if not message.redelivered:
                     break
                 await asyncio.wait({job})  # never cancels the job when this task is cancelled
-            self._tag = await queue.consume(self._on_message)
+            self._tag = (await amqp.basic_consume(queue, self._on_delivery)).consumer_tag
         except CONNECTION_ERRORS as error:
             # The worker sees the channel close and starts over on a new connection.
             log.warning("consuming interrupted", error=str(error))
@@ -122,15 +124,10 @@ class Consumer:
         """Stop taking deliveries; jobs in flight carry on."""
         if self._opening is not None:
             self._opening.cancel()
-        if (
-            self._queue is None
-            or self._tag is None
-            or self._channel is None
-            or self._channel.is_closed
-        ):
+        if self._amqp is None or self._tag is None or self._amqp.is_closed:
             return
         try:
-            await self._queue.cancel(self._tag)
+            await self._amqp.basic_cancel(self._tag)
         except CONNECTION_ERRORS as error:
             log.warning("consumer cancel failed", error=str(error))
 
@@ -138,10 +135,10 @@ class Consumer:
         """Send the acks of finished jobs still pending (before the channel closes)."""
         await self._acks.drain()
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self._spawn(message)
+    async def _on_delivery(self, raw: DeliveredMessage) -> None:
+        self._spawn(Delivery(raw))
 
-    def _spawn(self, message: AbstractIncomingMessage) -> asyncio.Task[None]:
+    def _spawn(self, message: Delivery) -> asyncio.Task[None]:
         # Jobs run in tasks of their own, so closing a channel never cancels a handler.
         self._acks.delivered(message)
         task = asyncio.get_running_loop().create_task(self._process(message, self._acks))
@@ -156,8 +153,8 @@ class Consumer:
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery not settled", exc_info=task.exception())
 
-    async def _process(self, message: AbstractIncomingMessage, acks: Acks) -> None:
-        headers: dict[str, Any] = dict(message.headers or {})
+    async def _process(self, message: Delivery, acks: Acks) -> None:
+        headers = message.headers
         if death_is_forged(headers):
             await self._sanitize(message, headers, acks)
             return
@@ -169,7 +166,7 @@ class Consumer:
             amqp_type=message.type,
             attempt=attempt,
             max_attempts=max_attempts(headers, self._max_retries),
-            routing_key=message.routing_key or "",
+            routing_key=message.routing_key,
             correlation_id=message.correlation_id,
             content_type=message.content_type,
         )
@@ -178,7 +175,7 @@ class Consumer:
         structlog.contextvars.bind_contextvars(
             message_id=job.message_id, type=job.type, attempt=attempt, max_attempts=job.max_attempts
         )
-        if is_poison(headers, bool(message.redelivered)):
+        if is_poison(headers, message.redelivered):
             poison = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
             await self._fail(message, job, poison, FailureKind.POISON, acks)
             return
@@ -189,7 +186,7 @@ class Consumer:
 
     async def _settle(
         self,
-        message: AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         decision: Decision,
         error: BaseException | None,
@@ -206,13 +203,11 @@ class Consumer:
             assert decision.kind is not None
             await self._fail(message, job, error, decision.kind, acks)
 
-    async def _retry(
-        self, message: AbstractIncomingMessage, job: Job, error: Any, acks: Acks
-    ) -> None:
+    async def _retry(self, message: Delivery, job: Job, error: Any, acks: Acks) -> None:
         tier = min(job.attempt, len(self._plan.tiers))
         spec = self._plan.tiers[tier - 1]
         try:
-            await message.nack(requeue=False)
+            await message.dead_letter()
         except CONNECTION_ERRORS:
             log.warning("job not settled: channel closed, the broker delivers it again")
             return
@@ -229,7 +224,7 @@ class Consumer:
 
     async def _fail(
         self,
-        message: AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         error: BaseException,
         kind: FailureKind,
@@ -255,7 +250,7 @@ class Consumer:
             message.body,
             headers=headers,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            **copied_properties(message),
+            **copied_properties(message.decoded()),
         )
         assert self._failed is not None
         if not await self._publish_then_ack(message, self._failed, copy, self._names.failed, acks):
@@ -269,16 +264,14 @@ class Consumer:
             exception=formatted.removesuffix("\n"),  # what exc_info=error would render
         )
 
-    async def _sanitize(
-        self, message: AbstractIncomingMessage, headers: dict[str, Any], acks: Acks
-    ) -> None:
+    async def _sanitize(self, message: Delivery, headers: dict[str, Any], acks: Acks) -> None:
         # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue
         # or lose the message), so the job comes back as a clean first attempt instead.
         clean = aio_pika.Message(
             message.body,
             headers=copied_headers(headers),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            **copied_properties(message),
+            **copied_properties(message.decoded()),
         )
         assert self._channel is not None
         if await self._publish_then_ack(
@@ -288,7 +281,7 @@ class Consumer:
 
     async def _publish_then_ack(
         self,
-        message: AbstractIncomingMessage,
+        message: Delivery,
         exchange: AbstractExchange,
         copy: aio_pika.Message,
         routing_key: str,
