@@ -53,7 +53,7 @@ lock: install  ## pin every runtime dependency, with hashes, in requirements.loc
 		--strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
 		--output-file=requirements.lock pyproject.toml
 
-# A benchmark, not a test: about a quarter of an hour on the local broker (BENCH_ARGS=--quick: three minutes).
+# A benchmark, not a test: 7-16 minutes on the local broker (BENCH_ARGS=--quick: three minutes).
 BENCH_ARGS ?=
 bench: $(VENV)/.bench  ## throughput, retry delays and memory against a raw aio-pika loop (bench/)
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -48,7 +48,7 @@ PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load,
 
 @dataclass
 class Config:
-    """How much to run; the defaults make a full run of about a quarter of an hour."""
+    """How much to run; the defaults make a full run of 7-16 minutes, with the machine."""
 
     jobs: int = 10_000
     repeats: int = 5
