@@ -22,14 +22,11 @@ FIELDS = (
 HEADERS = {"tenant": "acme", "n": 7, "raw": bytearray(b"\xff\x00"), "nested": {"k": [1, "two"]}}
 
 
-async def test_delivery_reads_what_aio_pika_reads(
-    channel: AbstractChannel, queue_name: str
-) -> None:
-    """Field by field, on a first delivery and on a redelivery of the same message."""
-    await channel.declare_queue(queue_name, durable=False, auto_delete=True)
+async def publish_sample(channel: AbstractChannel, queue: str) -> None:
+    """A message with every property a job reads, and header values of several AMQP types."""
     await publish(
         channel,
-        queue_name,
+        queue,
         b'{"a": 1}',
         headers=HEADERS,
         message_id="m-1",
@@ -37,6 +34,14 @@ async def test_delivery_reads_what_aio_pika_reads(
         correlation_id="c-9",
         content_type="application/json",
     )
+
+
+async def test_delivery_reads_what_aio_pika_reads(
+    channel: AbstractChannel, queue_name: str
+) -> None:
+    """Field by field, on a first delivery and on a redelivery of the same message."""
+    await channel.declare_queue(queue_name, durable=False, auto_delete=True)
+    await publish_sample(channel, queue_name)
     amqp = await channel.get_underlay_channel()
     for redelivered in (False, True):
         raw = await amqp.basic_get(queue_name)
@@ -58,16 +63,7 @@ async def test_the_job_holds_what_was_published(
         seen.append(job)
 
     await start_worker(handler)
-    await publish(
-        channel,
-        queue_name,
-        b'{"a": 1}',
-        headers=HEADERS,
-        message_id="m-1",
-        type="invoice.paid",
-        correlation_id="c-9",
-        content_type="application/json",
-    )
+    await publish_sample(channel, queue_name)
     await wait_for(lambda: bool(seen), 10, "the job to run")
     [job] = seen
     assert (job.body, job.payload, job.headers) == (b'{"a": 1}', {"a": 1}, HEADERS)
