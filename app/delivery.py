@@ -13,7 +13,7 @@ from aiormq.abc import DeliveredMessage
 
 
 class Delivery:
-    """A delivered message and the channel that settles it (ack or dead-letter, once)."""
+    """A delivered message, and the channel it is settled on (acked or dead-lettered)."""
 
     __slots__ = (
         "_raw",
