@@ -71,13 +71,12 @@ def stranded_dead_letters(node: Node, queue_prefix: str) -> dict[str, str]:
     of a quorum queue unregistered after a leader change: the queue keeps the messages, safely,
     but moves them only once it has a new leader.
     """
-    rows = queue_rows(node, queue_prefix, "messages", "messages_ready", "messages_unacknowledged")
-    counts = {name: [int(v) for v in values] for name, values in rows.items()}
-    held = {name for name, (total, ready, unacked) in counts.items() if total > ready + unacked}
+    columns = ("messages", "messages_ready", "messages_unacknowledged", "leader")
+    rows = queue_rows(node, queue_prefix, *columns)
     return {
         name: leader
-        for name, leader in queue_members(node, queue_prefix, "leader").items()
-        if name in held
+        for name, (total, ready, unacked, leader) in rows.items()
+        if int(total) > int(ready) + int(unacked)
     }
 
 
