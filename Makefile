@@ -4,9 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # bench/ is linted once it exists.
-LINT_PATHS := app tests $(wildcard bench)
+LINT_PATHS := app tests scripts $(wildcard bench)
 
-.PHONY: install test unit integration faults lint lint-docker format typecheck run bench lock clean
+.PHONY: install tools dashboard-png test test-brokers unit integration faults lint lint-docker format typecheck run bench lock clean
 
 $(BIN)/ricochet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,35 @@ $(VENV)/.bench: $(BIN)/ricochet
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-test: install lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
+# Debian's prometheus: promtool checks and tests the alert rules, and an integration test scrapes
+# a worker with the server. scripts/tools.sh installs it only when promtool is missing.
+tools:  ## the Debian packages the tests use besides the broker (prometheus)
+	scripts/tools.sh promtool prometheus
+
+test: install tools lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-unit: install
+# The broker matrix: scripts/brokers.sh builds (once) and starts RabbitMQ 4.0 and the newest 4.x
+# in chroots beside the machine's own; each runs the integration tests and the fault tests that
+# need one node, and one line per broker names its version and the result.
+BROKERS ?= local trixie sid
+BROKER_TESTS ?= tests/integration tests/faults/test_process_faults.py tests/faults/test_fuzz.py
+test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
+	scripts/brokers.sh start $(BROKERS)
+	@status=0; summary=""; \
+	for broker in $(BROKERS); do \
+	  version=$$(scripts/brokers.sh version $$broker); \
+	  echo "=== $$broker: RabbitMQ $$version"; \
+	  if (eval "$$(scripts/brokers.sh env $$broker)" && $(BIN)/python -m pytest $(BROKER_TESTS) $(PYTEST_ARGS)); \
+	  then result=passed; else result=FAILED; status=1; fi; \
+	  summary="$$summary$$broker: RabbitMQ $$version $$result\n"; \
+	done; \
+	printf "\n=== broker matrix\n$$summary"; exit $$status
+
+unit: install tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: install
+integration: install tools
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 faults: install  ## the fault suite alone: real workers, a private broker node, a 3-node cluster
@@ -57,6 +79,12 @@ lock: install  ## pin every runtime dependency, with hashes, in requirements.loc
 BENCH_ARGS ?=
 bench: $(VENV)/.bench  ## throughput, retry delays and memory against a raw aio-pika loop (bench/)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The README's picture: a worker, a monitor and Prometheus on the local broker for about seven
+# minutes of example jobs, then each dashboard panel drawn from Prometheus and shot with Chromium.
+dashboard-png: install  ## redraw docs/dashboard.png from a real run (needs chromium)
+	scripts/tools.sh promtool prometheus chromium chromium
+	PYTHONPATH=. $(BIN)/python scripts/dashboard.py
 
 run: install  ## a worker against the local broker (settings from the environment)
 	$(BIN)/ricochet worker

@@ -1,13 +1,16 @@
 """The broker topology: the only module that spells queue names and x-* queue arguments."""
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+from aio_pika.exceptions import ChannelPreconditionFailed
 
+from app.amqp import broker_version
+from app.depth import read_depth
 from app.errors import ConfigError
 from app.retry import tier_delays_ms
 from app.settings import Settings
@@ -16,6 +19,9 @@ log = structlog.get_logger("ricochet.topology")
 
 MAX_TIERS = 25  # the upper bound of RICOCHET_MAX_RETRIES: stale tiers are looked for up to here
 EVENTS_MAX_LENGTH = 10_000
+QUEUE_TYPE = "x-queue-type"
+TTL = "x-message-ttl"  # a tier's delay
+DELIVERY_LIMIT = "x-delivery-limit"
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,11 @@ class Names:
 
     def attempt_key(self, k: int) -> str:
         return f"{self.queue}.attempt.{k}"
+
+    def is_attempt_key(self, routing_key: str) -> bool:
+        """Whether a delivery's routing key says it came back from a retry tier."""
+        prefix = f"{self.queue}.attempt."
+        return routing_key.startswith(prefix) and routing_key[len(prefix) :].isdigit()
 
 
 @dataclass(frozen=True)
@@ -89,11 +100,23 @@ def _dead_lettering(queue_type: str) -> dict[str, Any]:
     return {}
 
 
-def plan(settings: Settings) -> Plan:
-    """The declarations and bindings for these settings (pure)."""
+def _no_delivery_limit(queue_type: str, broker_version: tuple[int, ...] | None) -> dict[str, Any]:
+    # RabbitMQ 4.0 gives quorum queues a delivery limit of 20, and 4.0 counts a job's rejections
+    # from earlier tiers too: a failed copy handed back 20 times would be dropped, a job retried
+    # often would be dead-lettered by the broker, not ricochet. -1 lifts it on the queues that
+    # have consumers (tiers have none); 3.x has no limit and reads -1 as 0, so it gets none.
+    if queue_type == "quorum" and broker_version is not None and broker_version >= (4, 0):
+        return {DELIVERY_LIMIT: -1}
+    return {}
+
+
+def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> Plan:
+    """The declarations and bindings for these settings on a broker of this version (pure;
+    None when the version is not known)."""
     n = Names(settings.queue)
-    qtype = {"x-queue-type": settings.queue_type}
+    qtype = {QUEUE_TYPE: settings.queue_type}
     dl = _dead_lettering(settings.queue_type)
+    unlimited = _no_delivery_limit(settings.queue_type, broker_version)
     delays = tier_delays_ms(
         settings.retry_delay_ms,
         settings.retry_delay_multiplier,
@@ -105,7 +128,7 @@ def plan(settings: Settings) -> Plan:
             n.tier(k),
             {
                 **qtype,
-                "x-message-ttl": delay,
+                TTL: delay,
                 "x-dead-letter-exchange": n.return_exchange,
                 "x-dead-letter-routing-key": n.attempt_key(k),
                 **dl,
@@ -134,9 +157,9 @@ def plan(settings: Settings) -> Plan:
             (n.failed, aio_pika.ExchangeType.FANOUT, {}),
         ],
         queues=[
-            QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl}),
-            QueueSpec(n.failed, dict(qtype)),
-            QueueSpec(n.events, {**qtype, "x-max-length": EVENTS_MAX_LENGTH}),
+            QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl, **unlimited}),
+            QueueSpec(n.failed, {**qtype, **unlimited}),
+            QueueSpec(n.events, {**qtype, "x-max-length": EVENTS_MAX_LENGTH, **unlimited}),
         ],
         bindings=bindings,
         tiers=tiers,
@@ -159,11 +182,30 @@ def stale_bindings(p: Plan) -> list[Binding]:
     return stale
 
 
+def _declared_before_delivery_limit(spec: QueueSpec, error: str) -> bool:
+    return (
+        DELIVERY_LIMIT in spec.arguments
+        and f"'{DELIVERY_LIMIT}'" in error
+        and ("current is none" in error)
+    )
+
+
+def delivery_limit_policy_command(names: Names) -> str:
+    """The rabbitmqctl command that lifts RabbitMQ 4's delivery limit on the queues ricochet
+    consumes from, for queues declared before ricochet set it (their arguments cannot change)."""
+    queues = "|".join(re.escape(q) for q in (names.queue, names.failed, names.events))
+    return (
+        f"rabbitmqctl set_policy --apply-to queues --priority 10 "
+        f"'{names.queue}.no-delivery-limit' '^({queues})$' '{{\"delivery-limit\": -1}}'"
+    )
+
+
 class _Declarer:
     """Declares a plan on one connection, opening a fresh channel whenever the broker closes one."""
 
-    def __init__(self, connection: AbstractConnection) -> None:
+    def __init__(self, connection: AbstractConnection, names: Names) -> None:
         self._connection = connection
+        self._names = names
         self._channel: AbstractChannel | None = None
 
     async def channel(self) -> AbstractChannel:
@@ -180,15 +222,24 @@ class _Declarer:
         try:
             await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
         except ChannelPreconditionFailed as error:
-            raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
+            if not _declared_before_delivery_limit(spec, str(error)):
+                raise ConfigError(
+                    f"queue {spec.name!r} conflicts with the settings: {error}"
+                ) from None
+            # Declared by an older ricochet, or on RabbitMQ 3: its arguments cannot change, so it
+            # is kept as it is and the operator lifts the limit with a policy (README, Upgrading).
+            kept = {k: v for k, v in spec.arguments.items() if k != DELIVERY_LIMIT}
+            await (await self.channel()).declare_queue(spec.name, durable=True, arguments=kept)
+            log.warning(
+                "queue keeps the broker's delivery limit: apply the delivery-limit policy",
+                queue=spec.name,
+                command=delivery_limit_policy_command(self._names),
+            )
 
     async def message_count(self, name: str) -> int | None:
         """Depth of a queue, or None when it does not exist."""
-        try:
-            declared = await (await self.channel()).declare_queue(name, passive=True)
-        except ChannelNotFoundEntity:
-            return None
-        return declared.declaration_result.message_count or 0
+        depth = await read_depth(await self.channel(), name)
+        return None if depth is None else depth.messages
 
     async def delete_if_empty(self, name: str, queue_type: str) -> bool:
         ch = await self.channel()
@@ -238,7 +289,7 @@ async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: s
         await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
         return
     except ChannelPreconditionFailed as error:
-        if "x-message-ttl" not in str(error):
+        if TTL not in str(error):
             raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
     # The delay changed. TTLs are fixed per queue (messages expire from the head only), so an
     # empty tier is redeclared; one that still holds jobs keeps its old delay until it drains.
@@ -272,8 +323,8 @@ async def _retire_stale_tiers(d: _Declarer, p: Plan, qtype: str) -> None:
 
 async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
-    p = plan(settings)
-    d = _Declarer(connection)
+    p = plan(settings, broker_version(connection))
+    d = _Declarer(connection, p.names)
     try:
         ch = await d.channel()
         for name, kind, arguments in p.exchanges:

@@ -1,7 +1,9 @@
 """The topology plan: names, arguments and bindings for a set of settings."""
 
+import pytest
+
 from app.settings import Settings
-from app.topology import Binding, plan, stale_bindings
+from app.topology import Binding, Names, plan, stale_bindings
 
 
 def test_default_plan_matches_spec() -> None:
@@ -62,3 +64,42 @@ def test_stale_bindings_never_include_planned_ones() -> None:
     for retries in (0, 1, 3, 25):
         p = plan(Settings(queue="q", max_retries=retries))
         assert not set(stale_bindings(p)) & set(p.bindings)
+
+
+@pytest.mark.parametrize(
+    ("key", "from_tier"),
+    [
+        ("jobs.attempt.1", True),
+        ("jobs.attempt.25", True),
+        ("jobs", False),
+        ("jobs.attempt.", False),
+        ("jobs.attempt.x", False),
+        ("other.attempt.1", False),
+        ("jobs.attempt.1.more", False),
+    ],
+)
+def test_attempt_keys(key: str, from_tier: bool) -> None:
+    """Only Q.attempt.k, the key a tier gives a job on its way back, counts as from a tier."""
+    assert Names("jobs").is_attempt_key(key) is from_tier
+
+
+@pytest.mark.parametrize(
+    ("queue_type", "version", "limit"),
+    [
+        ("quorum", (4, 0, 5), {"x-delivery-limit": -1}),
+        ("quorum", (4, 3), {"x-delivery-limit": -1}),
+        # RabbitMQ 3 has no delivery limit and reads -1 as 0: one requeue would drop the copy.
+        ("quorum", (3, 10, 8), {}),
+        ("quorum", None, {}),
+        ("classic", (4, 3), {}),
+    ],
+)
+def test_consumed_queues_have_no_delivery_limit_on_rabbitmq_4(
+    queue_type: str, version: tuple[int, ...] | None, limit: dict[str, int]
+) -> None:
+    """RabbitMQ 4's default delivery limit of 20 is lifted on the queues ricochet consumes
+    from; tiers, which nothing consumes, keep their arguments."""
+    p = plan(Settings(queue="q", queue_type=queue_type), version)
+    for spec in p.queues:
+        assert {k: v for k, v in spec.arguments.items() if k == "x-delivery-limit"} == limit
+    assert all("x-delivery-limit" not in t.arguments for t in p.tiers)

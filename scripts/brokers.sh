@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The RabbitMQ brokers ricochet is tested on, side by side on one machine:
+#   local   the machine's own RabbitMQ (Debian's package on the host: 3.10 here), ports 5672/15672
+#   trixie  Debian trixie's RabbitMQ (4.0.x) in a chroot, AMQP 5673, management 15673
+#   sid     Debian sid's RabbitMQ (the newest 4.x) and rabbitmqadmin v2 in a chroot, 5674/15674
+#
+# Usage: scripts/brokers.sh build|start|check|stop|env|version [BROKER...]   (default: all)
+#   build    make the chroots that are missing (debootstrap from Debian's archive, ~1 min each)
+#   start    build if needed, then start each broker with ricochet's plugins; idempotent
+#   check    print each broker's version and ports; exit 1 if one does not answer
+#   stop     stop the chroot brokers and unmount what start mounted (the local one keeps running)
+#   env      print the test harness's variables for one broker (eval "$(scripts/brokers.sh env sid)")
+#   version  print one broker's RabbitMQ version
+#   names    print the brokers' names
+# The chroots live in $RICOCHET_BROKERS_DIR (default /var/tmp/ricochet-brokers) and are reused.
+# Needs root (chroot, mount) and Debian's package archive for a build; a broker that cannot be
+# built or started is an error, never a silent skip.
+set -euo pipefail
+
+DIR=${RICOCHET_BROKERS_DIR:-/var/tmp/ricochet-brokers}
+ALL=(local trixie sid)
+PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus"
+
+die() { echo "brokers: $*" >&2; exit 1; }
+
+# Ports of a broker: AMQP, management, Prometheus, Erlang distribution.
+ports() {
+  case $1 in
+    local) echo "5672 15672 15692 25672" ;;
+    trixie) echo "5673 15673 15693 25673" ;;
+    sid) echo "5674 15674 15694 25674" ;;
+    *) die "unknown broker '$1' (known: ${ALL[*]})" ;;
+  esac
+}
+amqp_port() { set -- $(ports "$1"); echo "$1"; }
+mgmt_port() { set -- $(ports "$1"); echo "$2"; }
+root_of() { echo "$DIR/$1"; }
+node_of() { echo "ricochet-$1@localhost"; }
+
+# The rabbitmqctl (or another CLI tool) command line for a broker.
+cli() {
+  local name=$1 tool=$2
+  if [ "$name" = local ]; then echo "$tool"; else echo "chroot $(root_of "$name") $tool -n $(node_of "$name")"; fi
+}
+
+# The Debian mirror the host's apt uses, so a build goes where the machine's packages come from.
+mirror() {
+  local uri
+  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 ~ /debian/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  echo "$uri"
+}
+
+build() {
+  local name=$1 root packages=rabbitmq-server
+  [ "$name" = local ] && return 0
+  root=$(root_of "$name")
+  [ -f "$root/.ricochet-built" ] && return 0
+  "$(dirname "$0")/tools.sh" debootstrap debootstrap || die "debootstrap is missing and could not be installed"
+  # rabbitmqadmin v2 will not build its HTTP client without a CA bundle, even for plain HTTP.
+  [ "$name" = sid ] && packages+=",rabbitmqadmin-ng,ca-certificates"
+  echo "building $name (debootstrap $name with $packages)"
+  rm -rf "$root.partial"
+  mkdir -p "$DIR"
+  # shellcheck disable=SC2046 # an empty mirror means debootstrap's default
+  debootstrap --variant=minbase --include="$packages" "$name" "$root.partial" $(mirror) \
+    >"$DIR/$name.build.log" 2>&1 || die "could not build $name: see $DIR/$name.build.log"
+  mv "$root.partial" "$root"
+  touch "$root/.ricochet-built"
+}
+
+mounted() { mountpoint -q "$1"; }
+
+configure() {
+  local name=$1 root
+  root=$(root_of "$name")
+  set -- $(ports "$name")
+  cp /etc/hosts "$root/etc/hosts"
+  mounted "$root/proc" || mount -t proc proc "$root/proc"
+  mounted "$root/dev" || mount --bind /dev "$root/dev"
+  cat >"$root/etc/rabbitmq/rabbitmq-env.conf" <<EOF
+NODENAME=$(node_of "$name")
+NODE_PORT=$1
+DIST_PORT=$4
+EOF
+  cat >"$root/etc/rabbitmq/rabbitmq.conf" <<EOF
+listeners.tcp.default = 127.0.0.1:$1
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $2
+prometheus.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $3
+loopback_users.guest = true
+vm_memory_high_watermark.relative = 0.4
+disk_free_limit.absolute = 50MB
+EOF
+  echo "[${PLUGINS// /,}]." >"$root/etc/rabbitmq/enabled_plugins"
+}
+
+up() { $(cli "$1" rabbitmq-diagnostics) -q check_port_connectivity >/dev/null 2>&1; }
+
+start() {
+  local name=$1
+  build "$name"
+  if [ "$name" = local ]; then
+    up local || rabbitmq-server -detached >/dev/null 2>&1 || true
+  elif ! up "$name"; then
+    configure "$name"
+    chroot "$(root_of "$name")" rabbitmq-server -detached >/dev/null 2>&1 || true
+  fi
+  for _ in $(seq 1 90); do up "$name" && break; sleep 1; done
+  up "$name" || die "$name did not start (logs: $(root_of "$name")/var/log/rabbitmq)"
+  [ "$name" = local ] && rabbitmq-plugins enable $PLUGINS >/dev/null
+  # Leftovers of an earlier run (an alarm a killed test did not clear) must not stall this one.
+  $(cli "$name" rabbitmqctl) -q set_vm_memory_high_watermark 0.4 >/dev/null
+  $(cli "$name" rabbitmqctl) -q set_disk_free_limit 50MB >/dev/null
+  for _ in $(seq 1 30); do
+    curl -fsS -o /dev/null -u guest:guest "http://127.0.0.1:$(mgmt_port "$name")/api/overview" && break
+    sleep 1
+  done
+  check "$name"
+}
+
+version() { $(cli "$1" rabbitmqctl) -q version; }
+
+check() {
+  local name=$1
+  up "$name" || die "$name is not running (start it: scripts/brokers.sh start $name)"
+  set -- $(ports "$name")
+  echo "$name: RabbitMQ $(version "$name") on AMQP $1, management $2"
+}
+
+stop() {
+  local name=$1 root
+  [ "$name" = local ] && return 0
+  root=$(root_of "$name")
+  [ -d "$root" ] || return 0
+  if up "$name"; then $(cli "$name" rabbitmqctl) -q stop >/dev/null 2>&1 || true; fi
+  # epmd and stray Erlang processes of the chroot would keep /dev busy.
+  for _ in $(seq 1 30); do mounted "$root/dev" && umount "$root/dev" 2>/dev/null && break; sleep 1; done
+  mounted "$root/proc" && umount "$root/proc"
+  ! mounted "$root/dev" || die "could not unmount $root/dev"
+}
+
+env_of() {
+  local name=$1
+  echo "export RICOCHET_TEST_BROKER=$name"
+  echo "export RICOCHET_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:$(amqp_port "$name")/"
+  echo "export RICOCHET_TEST_MANAGEMENT_URL=http://127.0.0.1:$(mgmt_port "$name")/"
+  echo "export RICOCHET_TEST_RABBITMQCTL='$(cli "$name" rabbitmqctl)'"
+  # rabbitmqadmin v2 comes with the sid chroot; it talks to any broker's management API.
+  if [ -x "$(root_of sid)/usr/bin/rabbitmqadmin" ]; then
+    echo "export RICOCHET_TEST_RABBITMQADMIN_V2='chroot $(root_of sid) rabbitmqadmin'"
+  fi
+}
+
+[ $# -ge 1 ] || die "usage: $0 build|start|check|stop|env|version|names [BROKER...]"
+command=$1
+shift
+[ $# -ge 1 ] || set -- "${ALL[@]}"
+for name in "$@"; do ports "$name" >/dev/null; done
+case $command in
+  build | start | check | stop) for name in "$@"; do "$command" "$name"; done ;;
+  env) env_of "$1" ;;
+  version) version "$1" ;;
+  names) echo "${ALL[*]}" ;;
+  *) die "unknown command '$command'" ;;
+esac
