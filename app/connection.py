@@ -1,11 +1,8 @@
 """Connecting to the broker, waiting for it with exponential backoff."""
 
-import asyncio
-
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
-from aiormq.exceptions import AMQPConnectionError, AMQPError, ChannelInvalidStateError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -20,9 +17,9 @@ from app.log import redact
 
 log = structlog.get_logger("ricochet.connection")
 
-_UNREACHABLE = (AMQPConnectionError, OSError, asyncio.TimeoutError)
-# What a dropped connection or closed channel raises from any call on it.
-CONNECTION_ERRORS = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
+# What connecting raises while the broker is down, refusing or slow: aio-pika's connection
+# errors (AMQPConnectionError) are ConnectionErrors, and TimeoutError is an OSError too.
+_UNREACHABLE = OSError
 
 
 def _log_attempt(state: RetryCallState) -> None:
@@ -54,12 +51,6 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
         ) from None
     log.info("connected", broker=redact(url), connection_name=name)
     return connection
-
-
-def frame_max(connection: AbstractConnection) -> int:
-    """The largest frame the broker accepts on this connection (the tune it sent at open)."""
-    assert connection.transport is not None
-    return int(connection.transport.connection.connection_tune.frame_max)
 
 
 async def close_quietly(connection: AbstractConnection) -> None:

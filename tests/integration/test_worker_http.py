@@ -63,7 +63,7 @@ async def test_metrics_count_what_happened(queue_name: str, channel: AbstractCha
     port = free_port()
     settings = make_settings(queue_name, max_retries=2, http_port=port)
     metrics = Metrics(queue_name)
-    invoker = Invoker(handler, settings.handler_timeout_s, settings.prefetch)
+    invoker = Invoker(handler, settings.handler_timeout_s)
     worker = asyncio.create_task(run_worker(settings, invoker, metrics))
 
     async def ready() -> bool:
@@ -118,7 +118,7 @@ async def test_worker_exits_1_when_its_http_port_is_taken(queue_name: str) -> No
         env = ricochet_env(make_settings(queue_name, http_port=port))
         result = await asyncio.to_thread(run_cli, ["worker"], env)
     assert result.returncode == 1, result.stderr
-    assert f"RICOCHET_HTTP_PORT={port}: cannot listen on 0.0.0.0:{port}" in result.stderr
+    assert f"RICOCHET_HTTP_PORT={port}: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert '"event": "connected"' not in result.stdout
 
 
@@ -135,7 +135,7 @@ async def test_readyz_is_503_while_waiting_for_the_broker(queue_name: str) -> No
     settings = make_settings(
         queue_name, http_port=port, amqp_url=nothing_there, connect_timeout_s=60
     )
-    invoker = Invoker(handler, settings.handler_timeout_s, settings.prefetch)
+    invoker = Invoker(handler, settings.handler_timeout_s)
     worker = asyncio.create_task(run_worker(settings, invoker, Metrics(queue_name)))
     try:
         await wait_for(lambda: answers(port, "/healthz", 200), 20, "/healthz to answer 200")
@@ -159,7 +159,7 @@ async def test_readyz_is_503_while_the_worker_drains(
         started.set()
         await release.wait()
 
-    invoker = Invoker(slow, settings.handler_timeout_s, settings.prefetch)
+    invoker = Invoker(slow, settings.handler_timeout_s)
     worker = asyncio.create_task(run_worker(settings, invoker, Metrics(queue_name)))
     stopped = False
     try:

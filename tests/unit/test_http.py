@@ -1,5 +1,6 @@
 """The HTTP endpoints of a service process, served on a real socket (no broker needed)."""
 
+import asyncio
 import socket
 
 import aiohttp
@@ -11,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.errors import RicochetError
 from app.http import serve_http
 from tests.support import free_port
+
+LOOPBACK = "127.0.0.1"
 
 
 async def get(port: int, path: str) -> tuple[int, str, str]:
@@ -27,7 +30,7 @@ async def test_endpoints_follow_the_registry_and_the_ready_flag() -> None:
     Counter("demo_events", "Events.", registry=registry).inc(3)
     ready = False
     port = free_port()
-    async with serve_http(port, registry, lambda: ready):
+    async with serve_http(LOOPBACK, port, registry, lambda: ready):
         assert (await get(port, "/healthz"))[0] == 200
         assert (await get(port, "/readyz"))[0] == 503
         ready = True
@@ -42,7 +45,7 @@ async def test_endpoints_follow_the_registry_and_the_ready_flag() -> None:
 async def test_the_server_stops_with_the_block() -> None:
     """Leaving the block closes the port again."""
     port = free_port()
-    async with serve_http(port, CollectorRegistry(), lambda: True):
+    async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
         pass
     with pytest.raises(aiohttp.ClientConnectionError):
         await get(port, "/healthz")
@@ -59,7 +62,7 @@ def listening() -> set[int]:
 async def test_port_zero_serves_nothing() -> None:
     """Port 0 turns HTTP off: the block runs and the process opens no listening socket."""
     before = listening()
-    async with serve_http(0, CollectorRegistry(), lambda: True):
+    async with serve_http(LOOPBACK, 0, CollectorRegistry(), lambda: True):
         during = listening()
     assert during == before
 
@@ -71,5 +74,42 @@ async def test_a_port_in_use_is_a_clear_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(RicochetError, match=f"RICOCHET_HTTP_PORT={port}: cannot listen"):
-            async with serve_http(port, CollectorRegistry(), lambda: True):
+            async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
                 pytest.fail("the block must not run")
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    return await reader.read()  # b"" once the server has closed the connection
+
+
+async def test_a_client_slow_to_send_its_request_is_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that sends half a request line and stalls is closed by the server after
+    REQUEST_TIMEOUT_S, so slow clients cannot hold sockets and memory for ever."""
+    monkeypatch.setattr("app.http.REQUEST_TIMEOUT_S", 0.5)
+    port = free_port()
+    async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
+        reader, writer = await asyncio.open_connection(LOOPBACK, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        await writer.drain()
+        assert await asyncio.wait_for(read_until_closed(reader), 5) == b""
+        writer.close()
+
+
+async def test_connections_beyond_the_cap_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With MAX_CONNECTIONS open, a further connection is closed at once; once one closes,
+    requests are served again."""
+    monkeypatch.setattr("app.http.MAX_CONNECTIONS", 3)
+    port = free_port()
+    async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
+        held = [await asyncio.open_connection(LOOPBACK, port) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection(LOOPBACK, port)
+        assert await asyncio.wait_for(read_until_closed(reader), 2) == b""
+        writer.close()
+        held[0][1].close()
+        await asyncio.sleep(0.1)
+        assert (await get(port, "/healthz"))[0] == 200
+        for _, other in held[1:]:
+            other.close()

@@ -1,0 +1,49 @@
+"""Ways an operator (or an old deployment) breaks a declared topology, for doctor to find."""
+
+import json
+import re
+import uuid
+from typing import Any
+
+from aio_pika.abc import AbstractChannel
+
+from tests.broker import BROKER
+from tests.support import publish
+
+
+async def unbind(channel: AbstractChannel, source: str, queue: str, routing_key: str = "") -> None:
+    """Remove a queue's binding, as someone clicking Unbind in the management UI."""
+    await (await channel.get_queue(queue, ensure=False)).unbind(source, routing_key=routing_key)
+
+
+async def redeclare(channel: AbstractChannel, name: str, arguments: dict[str, Any]) -> None:
+    """Delete a queue and declare it again with other arguments (say, an old tier's TTL)."""
+    await channel.queue_delete(name)
+    await channel.declare_queue(name, durable=True, arguments=arguments)
+
+
+async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
+    """Put n messages in a queue."""
+    for i in range(n):
+        await publish(channel, queue, f"message {i}")
+
+
+def add_policy(queue: str, definition: dict[str, Any]) -> str:
+    """A policy that applies to this one queue only (the broker's other queues keep theirs);
+    returns its name for remove_policy."""
+    name = f"doctor-test-{uuid.uuid4().hex[:8]}"
+    BROKER.rabbitmqctl(
+        "set_policy",
+        name,
+        f"^{re.escape(queue)}$",
+        json.dumps(definition),
+        "--apply-to",
+        "queues",
+        "--priority",
+        "100",
+    )
+    return name
+
+
+def remove_policy(name: str) -> None:
+    BROKER.rabbitmqctl("clear_policy", name)

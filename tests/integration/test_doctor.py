@@ -1,0 +1,227 @@
+"""ricochet doctor against the real broker: each way of breaking the topology is named, exit codes
+follow SPEC section 13, and doctor itself changes nothing on the broker."""
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from app.job import Job
+from app.management import api_url, authorization, vhost
+from app.settings import Settings
+from app.topology import TTL, Names, declare
+from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
+from tests.broker import BROKER
+from tests.support import StartWorker, exists, make_settings, ricochet_env, run_cli
+
+Findings = dict[str, dict[str, str]]
+# A new queue's figures (depth, consumers) reach the management API within some seconds.
+FIGURES_TIMEOUT_S = 30
+
+
+def run_doctor(settings: Settings) -> tuple[int, Findings]:
+    """`ricochet doctor --json`: its exit code and its checks by name."""
+    result = run_cli(["doctor", "--json"], ricochet_env(settings))
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"ok", "checks"}
+    assert report["ok"] is (result.returncode == 0)
+    for check in report["checks"]:
+        assert set(check) == {"check", "status", "detail"}
+        assert check["status"] in ("ok", "warn", "fail")
+    return result.returncode, {c["check"]: c for c in report["checks"]}
+
+
+async def definitions(queue: str) -> dict[str, list[Any]]:
+    """The broker's definitions of this queue's topology: queues, exchanges, bindings, policies."""
+
+    def ours(name: str) -> bool:
+        return name == queue or name.startswith(f"{queue}.")
+
+    headers = {"Authorization": authorization(BROKER.management_url, BROKER.amqp_url)}
+    url = f"{api_url(BROKER.management_url)}definitions/{quote(vhost(BROKER.amqp_url), safe='')}"
+    async with aiohttp.ClientSession(headers=headers) as session, session.get(url) as response:
+        response.raise_for_status()
+        answer = await response.json()
+    picked = {
+        "queues": [q for q in answer["queues"] if ours(q["name"])],
+        "exchanges": [x for x in answer["exchanges"] if ours(x["name"])],
+        "bindings": [b for b in answer["bindings"] if ours(b["source"]) or ours(b["destination"])],
+        "policies": [p for p in answer.get("policies", []) if re.escape(queue) in p["pattern"]],
+    }
+    return {kind: sorted(items, key=json.dumps) for kind, items in picked.items()}
+
+
+async def doctor_finds(
+    settings: Settings, check: str, status: str, says: str, expect_exit: int = 1
+) -> Findings:
+    """Run doctor until `check` has this status and says this (the API's figures lag), and see
+    that running it changed none of the topology's definitions."""
+    before = await definitions(settings.queue)
+    deadline = time.monotonic() + FIGURES_TIMEOUT_S
+    while True:
+        code, found = await asyncio.to_thread(run_doctor, settings)
+        if found[check]["status"] == status and says in found[check]["detail"]:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"doctor did not find {status} {says!r}: {found[check]}")
+        await asyncio.sleep(1)
+    assert code == expect_exit, found
+    assert await definitions(settings.queue) == before
+    return found
+
+
+@pytest.fixture
+def policies() -> Iterator[Callable[[str, dict[str, Any]], str]]:
+    """Add policies that apply to one queue: `policies(queue, definition)`; removed afterwards."""
+    added: list[str] = []
+
+    def add(queue: str, definition: dict[str, Any]) -> str:
+        added.append(add_policy(queue, definition))
+        return added[-1]
+
+    yield add
+    for name in added:
+        remove_policy(name)
+
+
+async def test_declared_topology_with_a_worker_passes(
+    connection: AbstractConnection, queue_name: str, start_worker: StartWorker
+) -> None:
+    """The topology a worker declares, with that worker consuming: no check fails, exit 0."""
+
+    async def succeed(job: Job) -> None:
+        return None
+
+    await start_worker(succeed)
+    found = await doctor_finds(
+        make_settings(queue_name), "consumers", "ok", "1 consumers", expect_exit=0
+    )
+    assert [c for c in found.values() if c["status"] == "fail"] == []
+
+
+async def test_absent_topology_is_named_and_not_declared(
+    connection: AbstractConnection, queue_name: str
+) -> None:
+    """Nothing declared: every queue and exchange is missing (exit 1), and doctor declares none."""
+    code, found = run_doctor(make_settings(queue_name))
+    assert code == 1
+    n = Names(queue_name)
+    for check in (f"queue {n.queue}", f"queue {n.tier(1)}", f"exchange {n.dlx}"):
+        assert found[check]["status"] == "fail"
+        assert "missing: `ricochet topology` declares it" in found[check]["detail"]
+    assert not await exists(connection, queue_name)
+    assert await definitions(queue_name) == {
+        "queues": [],
+        "exchanges": [],
+        "bindings": [],
+        "policies": [],
+    }
+
+
+async def test_removed_binding_is_named(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """The binding that brings retried jobs back to the main queue, removed by hand, is named."""
+    settings = make_settings(queue_name)
+    n = (await declare(connection, settings)).names
+    await unbind(channel, n.return_exchange, n.queue)
+    await doctor_finds(
+        settings, "bindings", "fail", f"1 missing; {n.return_exchange} -> queue {n.queue};"
+    )
+
+
+async def test_tier_with_another_delay_is_named(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A tier declared with another TTL than the settings give it fails, naming both delays."""
+    settings = make_settings(queue_name, retry_delay_ms=1000)
+    tier = (await declare(connection, settings)).tiers[0]
+    await redeclare(channel, tier.name, {**tier.arguments, TTL: 5000})
+    await doctor_finds(
+        settings, f"queue {tier.name}", "fail", "waits 5s, the settings say 1s and it is empty"
+    )
+
+
+async def test_policy_on_the_failed_queue_is_named(
+    connection: AbstractConnection,
+    queue_name: str,
+    policies: Callable[[str, dict[str, Any]], str],
+) -> None:
+    """A policy capping the failed queue's length is named with what it does."""
+    settings = make_settings(queue_name)
+    n = (await declare(connection, settings)).names
+    name = policies(n.failed, {"max-length": 100})
+    await doctor_finds(
+        settings, "policies", "fail", f"{n.failed}: policy {name!r} sets max-length=100"
+    )
+
+
+async def test_tier_beyond_the_budget_holding_jobs_is_named(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Retries lowered from 3 to 2 while tier 3 holds jobs: the tier and its binding are named."""
+    earlier = make_settings(queue_name, max_retries=3, retry_delay_ms=60_000)
+    n = (await declare(connection, earlier)).names
+    await fill(channel, n.tier(3), 2)
+    now = make_settings(queue_name, max_retries=2, retry_delay_ms=60_000)
+    found = await doctor_finds(now, "stale tiers", "warn", f"{n.tier(3)} holds 2 jobs")
+    unwanted = found["unwanted bindings"]
+    assert unwanted["status"] == "fail"
+    assert f"{n.dlx} -> queue {n.tier(3)} with key {n.attempt_key(2)}" in unwanted["detail"]
+
+
+async def test_main_queue_without_consumer_is_named(
+    connection: AbstractConnection, queue_name: str
+) -> None:
+    """No worker on the main queue: the consumers check fails."""
+    settings = make_settings(queue_name)
+    await declare(connection, settings)
+    await doctor_finds(settings, "consumers", "fail", f"no worker consumes {queue_name}")
+
+
+async def test_failed_queue_over_its_threshold_is_named(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """As many failed jobs as RICOCHET_ALERT_FAILED_THRESHOLD: the failed-jobs check fails."""
+    settings = make_settings(queue_name, alert_failed_threshold=3)
+    n = (await declare(connection, settings)).names
+    await fill(channel, n.failed, 3)
+    await doctor_finds(settings, "failed jobs", "fail", f"3 in {n.failed}")
+
+
+def test_unreachable_or_refusing_api_exits_2(queue_name: str) -> None:
+    """No API at the URL, or wrong credentials: exit 2 with one line, and no password shown."""
+    closed = run_cli(
+        ["doctor"], ricochet_env(make_settings(queue_name, management_url="http://127.0.0.1:1/"))
+    )
+    assert closed.returncode == 2
+    assert closed.stderr.startswith("ricochet: the management API at http://127.0.0.1:1/api/")
+    assert "unreachable" in closed.stderr
+    assert closed.stderr.count("\n") == 1
+
+    parts = BROKER.management_url.split("://", 1)
+    wrong = f"{parts[0]}://nobody:hunter2@{parts[1]}"
+    refused = run_cli(["doctor"], ricochet_env(make_settings(queue_name, management_url=wrong)))
+    assert refused.returncode == 2
+    assert "refused the credentials (HTTP 401)" in refused.stderr
+    assert "hunter2" not in refused.stdout + refused.stderr
+
+
+def test_invalid_management_url_exits_2(queue_name: str) -> None:
+    """RICOCHET_MANAGEMENT_URL that is no http(s) URL: exit 2 naming it, password scrubbed."""
+    env = ricochet_env(make_settings(queue_name))
+    env["RICOCHET_MANAGEMENT_URL"] = "ftp://admin:hunter2@broker/"
+    result = run_cli(["doctor"], env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ricochet: RICOCHET_MANAGEMENT_URL='ftp://admin:***@broker/' is invalid: "
+        "allowed an http:// or https:// URL"
+    )

@@ -1,0 +1,99 @@
+"""Every delivery ends settled once: never lost, never settled twice, whatever the broker's
+state or the delivery's bytes."""
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aio_pika import DeliveryMode
+from aio_pika.abc import AbstractChannel
+from aiormq import spec
+from aiormq.exceptions import ChannelPreconditionFailed
+
+from app import Job
+from app.errors import PermanentError
+from app.topology import Names
+from tests.recorder import Recorder
+from tests.support import StartWorker, depth, publish, take, wait_for
+
+
+async def test_failed_copy_reaches_the_failed_queue_when_it_is_unbound(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """With the failed queue unbound from its exchange, a failed job still lands in it (and its
+    event in the events queue): only the failed queue's own confirm lets the original go."""
+    n = Names(queue_name)
+    await start_worker(Recorder())
+    failed = await channel.declare_queue(n.failed, passive=True)
+    await failed.unbind(n.failed, routing_key="")
+    await publish(channel, queue_name, json.dumps({"fail": "permanent"}), message_id="p-1")
+    [copy] = await take(channel, n.failed, 1)
+    [event] = await take(channel, n.events, 1)
+    assert copy.message_id == event.message_id == "p-1"
+    assert copy.headers["failed-kind"] == event.headers["failed-kind"] == "permanent"
+
+
+async def test_job_stays_in_its_queue_while_the_failed_queue_is_gone(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """With the failed queue deleted, the failed job is neither acked nor announced: it comes
+    back to the main queue when its worker stops."""
+    n = Names(queue_name)
+    recorder = Recorder()
+    worker = await start_worker(recorder, shutdown_timeout_s=0.5)
+    await channel.queue_delete(n.failed)
+    await publish(channel, queue_name, json.dumps({"fail": "permanent"}), message_id="p-2")
+    await wait_for(lambda: recorder.attempts("p-2") == [1], 10, "the job to run")
+    await asyncio.sleep(1)  # the copy is refused, then published again after a pause
+    await worker.stop()
+
+    async def back() -> bool:
+        return await depth(channel, queue_name) == 1
+
+    await wait_for(back, 10, "the job back in the main queue")
+    assert await depth(channel, n.events) == 0
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize(
+    ("headers", "delivery_mode", "error", "reason"),
+    [
+        ({"max-retries": "²"}, 2, PermanentError("no"), "PermanentError: no"),
+        ({}, 0, PermanentError("no"), "PermanentError: no"),
+        ({}, 3, PermanentError("no"), "PermanentError: no"),
+        ({}, 2, Unprintable(), "Unprintable: <exception str() failed>"),
+    ],
+    ids=["superscript-max-retries", "delivery-mode-0", "delivery-mode-3", "unprintable-error"],
+)
+async def test_odd_delivery_still_ends_in_the_failed_queue(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    queue_name: str,
+    headers: dict[str, Any],
+    delivery_mode: int,
+    error: Exception,
+    reason: str,
+) -> None:
+    """A header, a property or an exception the worker cannot read as it expects does not
+    leave the delivery unsettled: the job fails into the failed queue like any other."""
+
+    async def handler(job: Job) -> None:
+        raise error
+
+    await start_worker(handler, max_retries=0)
+    properties = spec.Basic.Properties(message_id="odd-1", headers=headers)
+    properties.delivery_mode = delivery_mode  # past pamqp's check: other clients send 0 or 3
+    frames = await channel.get_underlay_channel()
+    try:
+        await frames.basic_publish(b"{}", routing_key=queue_name, properties=properties)
+    except ChannelPreconditionFailed:  # RabbitMQ 3 refuses the publish, so never delivers one
+        pytest.skip("the broker refuses this delivery mode")
+    [copy] = await take(channel, Names(queue_name).failed, 1, timeout_s=10)
+    assert copy.headers["failed-reason"] == reason
+    assert copy.delivery_mode == DeliveryMode.PERSISTENT
+    assert await depth(channel, queue_name) == 0

@@ -1,0 +1,206 @@
+"""doctor's checks on management API answers recorded from a real broker (tests/record_doctor.py).
+
+doctor_healthy_*.json: the topology as declared, consumers on the main queue and the events.
+doctor_broken_*.json: the same queue after an earlier deployment with three retries (the settings
+now say two), with tier 2 redeclared with another delay, the return binding removed, the failed
+exchange bound to the main queue, a max-length policy on the failed queue, 12 failed jobs, no
+worker and no monitor.
+"""
+
+from typing import Any
+
+import pytest
+
+from app.checks import BrokerState, Check
+from app.doctor import diagnose
+from app.report import checks_table
+from app.settings import Settings
+from app.topology import plan
+from tests.unit.recorded import edited, recorded
+
+# The brokers the answers were recorded from (tests/unit/data/doctor_*_VERSION.json).
+VERSIONS = ["3.10", "4.3"]
+
+
+def findings(settings: Settings, state: BrokerState) -> dict[str, Check]:
+    """Check name -> finding; names are unique."""
+    checks = diagnose(settings, state)
+    assert len({c.check for c in checks}) == len(checks)
+    return {c.check: c for c in checks}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_healthy_topology_passes_every_check(version: str) -> None:
+    """The topology just declared, with a worker and a monitor: every check passes, but for the
+    version check's warning on 3.10 before 3.10.20."""
+    settings, state = recorded(f"healthy_{version}")
+    found = findings(settings, state)
+    warned = {"broker version": "warn"} if version == "3.10" else {}
+    assert {name: c.status for name, c in found.items() if c.status != "ok"} == warned
+    n = plan(settings).names
+    for name in (n.queue, n.tier(1), n.tier(2), n.failed, n.events):
+        assert found[f"queue {name}"].status == "ok"
+    for name in (n.dlx, n.first_tier_exchange, n.return_exchange, n.failed):
+        assert found[f"exchange {name}"].status == "ok"
+    assert found["queue jobs.retry.2"].detail == "quorum, waits 60s, as the settings declare it"
+
+
+@pytest.mark.parametrize(
+    ("check", "status", "says"),
+    [
+        ("queue jobs.retry.2", "fail", "waits 45s, the settings say 60s and it is empty"),
+        ("queue jobs.retry.2", "fail", "`ricochet topology` redeclares it"),
+        ("queue jobs.retry.1", "ok", "waits 30s"),
+        ("bindings", "fail", "jobs.return -> queue jobs;"),
+        ("bindings", "fail", "jobs.dlx -> exchange jobs.failed with key jobs.attempt.2"),
+        (
+            "unwanted bindings",
+            "fail",
+            "jobs.failed -> queue jobs with key jobs (remove it: curl -u USER:PASSWORD -X DELETE "
+            "'http://127.0.0.1:1567",
+        ),
+        (
+            "unwanted bindings",
+            "fail",
+            "jobs.dlx -> exchange jobs.failed with key jobs.attempt.3 (left by an earlier "
+            "RICOCHET_MAX_RETRIES: `ricochet topology` removes it)",
+        ),
+        ("unwanted bindings", "fail", "/api/bindings/%2F/e/jobs.failed/q/jobs/jobs')"),
+        ("unwanted bindings", "fail", "jobs.dlx -> queue jobs.retry.3 with key jobs.attempt.2 ("),
+        ("stale tiers", "warn", "jobs.retry.3 holds 2 jobs: they come back to jobs within 120s"),
+        ("consumers", "fail", "no worker consumes jobs"),
+        ("monitor", "warn", "no monitor reads jobs.failed.events, so failed jobs are neither"),
+        ("failed jobs", "fail", "12 in jobs.failed (RICOCHET_ALERT_FAILED_THRESHOLD=10)"),
+        ("failed jobs", "fail", "ricochet replay --dry-run --group-by reason"),
+        ("policies", "fail", "jobs.failed: policy 'doctor-test-"),
+        ("policies", "fail", "' sets max-length=100 (messages beyond it are dropped or refused)"),
+        ("policies", "fail", "clear it: `rabbitmqctl clear_policy doctor-test-"),
+        ("stranded dead-letters", "ok", "every message is ready or unacked"),
+    ],
+)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_broken_topology_names_each_break(version: str, check: str, status: str, says: str) -> None:
+    """Each way the recorded topology was broken is named, with what fixes it."""
+    found = findings(*recorded(f"broken_{version}"))[check]
+    assert (found.status, says in found.detail) == (status, True), found.detail
+
+
+def test_tier_holding_jobs_keeps_its_old_delay_with_a_warning() -> None:
+    """A tier with another delay that still holds jobs drains first: a warning, not a failure."""
+    found = findings(*edited("broken_3.10", "jobs.retry.2", messages=3))["queue jobs.retry.2"]
+    assert found.status == "warn"
+    assert "keeps its old delay until its 3 jobs drain (within 45s)" in found.detail
+
+
+def test_missing_queue_and_exchange() -> None:
+    """A queue or exchange that does not exist fails, and `ricochet topology` declares it."""
+    settings, state = recorded("healthy_3.10")
+    del state.queues["jobs.failed.events"]
+    del state.exchanges["jobs.return"]
+    found = findings(settings, state)
+    for check in ("queue jobs.failed.events", "exchange jobs.return"):
+        assert found[check].status == "fail"
+        assert "missing: `ricochet topology` declares it" in found[check].detail
+
+
+def test_figures_of_a_missing_queue() -> None:
+    """Without the main or the failed queue, consumers and failed jobs fail, pointing to it."""
+    settings, state = recorded("healthy_3.10")
+    del state.queues["jobs"]
+    del state.queues["jobs.failed"]
+    found = findings(settings, state)
+    assert found["consumers"].detail == "jobs does not exist (see its queue check)"
+    assert found["failed jobs"].detail == "jobs.failed does not exist (see its queue check)"
+    assert found["consumers"].status == found["failed jobs"].status == "fail"
+
+
+def test_queue_of_another_type_or_arguments() -> None:
+    """A main queue of the wrong type, or without dead-lettering, fails and says what differs."""
+    found = findings(*edited("healthy_3.10", "jobs", type="classic"))["queue jobs"]
+    assert found.status == "fail"
+    assert "is a classic queue, RICOCHET_QUEUE_TYPE wants quorum" in found.detail
+    arguments = {"x-queue-type": "quorum", "x-max-length": 5}
+    found = findings(*edited("healthy_3.10", "jobs", arguments=arguments))["queue jobs"]
+    assert found.status == "fail"
+    assert "x-dead-letter-exchange missing (wants jobs.dlx)" in found.detail
+    assert "x-max-length=5 (not wanted)" in found.detail
+
+
+def test_exchange_of_another_type() -> None:
+    """An exchange of another type fails with the API call that deletes it."""
+    settings, state = recorded("healthy_3.10")
+    state.exchanges["jobs.dlx"]["type"] = "topic"
+    found = findings(settings, state)["exchange jobs.dlx"]
+    assert found.status == "fail"
+    assert "type topic (wants direct)" in found.detail
+    assert "-X DELETE 'http://127.0.0.1:15672/api/exchanges/%2F/jobs.dlx'" in found.detail
+
+
+def test_consumer_figures_not_reported_yet() -> None:
+    """A queue declared seconds ago has no figures in the API yet: a warning, not a failure."""
+    found = findings(*edited("healthy_3.10", "jobs", consumers=None))["consumers"]
+    assert (found.status, "run doctor again" in found.detail) == ("warn", True)
+
+
+def test_failed_jobs_below_the_threshold_pass() -> None:
+    """Failed jobs below the alert threshold are counted, with how to read them, and pass."""
+    found = findings(*edited("broken_3.10", "jobs.failed", messages=9))["failed jobs"]
+    assert found.status == "ok"
+    assert found.detail.startswith("9 in jobs.failed")
+
+
+def test_stranded_dead_letters_name_the_remedy() -> None:
+    """Messages neither ready nor unacked are named, with the new-leader commands."""
+    settings, state = edited(
+        "healthy_3.10", "jobs.retry.1", messages=5, messages_ready=1, messages_unacknowledged=1
+    )
+    found = findings(settings, state)["stranded dead-letters"]
+    assert found.status == "warn"
+    assert "jobs.retry.1 holds 3" in found.detail
+    assert "`rabbitmq-queues delete_member jobs.retry.1 rabbit@localhost`" in found.detail
+    assert "`rabbitmq-queues add_member jobs.retry.1 rabbit@localhost`" in found.detail
+
+
+def test_table_puts_each_part_of_a_detail_on_its_own_line() -> None:
+    """The plain output: one row per check, a detail's steps under one another."""
+    text = checks_table([("bindings", "fail", "2 missing; a -> b; c -> d"), ("x", "ok", "fine")])
+    assert text.splitlines() == [
+        "check     status  detail",
+        "bindings  fail    2 missing",
+        "                    a -> b",
+        "                    c -> d",
+        "x         ok      fine",
+    ]
+
+
+def on_rabbitmq_4(policy: dict[str, Any] | None = None) -> dict[str, Check]:
+    """The healthy recording as RabbitMQ 4.0 reports it: its queues were declared without
+    x-delivery-limit, as on RabbitMQ 3 before an upgrade; a policy on the failed queue if given."""
+    settings, state = recorded("healthy_3.10")
+    state.overview["rabbitmq_version"] = "4.0.5"
+    if policy is not None:
+        state.queues["jobs.failed"].update(policy="lift", effective_policy_definition=policy)
+    return findings(settings, state)
+
+
+def test_queue_declared_before_the_delivery_limit_was_lifted() -> None:
+    """On RabbitMQ 4, a consumed queue still under the delivery limit of 20 fails, with the
+    policy command that lifts it; tiers (no consumers) keep theirs."""
+    found = on_rabbitmq_4()
+    for queue in ("jobs", "jobs.failed", "jobs.failed.events"):
+        assert found[f"queue {queue}"].status == "fail"
+        assert "keeps RabbitMQ 4's delivery limit of 20" in found[f"queue {queue}"].detail
+        assert "rabbitmqctl set_policy --apply-to queues" in found[f"queue {queue}"].detail
+    assert found["queue jobs.retry.1"].status == "ok"
+
+
+def test_delivery_limit_lifted_by_a_policy() -> None:
+    """The policy that lifts the limit makes the queue pass, and is no override to fix."""
+    found = on_rabbitmq_4({"delivery-limit": -1})
+    assert found["queue jobs.failed"].status == "ok"
+    assert found["queue jobs.failed"].detail == "quorum, its delivery limit lifted by a policy"
+    assert found["policies"].status == "ok"
+    assert "no delivery limit, as ricochet declares" in found["policies"].detail
+    found = on_rabbitmq_4({"delivery-limit": 20})
+    assert found["queue jobs.failed"].status == "fail"
+    assert found["policies"].status == "fail"
