@@ -1,15 +1,24 @@
 """Settings: every RICOCHET_* environment variable, validated once at start-up."""
 
 import difflib
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AnyUrl,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    UrlConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -23,29 +32,31 @@ MAX_DELAY_MS = 86_400_000
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
-def _check_url(url: str, schemes: tuple[str, ...]) -> str:
-    parts = urlsplit(url)
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise ValueError("bad port") from None
-    if parts.scheme not in schemes or not parts.hostname or " " in url:
-        raise ValueError("not a URL of an allowed scheme")
-    return url
+def _url_of(*schemes: str) -> AfterValidator:
+    """Checks a URL with pydantic's URL type: one of these schemes, a host, a numeric port.
 
+    The setting keeps the URL as written: the clients (aio-pika, aiohttp) parse it themselves.
+    """
+    url_type = Annotated[AnyUrl, UrlConstraints(allowed_schemes=list(schemes), host_required=True)]
+    parse = TypeAdapter(url_type).validate_python
 
-def _check_amqp_url(url: str) -> str:
-    return _check_url(url, ("amqp", "amqps"))
+    def check(url: str | None) -> str | None:
+        if url is not None:  # an unset webhook
+            parse(url)
+        return url
 
-
-def _check_http_url(url: str | None) -> str | None:
-    return url if url is None else _check_url(url, ("http", "https"))
+    return AfterValidator(check)
 
 
 def _check_handler(ref: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", ref):
         raise ValueError("not of the form module.path:attribute")
     return ref
+
+
+def _check_address(host: str) -> str:
+    ipaddress.ip_address(host)  # ValueError when it is not an IPv4 or IPv6 address
+    return host
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -57,7 +68,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    amqp_url: Annotated[str, AfterValidator(_check_amqp_url)] = Field(
+    amqp_url: Annotated[str, _url_of("amqp", "amqps")] = Field(
         "amqp://guest:guest@localhost:5672/",
         json_schema_extra={"allowed": "an amqp:// or amqps:// URL"},
     )
@@ -69,7 +80,8 @@ class Settings(BaseSettings):
     queue_type: Literal["quorum", "classic"] = "quorum"
     max_retries: int = Field(3, ge=0, le=25)
     retry_delay_ms: int = Field(30_000, ge=10, le=MAX_DELAY_MS)
-    retry_delay_multiplier: float = Field(2.0, ge=1.0, le=10.0)
+    # Floats are finite: an infinite timeout would never fire, and NaN compares false to all.
+    retry_delay_multiplier: float = Field(2.0, ge=1.0, le=10.0, allow_inf_nan=False)
     retry_delay_max_ms: int = Field(
         3_600_000,
         le=MAX_DELAY_MS,
@@ -79,17 +91,30 @@ class Settings(BaseSettings):
         "app.example:router", json_schema_extra={"allowed": "module.path:attribute"}
     )
     prefetch: int = Field(32, ge=1, le=65535)
-    handler_timeout_s: float = Field(300.0, gt=0)
-    shutdown_timeout_s: float = Field(30.0, ge=0)
-    connect_timeout_s: float = Field(60.0, gt=0)
+    handler_timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    shutdown_timeout_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+    connect_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     log_level: Annotated[LogLevel, BeforeValidator(lambda v: str(v).upper())] = "INFO"
     log_format: Literal["json", "console"] = "json"
+    # Loopback unless told otherwise: outside a container the endpoints are for this machine.
+    # The image sets 0.0.0.0, where Prometheus and the orchestrator reach them from outside.
+    http_host: Annotated[str, AfterValidator(_check_address)] = Field(
+        "127.0.0.1",
+        json_schema_extra={"allowed": "an IPv4 or IPv6 address (0.0.0.0: every interface)"},
+    )
     http_port: int = Field(8000, ge=0, le=65535)
     alert_webhook_url: Annotated[
-        str | None, BeforeValidator(_empty_is_none), AfterValidator(_check_http_url)
+        str | None, BeforeValidator(_empty_is_none), _url_of("http", "https")
     ] = Field(None, json_schema_extra={"allowed": "an http:// or https:// URL"})
     alert_failed_threshold: int = Field(10, ge=1)
-    alert_interval_s: float = Field(60.0, ge=1)
+    alert_interval_s: float = Field(60.0, ge=1, allow_inf_nan=False)
+    management_url: Annotated[str, _url_of("http", "https")] = Field(
+        "http://localhost:15672/", json_schema_extra={"allowed": "an http:// or https:// URL"}
+    )
+    pause_failure_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    pause_min_jobs: int = Field(20, ge=1)
+    pause_window_s: float = Field(30.0, ge=1, le=3600)
+    pause_s: float = Field(30.0, ge=1, le=3600)
 
     @model_validator(mode="after")
     def _max_delay_not_below_first(self) -> "Settings":
@@ -126,16 +151,21 @@ def _describe(error: ValidationError) -> str:
     if isinstance(value, dict):
         # The cap left at its default can still be below a first delay that was set.
         value = value.get(name, field.default)
-    return (
-        f"{ENV_PREFIX}{name.upper()}={_shown(name, str(value))!r} is invalid: "
-        f"allowed {_allowed(field)}"
-    )
+    allowed = _allowed(field)
+    if first["type"] == "finite_number":
+        allowed = f"a finite number, {allowed}"
+    return f"{ENV_PREFIX}{name.upper()}={_shown(name, str(value))!r} is invalid: allowed {allowed}"
 
 
 def _shown(name: str, value: str) -> str:
-    """A value as the error message shows it: never with the broker's password."""
+    """A value as the error message shows it: never with a URL's password or a webhook's token."""
+    if name == "alert_webhook_url":
+        # A webhook's path or query is often its token: only the host it points at is shown.
+        scheme, sep, rest = value.rpartition("://")
+        host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+        return f"{scheme}{sep}{host}/***"
     shown = redact(value)
-    if name == "amqp_url" and shown == value and "@" in value:
+    if name.endswith("_url") and shown == value and "@" in value:
         # Not a URL that redact() recognises (no scheme, say): hide all of its user part.
         shown = "***@" + value.rpartition("@")[2]
     return shown
@@ -161,6 +191,6 @@ def load_settings() -> Settings:
     if env_file and not Path(env_file).is_file():
         raise ConfigError(f"{ENV_FILE_VARIABLE}={env_file!r} is invalid: no such file")
     try:
-        return Settings(_env_file=env_file or None)  # type: ignore[call-arg]
+        return Settings(_env_file=env_file or None)
     except ValidationError as error:
         raise ConfigError(_describe(error)) from None

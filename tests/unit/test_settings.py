@@ -31,6 +31,7 @@ def test_defaults() -> None:
     assert (s.log_level, s.log_format, s.http_port) == ("INFO", "json", 8000)
     assert s.alert_webhook_url is None
     assert (s.alert_failed_threshold, s.alert_interval_s) == (10, 60)
+    assert s.management_url == "http://localhost:15672/"
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,11 @@ def test_defaults() -> None:
         ("RICOCHET_HTTP_PORT", "70000", "allowed 0-65535"),
         ("RICOCHET_ALERT_FAILED_THRESHOLD", "0", "allowed >= 1"),
         ("RICOCHET_ALERT_INTERVAL_S", "0.5", "allowed >= 1"),
+        ("RICOCHET_PAUSE_FAILURE_RATIO", "1.5", "allowed 0.0-1.0"),
+        ("RICOCHET_PAUSE_FAILURE_RATIO", "-0.1", "allowed 0.0-1.0"),
+        ("RICOCHET_PAUSE_MIN_JOBS", "0", "allowed >= 1"),
+        ("RICOCHET_PAUSE_WINDOW_S", "0", "allowed 1-3600"),
+        ("RICOCHET_PAUSE_S", "3601", "allowed 1-3600"),
         ("RICOCHET_QUEUE", "jobs/1", "allowed 1-200 characters of A-Za-z0-9._-"),
         ("RICOCHET_QUEUE", "q" * 201, "allowed 1-200 characters"),
         ("RICOCHET_QUEUE_TYPE", "stream", "allowed one of quorum, classic"),
@@ -56,6 +62,7 @@ def test_defaults() -> None:
         ("RICOCHET_HANDLER", "app.example", "allowed module.path:attribute"),
         ("RICOCHET_AMQP_URL", "http://broker/", "allowed an amqp:// or amqps:// URL"),
         ("RICOCHET_ALERT_WEBHOOK_URL", "ftp://x/", "allowed an http:// or https:// URL"),
+        ("RICOCHET_MANAGEMENT_URL", "amqp://x/", "allowed an http:// or https:// URL"),
         ("RICOCHET_RETRY_DELAY_MAX_MS", "86400001", "allowed >= RICOCHET_RETRY_DELAY_MS"),
     ],
 )
@@ -92,21 +99,25 @@ def test_password_never_in_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "shown"),
+    ("variable", "url", "shown"),
     [
-        ("guest:s3cret@localhost", "***@localhost"),  # no scheme: redact() cannot see a URL
-        ("amqp://guest:s3cr@t@host:x/", "amqp://guest:***@host:x/"),  # a raw @ in the password
+        # No scheme: redact() cannot see a URL.
+        ("RICOCHET_AMQP_URL", "guest:s3cret@localhost", "***@localhost"),
+        # A raw @ in the password.
+        ("RICOCHET_AMQP_URL", "amqp://guest:s3cr@t@host:x/", "amqp://guest:***@host:x/"),
+        ("RICOCHET_MANAGEMENT_URL", "admin:s3cret@localhost:15672", "***@localhost:15672"),
+        ("RICOCHET_MANAGEMENT_URL", "http://admin:s3cret@host:x/", "http://admin:***@host:x/"),
     ],
 )
 def test_password_never_in_error_of_a_malformed_url(
-    monkeypatch: pytest.MonkeyPatch, url: str, shown: str
+    monkeypatch: pytest.MonkeyPatch, variable: str, url: str, shown: str
 ) -> None:
-    """A broker URL too malformed to parse is still shown without any part of its password."""
-    monkeypatch.setenv("RICOCHET_AMQP_URL", url)
+    """A broker or management URL too malformed to parse is shown without its password."""
+    monkeypatch.setenv(variable, url)
     with pytest.raises(ConfigError) as caught:
         load_settings()
     assert "s3cr" not in str(caught.value)
-    assert str(caught.value).startswith(f"RICOCHET_AMQP_URL={shown!r} is invalid")
+    assert str(caught.value).startswith(f"{variable}={shown!r} is invalid")
 
 
 def test_first_delay_above_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,3 +178,53 @@ def test_settings_are_frozen() -> None:
     s = Settings()
     with pytest.raises(ValueError, match="frozen"):
         s.queue = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://hooks.example.com:x/services/T0/B0/s3cret", "https://hooks.example.com:x/***"),
+        ("ftp://hooks.example.com/alert?token=s3cret", "ftp://hooks.example.com/***"),
+        ("hooks.example.com/services/s3cret", "hooks.example.com/***"),
+        ("https://user:s3cret@:x/", "https://:x/***"),
+    ],
+)
+def test_webhook_token_never_in_error(
+    monkeypatch: pytest.MonkeyPatch, url: str, shown: str
+) -> None:
+    """An invalid webhook URL is shown by its scheme and host only: its path, query and user
+    part (where webhook tokens live) are never echoed."""
+    monkeypatch.setenv("RICOCHET_ALERT_WEBHOOK_URL", url)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "s3cret" not in str(caught.value)
+    assert str(caught.value).startswith(f"RICOCHET_ALERT_WEBHOOK_URL={shown!r} is invalid")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [name for name, field in Settings.model_fields.items() if field.annotation is float],
+)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_floats_are_finite(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """No duration or multiplier may be infinite or NaN: a timeout of inf never fires, and
+    NaN slips past every bound."""
+    variable = f"RICOCHET_{name.upper()}"
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=rf"^{variable}='{value}' is invalid: allowed"):
+        load_settings()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
+def test_http_host_is_an_address(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    """RICOCHET_HTTP_HOST takes an IPv4 or IPv6 address; loopback unless set."""
+    assert load_settings().http_host == "127.0.0.1"
+    monkeypatch.setenv("RICOCHET_HTTP_HOST", host)
+    assert load_settings().http_host == host
+
+
+def test_http_host_is_not_a_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host name is refused: which interfaces it means depends on the resolver."""
+    monkeypatch.setenv("RICOCHET_HTTP_HOST", "localhost")
+    with pytest.raises(ConfigError, match=r"^RICOCHET_HTTP_HOST='localhost' is invalid"):
+        load_settings()
