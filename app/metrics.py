@@ -1,5 +1,8 @@
 """Prometheus metrics of one process (a registry of its own, so several can live in a test)."""
 
+import math
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -46,3 +49,110 @@ class Metrics:
             ["queue", "event"],
             registry=self.registry,
         )
+        self.attempts = Counter(
+            "ricochet_attempts",
+            "Handler attempts, by attempt number (1 is the first delivery) and outcome.",
+            ["queue", "attempt", "outcome"],
+            registry=self.registry,
+        )
+        self._attempt_children: dict[tuple[int, str], Counter] = {}
+        self.ready = Gauge(
+            "ricochet_ready",
+            "1 while /readyz answers 200 (connected and consuming), else 0.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.worker_consuming = Gauge(
+            "ricochet_worker_consuming",
+            "1 while the worker takes jobs from its queue; 0 while it connects, subscribes again "
+            "after a broker cancel, drains or is paused.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.worker_paused = Gauge(
+            "ricochet_worker_paused",
+            "1 while the worker pauses on a failure spike (RICOCHET_PAUSE_*), else 0.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.queue_messages = Gauge(
+            "ricochet_queue_messages",
+            "Messages ready in each queue of the topology, by stage (main, tier_1.., failed, "
+            "failed_events), read by the monitor every RICOCHET_ALERT_INTERVAL_S.",
+            ["queue", "stage"],
+            registry=self.registry,
+        )
+        self.queue_consumers = Gauge(
+            "ricochet_queue_consumers",
+            "Consumers of each queue of the topology, by stage, read by the monitor.",
+            ["queue", "stage"],
+            registry=self.registry,
+        )
+        self.failed_oldest = Gauge(
+            "ricochet_failed_oldest_timestamp_seconds",
+            "When the oldest copy in the failed queue failed (Unix time; NaN while it is empty), "
+            "as far as the monitor saw it fail (see docs/observability.md).",
+            ["queue"],
+            registry=self.registry,
+        )
+
+    def count_attempt(self, attempt: int, outcome: str) -> None:
+        """One handler attempt settled: succeeded, retried or failed."""
+        # Children kept, as the consumer keeps its own: labels() takes a lock on every call.
+        child = self._attempt_children.get((attempt, outcome))
+        if child is None:
+            child = self.attempts.labels(self.queue, str(attempt), outcome)
+            self._attempt_children[attempt, outcome] = child
+        child.inc()
+
+    def ready_when(self, ready: Callable[[], bool]) -> None:
+        """Export ready() as ricochet_ready, read at every scrape."""
+        self.ready.labels(self.queue).set_function(lambda: float(ready()))
+
+    def worker_when(self, consuming: Callable[[], bool], paused: Callable[[], bool]) -> None:
+        """Export the worker's state (read at every scrape) as ricochet_worker_*."""
+        self.worker_consuming.labels(self.queue).set_function(lambda: float(consuming()))
+        self.worker_paused.labels(self.queue).set_function(lambda: float(paused()))
+
+    def observe_queue(self, role: str, messages: int | None, consumers: int | None) -> None:
+        """One queue as the monitor read it (role as `ricochet status` names it; None: missing)."""
+        stage = role.replace(" ", "_")  # "tier 2" -> "tier_2"
+        self.queue_messages.labels(self.queue, stage).set(_or_nan(messages))
+        self.queue_consumers.labels(self.queue, stage).set(_or_nan(consumers))
+
+    def observe_failed_oldest(self, failed_at: float | None) -> None:
+        """When the oldest failed copy failed (Unix time), None while the failed queue is empty."""
+        self.failed_oldest.labels(self.queue).set(_or_nan(failed_at))
+
+
+class QueueMetrics:
+    """The job metrics of one queue, resolved once: labels() costs a lock and a lookup a call."""
+
+    def __init__(self, metrics: Metrics, queue: str) -> None:
+        self._metrics = metrics
+        self._queue = queue
+        self.in_flight = metrics.in_flight.labels(queue)
+        self.duration = metrics.duration.labels(queue)
+        self._succeeded = metrics.jobs.labels(queue, "succeeded")
+        self._retried = metrics.jobs.labels(queue, "retried")
+        self._failed = metrics.jobs.labels(queue, "failed")
+
+    def succeeded_on(self, attempt: int) -> None:
+        self._succeeded.inc()
+        self._metrics.count_attempt(attempt, "succeeded")
+
+    def retried_in(self, tier: int) -> None:
+        """A job sent to tier k failed on its attempt k."""
+        self._retried.inc()
+        self._metrics.retries.labels(self._queue, str(tier)).inc()
+        self._metrics.count_attempt(tier, "retried")
+
+    def failed_as(self, kind: str, attempt: int) -> None:
+        self._failed.inc()
+        self._metrics.failed.labels(self._queue, kind).inc()
+        self._metrics.count_attempt(attempt, "failed")
+
+
+def _or_nan(value: float | None) -> float:
+    """Prometheus' 'no value': comparisons with NaN are false, so no rule fires on it."""
+    return math.nan if value is None else value

@@ -1,10 +1,10 @@
-"""Plain-text tables for the commands' output."""
+"""What the commands print: the rows of their tables, and the tables as plain text."""
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 from app.failed import FailureInfo
 from app.replay import ReplayResult
-from app.status import QueueStatus
 from app.topology import Plan
 
 
@@ -56,7 +56,41 @@ def plan_table(plan: Plan) -> str:
     return f"{queues}\n\n{exchanges}\n\n{bindings}"
 
 
+def checks_table(checks: Sequence[tuple[str, str, str]]) -> str:
+    """(check, status, detail) rows; each part of a detail ('; ' between) on a line of its own."""
+    rows: list[tuple[str, str, str]] = []
+    for check, status, detail in checks:
+        first, *rest = detail.split("; ")
+        rows += [(check, status, first), *(("", "", f"  {part}") for part in rest)]
+    return table(["check", "status", "detail"], rows)
+
+
 REASON_COLUMN_CHARS = 80
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One queue as the broker reports it; messages is None when the queue does not exist."""
+
+    name: str
+    role: str
+    delay_ms: int | None
+    messages: int | None
+    consumers: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
+    """(name, role, delay_ms) of every queue in the plan, in the order a job meets them."""
+    n = plan.names
+    return [
+        (n.queue, "main", None),
+        *((spec.name, f"tier {k}", spec.delay_ms) for k, spec in enumerate(plan.tiers, start=1)),
+        (n.failed, "failed", None),
+        (n.events, "failed events", None),
+    ]
 
 
 def status_table(rows: Sequence[QueueStatus]) -> str:

@@ -2,8 +2,7 @@
 
 import pytest
 
-from app.report import status_table
-from app.status import QueueStatus
+from app.report import QueueStatus, status_table
 
 
 @pytest.mark.parametrize(("failed", "hint"), [(0, False), (None, False), (3, True)])
