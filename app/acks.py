@@ -6,8 +6,7 @@ from collections.abc import Collection
 
 import structlog
 
-from app.connection import CONNECTION_ERRORS
-from app.delivery import Delivery
+from app.amqp import CONNECTION_ERRORS, Delivery
 
 log = structlog.get_logger("ricochet.acks")
 

@@ -3,6 +3,7 @@
 The clock is passed in, so every decision is a function of its inputs and is tested with tables.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,19 @@ from app.failed import FailureInfo
 JOB_FAILED = "job.failed"
 THRESHOLD = "failed_queue.threshold"
 RECOVERED = "failed_queue.recovered"
+PAUSED = "worker.paused"
+RESUMED = "worker.resumed"
+
+# What varies between failures of one cause: UUIDs, hex ids with a digit, and numbers.
+_VARYING = re.compile(
+    r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|\b(?=[0-9a-z]*\d)[0-9a-z]{6,}\b|\d+",
+    re.IGNORECASE,
+)
+
+
+def reason_key(reason: str) -> str:
+    """The failure reason with its ids and numbers masked: what the rate limit counts by."""
+    return _VARYING.sub("#", reason)
 
 
 def job_failed_alert(queue: str, failure: FailureInfo, suppressed: int) -> dict[str, Any]:
@@ -23,6 +37,11 @@ def depth_alert(event: str, queue: str, depth: int, threshold: int) -> dict[str,
     return {"event": event, "queue": queue, "depth": depth, "threshold": threshold}
 
 
+def pause_alert(event: str, queue: str, failure_ratio: float, pause_s: float) -> dict[str, Any]:
+    """The webhook body for a worker pausing on a failure spike, or taking jobs again."""
+    return {"event": event, "queue": queue, "failure_ratio": failure_ratio, "pause_s": pause_s}
+
+
 @dataclass
 class _Slot:
     sent_at: float
@@ -32,6 +51,9 @@ class _Slot:
 
 class ReasonLimiter:
     """At most one job.failed alert per failure reason per interval; the rest are counted.
+
+    Reasons are compared by reason_key(), so "order 17 not found" and "order 18 not found" are
+    one reason: an id in the message would otherwise let every failure through.
 
     A burst is reported on both edges: its first failure at once, and (once the interval has
     passed) its latest failure with the count of those not alerted, so no burst goes unreported.
@@ -43,9 +65,10 @@ class ReasonLimiter:
 
     def offer(self, failure: FailureInfo, now: float) -> int | None:
         """The suppressed count to alert this failure with, or None to hold it back."""
-        slot = self._slots.get(failure.reason)
+        key = reason_key(failure.reason)
+        slot = self._slots.get(key)
         if slot is None or now - slot.sent_at >= self._interval_s:
-            self._slots[failure.reason] = _Slot(now)
+            self._slots[key] = _Slot(now)
             return slot.suppressed if slot else 0
         slot.suppressed += 1
         slot.latest = failure
@@ -54,14 +77,14 @@ class ReasonLimiter:
     def due(self, now: float) -> list[tuple[FailureInfo, int]]:
         """Held-back failures whose interval has passed: (latest failure, others suppressed)."""
         out = []
-        for reason, slot in list(self._slots.items()):
+        for key, slot in list(self._slots.items()):
             if now - slot.sent_at < self._interval_s:
                 continue
             if slot.latest is None:
-                del self._slots[reason]  # quiet for a whole interval: forget the reason
+                del self._slots[key]  # quiet for a whole interval: forget the reason
             else:
                 out.append((slot.latest, slot.suppressed - 1))
-                self._slots[reason] = _Slot(now)
+                self._slots[key] = _Slot(now)
         return out
 
 

@@ -2,15 +2,14 @@
 
 import asyncio
 import json
-import os
 import sys
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
 
 from app.connection import connect
+from app.doctor import run_doctor
 from app.errors import BrokerUnavailable, ConfigError, RicochetError
 from app.handler import Invoker, load_handler
 from app.log import configure_logging
@@ -18,11 +17,12 @@ from app.metrics import Metrics
 from app.monitor import run_monitor
 from app.publish import header_value, publish_job
 from app.replay import Selection, run_replay
-from app.report import plan_table, replay_report, status_table
+from app.report import checks_table, plan_table, replay_report, status_table
+from app.service import connection_name
 from app.settings import Settings, load_settings
 from app.status import read_status
 from app.topology import Names, declare, plan
-from app.worker import connection_name, run_worker
+from app.worker import run_worker
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
@@ -77,30 +77,11 @@ def worker() -> None:
     """Declare the topology, then consume the main queue and run the handler."""
     settings = _settings(service=True)
     try:
-        invoker = Invoker(
-            load_handler(settings.handler), settings.handler_timeout_s, settings.prefetch
-        )
+        invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     _run(run_worker(settings, invoker, Metrics(settings.queue)))
-    _exit_despite_stuck_threads()
-
-
-def _exit_despite_stuck_threads() -> None:
-    """Exit now if a sync handler still runs past the drain timeout.
-
-    Python joins worker threads at exit, and a thread cannot be killed; its job is already back
-    in the queue (the connection is closed), so nothing is lost by not waiting for it.
-    """
-    if any(
-        t.is_alive() and not t.daemon
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-    ):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 @main.command()
@@ -148,9 +129,16 @@ def replay(
 def topology(dry_run: bool) -> None:
     """Declare the queues, exchanges and bindings, and print them."""
     settings = _settings()
-    if not dry_run:
-        _run(_with_connection(settings, "topology", lambda c: declare(c, settings)))
-    click.echo(plan_table(plan(settings)))
+    if dry_run:
+        click.echo(plan_table(plan(settings)))
+        if settings.queue_type == "quorum":
+            click.echo(
+                "\nOn RabbitMQ 4.0 and later, the queues ricochet consumes from (the main and the "
+                "failed queues) also get x-delivery-limit=-1: no delivery limit drops a job."
+            )
+        return
+    declared = _run(_with_connection(settings, "topology", lambda c: declare(c, settings)))
+    click.echo(plan_table(declared))
 
 
 @main.command()
@@ -163,6 +151,23 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps({"queues": [r.as_dict() for r in rows]}, indent=2))
     else:
         click.echo(status_table(rows))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def doctor(as_json: bool) -> None:
+    """Check the broker's queues, exchanges, bindings and policies against the settings.
+
+    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Exit 1 when a check fails.
+    """
+    settings = _settings()
+    checks = _run(run_doctor(settings))
+    ok = all(c.status != "fail" for c in checks)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        click.echo(checks_table([(c.check, c.status, c.detail) for c in checks]))
+    sys.exit(0 if ok else EXIT_RUNTIME)
 
 
 @main.command()

@@ -13,6 +13,15 @@ class BrokerUnavailable(RicochetError):
     """Raised when the broker cannot be reached within the startup wait (exit 1)."""
 
 
+class MissingQueue(RicochetError):
+    """Raised when a queue that ricochet declares is not there (nothing declared it yet)."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(
+            f"queue {queue!r} does not exist: run 'ricochet topology' or start a worker first"
+        )
+
+
 class PermanentError(RicochetError):
     """Raised by a handler when retrying cannot help: the job goes to the failed queue at once."""
 
@@ -31,3 +40,7 @@ class HandlerTimeout(RicochetError):
 
 class PoisonMessage(RicochetError):
     """Raised for a delivery that keeps coming back unacked, as if it killed its worker."""
+
+
+class ManagementUnavailable(ConfigError):
+    """Raised when the management HTTP API cannot be reached or refuses the credentials (exit 2)."""

@@ -1,14 +1,17 @@
-"""The failed copy: what a job looks like in the failed queue (pure functions)."""
+"""The failed copy: what a job looks like in the failed queue, and what it says of a failure."""
 
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pamqp.encode import field_table
+import aio_pika
+from aio_pika.abc import AbstractMessage
 
+from app.amqp import Delivery, table_size
 from app.job import job_type
-from app.retry import FailureKind
+from app.log import redact
+from app.retry import Facts, FailureKind
 
 REASON_MAX_CHARS = 1000
 TRACEBACK_MAX_CHARS = 4096
@@ -68,9 +71,24 @@ def exception_name(exc: BaseException) -> str:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """'ExceptionType: message', at most REASON_MAX_CHARS characters."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:REASON_MAX_CHARS]
+    """'ExceptionType: message' without credentials, at most REASON_MAX_CHARS characters."""
+    message = _message(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    # Scrubbed before it is cut: a cut through a URL would leave a password the scrub misses.
+    return redact(text)[:REASON_MAX_CHARS]
+
+
+def failure_traceback(formatted_traceback: str) -> str:
+    """A formatted traceback without credentials, its last TRACEBACK_MAX_CHARS characters."""
+    # Its end: that is where the error was raised. Scrubbed before it is cut, as the reason.
+    return redact(formatted_traceback)[-TRACEBACK_MAX_CHARS:]
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a handler's exception may break in its own __str__; the job must still fail
+        return "<exception str() failed>"  # what the traceback module prints for it
 
 
 def failed_headers(
@@ -92,8 +110,7 @@ def failed_headers(
         "failed-at": now.astimezone(dt.UTC).isoformat(),
         "failed-reason": failure_reason(exc),
         "failed-exception": exception_name(exc),
-        # Its end: that is where the error was raised.
-        "failed-traceback": formatted_traceback[-TRACEBACK_MAX_CHARS:],
+        "failed-traceback": failure_traceback(formatted_traceback),
         "failed-kind": str(kind),
         "retry-count": retry_count,
         "original-queue": queue,
@@ -109,7 +126,7 @@ def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
     """
     fitted = dict(headers)
     for key, keep_end in (("failed-traceback", True), ("failed-reason", False)):
-        excess = len(field_table(fitted)) - (frame_max - PROPERTIES_RESERVE_BYTES)
+        excess = table_size(fitted) - (frame_max - PROPERTIES_RESERVE_BYTES)
         if excess <= 0:
             break
         text = fitted[key]
@@ -118,9 +135,44 @@ def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
     return fitted
 
 
-def copied_properties(message: Any) -> dict[str, Any]:
-    """The message properties a copy keeps (taken from an incoming message)."""
-    return {name: getattr(message, name) for name in COPIED_PROPERTIES}
+def copy_of(message: AbstractMessage, headers: dict[str, Any]) -> aio_pika.Message:
+    """A persistent copy of a message: its body and the properties a copy keeps, these headers."""
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        **{name: getattr(message, name) for name in COPIED_PROPERTIES},
+    )
+
+
+def failed_copy(
+    delivery: Delivery,
+    facts: Facts,
+    exc: BaseException,
+    kind: FailureKind,
+    *,
+    queue: str,
+    frame_max: int,
+    now: dt.datetime,
+    formatted_traceback: str,
+) -> aio_pika.Message:
+    """The copy of a failed delivery for the failed exchange, its headers fitted to one frame."""
+    headers = failed_headers(
+        delivery.headers,
+        exc,
+        kind,
+        retry_count=facts.attempt - 1,
+        queue=queue,
+        routing_key=facts.original_routing_key,
+        now=now,
+        formatted_traceback=formatted_traceback,
+    )
+    return copy_of(delivery.decoded(), fit_to_frame(headers, frame_max))
+
+
+def cleaned_copy(delivery: Delivery) -> aio_pika.Message:
+    """The copy of a delivery without the broker's dead-letter headers (a forged x-death)."""
+    return copy_of(delivery.decoded(), copied_headers(delivery.headers))
 
 
 @dataclass(frozen=True)
@@ -152,7 +204,9 @@ def read_failure(
     return FailureInfo(
         message_id=message_id,
         type=job_type(amqp_type, body),
-        reason=_text(headers.get("failed-reason")) or "unknown",
+        # Scrubbed again: copies written by other clients or older versions reach replay's output,
+        # the monitor's log and the webhook through here.
+        reason=redact(_text(headers.get("failed-reason")) or "unknown"),
         kind=_text(headers.get("failed-kind")),
         retry_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
         failed_at=_text(headers.get("failed-at")),

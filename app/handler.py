@@ -1,15 +1,22 @@
-"""Loading the configured handler and calling it: async directly, sync in a worker thread."""
+"""Loading the configured handler and calling it: async directly, sync in a thread of its own."""
 
 import asyncio
+import contextlib
+import contextvars
 import importlib
+import itertools
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import structlog
 
 from app.errors import ConfigError, HandlerTimeout, PermanentError
 from app.job import Job
 from app.retry import Outcome
 from app.router import Route, Router, is_async_callable
+
+log = structlog.get_logger("ricochet.handler")
 
 
 def load_handler(ref: str) -> Router | Callable[[Job], Any]:
@@ -31,14 +38,12 @@ def load_handler(ref: str) -> Router | Callable[[Job], Any]:
 class Invoker:
     """Calls the handler for one job within the timeout and classifies the outcome."""
 
-    def __init__(self, target: Router | Callable[[Job], Any], timeout_s: float, threads: int):
+    def __init__(self, target: Router | Callable[[Job], Any], timeout_s: float):
         self._target = target
         self._plain = (
             None if isinstance(target, Router) else Route(target, None, is_async_callable(target))
         )
         self._timeout_s = timeout_s
-        # One thread per possible concurrent job, so sync jobs never queue behind each other.
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ricochet-job")
 
     def _resolve(self, job: Job) -> tuple[Route, tuple[Any, ...]]:
         if self._plain is not None:
@@ -46,29 +51,74 @@ class Invoker:
         assert isinstance(self._target, Router)
         return self._target.resolve(job)
 
-    async def _call(self, job: Job) -> None:
-        route, args = self._resolve(job)
+    def max_retries(self, job_type: str | None) -> int | None:
+        """The retry budget the handler of this job type sets, if any."""
+        return self._target.max_retries(job_type) if isinstance(self._target, Router) else None
+
+    async def _call(self, route: Route, args: tuple[Any, ...]) -> None:
         # asyncio.timeout rather than wait_for, which on Python 3.11 wraps every call in a task.
+        deadline = asyncio.timeout(self._timeout_s)
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with deadline:
                 if route.is_async:
                     await route.fn(*args)
                 else:
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self._pool, route.fn, *args)
+                    await _in_thread(route.fn, *args)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the handler's own (a socket's, say): a failure like any other
+            if not route.is_async:
+                running = sum(t.name.startswith(THREAD_NAME) for t in threading.enumerate())
+                log.warning("sync handler still runs after its timeout", threads=running)
             raise HandlerTimeout(f"handler ran longer than {self._timeout_s:g} s") from None
 
     async def __call__(self, job: Job) -> tuple[Outcome, BaseException | None]:
         """Run the job; never raises for what the handler does (only for cancellation)."""
+        give_up_on: tuple[type[Exception], ...] = (PermanentError,)  # until the route is known
         try:
-            await self._call(job)
-        except PermanentError as error:
-            return Outcome.PERMANENT, error
-        except Exception as error:  # any other failure is transient by contract
-            return Outcome.TRANSIENT, error
+            route, args = self._resolve(job)
+            give_up_on = route.give_up_on
+            await self._call(route, args)
+        except Exception as error:  # transient by contract, unless the route gives up on it
+            outcome = Outcome.PERMANENT if isinstance(error, give_up_on) else Outcome.TRANSIENT
+            return outcome, error
         return Outcome.SUCCEEDED, None
 
-    def close(self) -> None:
-        """Stop the thread pool without waiting for a handler that still runs."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+THREAD_NAME = "ricochet-job"
+_thread_numbers = itertools.count(1)
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> None:
+    """Run fn(*args) in a new daemon thread and wait for it (with the caller's context).
+
+    A thread cannot be stopped, so a handler past its timeout keeps running. In a fixed pool it
+    would keep its thread too, and once all were taken the next sync jobs would time out
+    without having run; a thread of its own per call never leaves a job waiting for one. Being
+    a daemon, a hung one does not hold the process at exit either: its job is back in the queue
+    once the connection closes.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():  # timed out or cancelled meanwhile
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            context.run(fn, *args)
+        except BaseException as raised:  # handed to the waiting coroutine, as an executor does
+            error = raised
+        with contextlib.suppress(RuntimeError):  # the loop closed while the handler hung
+            loop.call_soon_threadsafe(settle, error)
+
+    name = f"{THREAD_NAME}-{next(_thread_numbers)}"
+    threading.Thread(target=run, name=name, daemon=True).start()
+    await done

@@ -4,7 +4,9 @@ import json
 from functools import cached_property
 from typing import Any
 
+from app.amqp import Delivery
 from app.errors import InvalidPayload
+from app.retry import Facts
 
 
 def job_type(amqp_type: str | None, body: bytes) -> str | None:
@@ -68,3 +70,19 @@ class Job:
             f"Job(message_id={self.message_id!r}, type={self.type!r}, "
             f"attempt={self.attempt}/{self.max_attempts})"
         )
+
+
+def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
+    """The Job a handler receives for a delivery, with the attempt its facts give and the type
+    job_type() already read (so a type from the body is not parsed out of it again)."""
+    return Job(
+        delivery.body,
+        headers=delivery.headers,
+        message_id=delivery.message_id,
+        amqp_type=resolved_type,
+        attempt=facts.attempt,
+        max_attempts=facts.max_attempts,
+        routing_key=delivery.routing_key,
+        correlation_id=delivery.correlation_id,
+        content_type=delivery.content_type,
+    )

@@ -1,24 +1,27 @@
 """The monitor: logs every failed job and alerts on them, reading the failed-events queue.
 
 It reads Q.failed.events, a second copy of each failure, so it never takes anything out of
-Q.failed; the depth of Q.failed it only reads with passive declares.
+Q.failed; the depths of Q.failed and the other queues it only reads with passive declares.
 """
 
 import asyncio
 import contextlib
+import functools
+import time
 
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from app.alerts import DepthWatch, ReasonLimiter, depth_alert, job_failed_alert
-from app.connection import CONNECTION_ERRORS
+from app.alerts import DepthWatch, ReasonLimiter, depth_alert, job_failed_alert, reason_key
+from app.amqp import CONNECTION_ERRORS
+from app.backlog import FailedBacklog, failed_at_s
 from app.failed import read_failure
-from app.http import serve_http
 from app.metrics import Metrics
+from app.service import Lifecycle, connection_name, keep_connected, run_service
 from app.settings import Settings
-from app.topology import Names, declare
+from app.status import read_status
+from app.topology import EVENTS_MAX_LENGTH, Names, Plan, declare
 from app.webhook import Webhook
-from app.worker import Lifecycle, connection_name, run_sessions
 
 log = structlog.get_logger("ricochet.monitor")
 
@@ -39,13 +42,16 @@ class Monitor:
         self._webhook = webhook
         self._limiter = ReasonLimiter(settings.alert_interval_s)
         self._depth = DepthWatch(settings.alert_failed_threshold)
+        self._backlog = FailedBacklog(time.time(), EVENTS_MAX_LENGTH)
+        # The latest held-back event of each reason, unacked until its alert goes out.
+        self._held: dict[str, AbstractIncomingMessage] = {}
 
     async def serve(self) -> None:
         """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
         self._webhook.start()
         try:
             name = connection_name("monitor", self._settings.queue)
-            await run_sessions(self.lifecycle, self._settings, name, self._watch)
+            await keep_connected(self.lifecycle, self._settings, name, self._watch)
         finally:
             await self.lifecycle.unless_forced(
                 self._webhook.close(self._settings.shutdown_timeout_s)
@@ -54,12 +60,13 @@ class Monitor:
 
     async def _watch(self, connection: AbstractConnection) -> None:
         """Declare, then consume the events until a stop is requested or the connection dies."""
-        await declare(connection, self._settings)
+        plan = await declare(connection, self._settings)
+        self._held.clear()  # of a closed channel: the broker delivers them again
         channel = await connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=PREFETCH)
         events = await channel.get_queue(self._names.events, ensure=False)
         await events.consume(self._on_event)
-        ticker = asyncio.get_running_loop().create_task(self._tick(connection))
+        ticker = asyncio.get_running_loop().create_task(self._tick(connection, plan))
         log.info("monitoring", queue=self._names.events, failed_queue=self._names.failed)
         try:
             await self.lifecycle.serve_until_lost(connection, channel)
@@ -74,59 +81,70 @@ class Monitor:
         )
         # The log line comes first and does not depend on the webhook.
         log.error("job failed", queue=self._names.queue, **failure.as_dict())
+        self._backlog.failed(failed_at_s(failure.failed_at, time.time()))
         suppressed = self._limiter.offer(failure, asyncio.get_running_loop().time())
-        if suppressed is not None:
-            self._webhook.send(job_failed_alert(self._names.queue, failure, suppressed))
+        # An event is acked once its alert is out of the webhook's hands, so a crash before
+        # that leaves it to the broker to deliver again. A held-back one waits for the alert
+        # that counts it; when a later one of its reason takes its place, only its count
+        # (kept in memory) is at stake, and it is acked.
+        key = reason_key(failure.reason)
+        earlier = self._held.pop(key, None)
+        if suppressed is None:
+            self._held[key] = message
+            await _ack(earlier)
+        else:
+            alert = job_failed_alert(self._names.queue, failure, suppressed)
+            await self._webhook.send(alert, functools.partial(_ack, message, earlier))
+
+    async def _tick(self, connection: AbstractConnection, plan: Plan) -> None:
+        """Send held-back alerts when due, and read the failed queue's depth every interval."""
+        loop = asyncio.get_running_loop()
+        next_depth_check = loop.time()
+        while True:
+            now = loop.time()
+            for failure, suppressed in self._limiter.due(now):
+                held = self._held.pop(reason_key(failure.reason), None)
+                alert = job_failed_alert(self._names.queue, failure, suppressed)
+                await self._webhook.send(alert, functools.partial(_ack, held))
+            if now >= next_depth_check:
+                next_depth_check = now + self._settings.alert_interval_s
+                await self._check_depth(connection, plan)
+            await asyncio.sleep(TICK_S)
+
+    async def _check_depth(self, connection: AbstractConnection, plan: Plan) -> None:
+        """Read every queue's depth into the metrics, and alert on a failed-queue crossing."""
+        try:
+            queues = await read_status(connection, plan)
+        except CONNECTION_ERRORS as error:
+            log.warning("queue depths unknown", queue=self._names.queue, error=str(error))
+            return
+        for queue in queues:
+            self.metrics.observe_queue(queue.role, queue.messages, queue.consumers)
+        depth = next(q.messages for q in queues if q.name == self._names.failed)
+        if depth is None:
+            log.warning("failed queue depth unknown", queue=self._names.failed, error="no queue")
+            return
+        self.metrics.observe_failed_oldest(self._backlog.oldest(depth))
+        event = self._depth.observe(depth)
+        if event is not None:
+            threshold = self._depth.threshold
+            log.warning(event, queue=self._names.failed, depth=depth, threshold=threshold)
+            await self._webhook.send(depth_alert(event, self._names.queue, depth, threshold))
+
+
+async def _ack(*messages: AbstractIncomingMessage | None) -> None:
+    for message in messages:
+        if message is None:
+            continue
         try:
             await message.ack()
         except CONNECTION_ERRORS:
             log.warning("event not acked: channel closed, the broker delivers it again")
 
-    async def _tick(self, connection: AbstractConnection) -> None:
-        """Send held-back alerts when due, and read the failed queue's depth every interval."""
-        loop = asyncio.get_running_loop()
-        channel: AbstractChannel | None = None
-        next_depth_check = loop.time()
-        while True:
-            now = loop.time()
-            for failure, suppressed in self._limiter.due(now):
-                self._webhook.send(job_failed_alert(self._names.queue, failure, suppressed))
-            if now >= next_depth_check:
-                next_depth_check = now + self._settings.alert_interval_s
-                channel = await self._check_depth(connection, channel)
-            await asyncio.sleep(TICK_S)
-
-    async def _check_depth(
-        self, connection: AbstractConnection, channel: AbstractChannel | None
-    ) -> AbstractChannel | None:
-        """Read the failed queue's depth and alert on a crossing; returns the channel to reuse."""
-        try:
-            if channel is None or channel.is_closed:
-                channel = await connection.channel(publisher_confirms=False)
-            declared = await channel.declare_queue(self._names.failed, passive=True)
-        except CONNECTION_ERRORS as error:
-            log.warning("failed queue depth unknown", queue=self._names.failed, error=str(error))
-            return None
-        depth = declared.declaration_result.message_count or 0
-        event = self._depth.observe(depth)
-        if event is not None:
-            self._alert_depth(event, depth)
-        return channel
-
-    def _alert_depth(self, event: str, depth: int) -> None:
-        threshold = self._depth.threshold
-        log.warning(event, queue=self._names.failed, depth=depth, threshold=threshold)
-        self._webhook.send(depth_alert(event, self._names.queue, depth, threshold))
-
 
 async def run_monitor(settings: Settings, metrics: Metrics) -> None:
-    """Run the monitor with signal handling and its HTTP endpoints until SIGTERM/SIGINT."""
-    lifecycle = Lifecycle()
-    lifecycle.install_signals()
-    try:
-        async with serve_http(settings.http_port, metrics.registry, lambda: lifecycle.ready):
-            await Monitor(
-                settings, metrics, lifecycle, Webhook(settings.alert_webhook_url, metrics)
-            ).serve()
-    finally:
-        lifecycle.restore_signals()
+    """Run the monitor with its HTTP endpoints until SIGTERM/SIGINT."""
+    webhook = Webhook(settings.alert_webhook_url, metrics)
+    await run_service(
+        settings, metrics, lambda lifecycle: Monitor(settings, metrics, lifecycle, webhook).serve()
+    )

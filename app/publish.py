@@ -1,4 +1,8 @@
-"""Publishing one job to the main queue (for scripts and trying things out)."""
+"""Publishing with publisher confirms: a job to the main queue, and copies that must arrive.
+
+Every publish goes out as mandatory on a channel with publisher confirms and on_return_raises,
+so a message the broker cannot route or store raises instead of vanishing.
+"""
 
 import json
 import re
@@ -6,10 +10,19 @@ import uuid
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import PublishError
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.exceptions import DeliveryError, PublishError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from app.errors import RicochetError
+from app.amqp import refusal
+from app.errors import MissingQueue
+
+log = structlog.get_logger("ricochet.publish")
+
+# First pause before publishing again a copy the broker did not confirm; it doubles up to 30 s.
+UNCONFIRMED_FIRST_WAIT_S = 0.5
+UNCONFIRMED_MAX_WAIT_S = 30.0
 
 
 def header_value(text: str) -> Any:
@@ -23,6 +36,57 @@ def is_json(payload: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+async def confirming_channel(connection: AbstractConnection) -> AbstractChannel:
+    """A channel whose publishes wait for the broker's confirm and raise when it returns them."""
+    return await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+
+async def publish_confirmed(
+    exchange: AbstractExchange, message: aio_pika.Message, routing_key: str
+) -> None:
+    """Publish and wait for the confirm; DeliveryError when the broker returns or nacks it."""
+    await exchange.publish(message, routing_key=routing_key, mandatory=True)
+
+
+def _log_unconfirmed(state: RetryCallState) -> None:
+    log.error(
+        "copy not confirmed, the job stays in the queue",
+        broker_said=refusal(state.outcome.exception() if state.outcome else None),
+        attempt=state.attempt_number,
+        next_try_s=round(state.upcoming_sleep, 2),
+    )
+
+
+async def publish_until_confirmed(
+    exchange: AbstractExchange, message: aio_pika.Message, routing_key: str
+) -> None:
+    """Publish with a confirm, again with backoff for as long as the broker refuses it.
+
+    Only a lost channel ends it early (with its error), which hands the original back anyway.
+    """
+    try:
+        await publish_confirmed(exchange, message, routing_key)
+    except DeliveryError:
+        # Rare, so the retry machinery waits until it is needed (bench/README.md, failure path).
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(DeliveryError),
+            wait=wait_exponential_jitter(
+                multiplier=UNCONFIRMED_FIRST_WAIT_S, max=UNCONFIRMED_MAX_WAIT_S
+            ),
+            before_sleep=_log_unconfirmed,
+        ):
+            with attempt:
+                await publish_confirmed(exchange, message, routing_key)
+
+
+async def publish_to_queue(channel: AbstractChannel, queue: str, message: aio_pika.Message) -> None:
+    """Publish to a queue through the default exchange, confirmed; a missing queue is an error."""
+    try:
+        await publish_confirmed(channel.default_exchange, message, queue)
+    except PublishError:
+        raise MissingQueue(queue) from None
 
 
 async def publish_job(
@@ -44,22 +108,9 @@ async def publish_job(
         content_type="application/json" if is_json(payload) else "text/plain",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
-    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    channel = await confirming_channel(connection)
     try:
         await publish_to_queue(channel, queue, message)
     finally:
         await channel.close()
     return message_id
-
-
-async def publish_to_queue(channel: AbstractChannel, queue: str, message: aio_pika.Message) -> None:
-    """Publish to a queue through the default exchange, confirmed; a missing queue is an error.
-
-    The channel must have publisher confirms and on_return_raises.
-    """
-    try:
-        await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
-    except PublishError:
-        raise RicochetError(
-            f"queue {queue!r} does not exist: run 'ricochet topology' or start a worker first"
-        ) from None

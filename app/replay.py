@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from app.errors import RicochetError
-from app.failed import FAILURE_HEADERS, FailureInfo, copied_headers, copied_properties, read_failure
-from app.publish import publish_to_queue
+from app.depth import read_depth
+from app.errors import MissingQueue, RicochetError
+from app.failed import FAILURE_HEADERS, FailureInfo, copied_headers, copy_of, read_failure
+from app.publish import confirming_channel, publish_to_queue
+from app.service import stop_signals
 from app.topology import Names
-from app.worker import Lifecycle
 
 log = structlog.get_logger("ricochet.replay")
 
@@ -88,10 +88,13 @@ async def replay(
     stop: asyncio.Event | None = None,
 ) -> ReplayResult:
     """Move (or, with dry_run, list) the selected copies; stops early when stop is set."""
-    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    channel = await confirming_channel(connection)
     try:
-        failed = await channel.declare_queue(names.failed, passive=True)
-        result = ReplayResult(depth=failed.declaration_result.message_count or 0)
+        depth = await read_depth(channel, names.failed)
+        if depth is None:
+            raise MissingQueue(names.failed)
+        failed = await channel.get_queue(names.failed, ensure=False)
+        result = ReplayResult(depth=depth.messages)
         for _ in range(result.depth):
             if stop is not None and stop.is_set():
                 result.interrupted = True
@@ -119,13 +122,9 @@ async def replay(
 
 async def _move(channel: AbstractChannel, queue: str, message: AbstractIncomingMessage) -> None:
     """Publish the job back to the main queue, confirmed, then ack its failed copy."""
-    job = aio_pika.Message(
-        message.body,
-        headers=replayed_headers(message.headers or {}),
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        **copied_properties(message),
+    await publish_to_queue(
+        channel, queue, copy_of(message, replayed_headers(message.headers or {}))
     )
-    await publish_to_queue(channel, queue, job)
     # A crash right here leaves the job in both queues: the only at-least-once window.
     await message.ack()
     log.info("replayed", message_id=message.message_id, type=message.type)
@@ -140,9 +139,7 @@ async def run_replay(
     dry_run: bool,
 ) -> ReplayResult:
     """replay() under Ctrl-C: a first signal finishes the copy in hand and stops cleanly."""
-    lifecycle = Lifecycle()
-    lifecycle.install_signals()
-    try:
+    with stop_signals() as lifecycle:
         result = await lifecycle.unless_forced(
             replay(
                 connection,
@@ -153,8 +150,6 @@ async def run_replay(
                 stop=lifecycle.stopping,
             )
         )
-    finally:
-        lifecycle.restore_signals()
     if result is None:
         raise RicochetError(
             "replay abandoned by a second signal: the job being moved, if any, may now be in "

@@ -1,9 +1,9 @@
-"""The retry decision: pure functions from delivery facts to what happens to the message."""
+"""The decision: a delivery's facts read once from its headers, and what happens to it (pure)."""
 
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
@@ -20,9 +20,11 @@ class Outcome(enum.Enum):
 class Action(enum.Enum):
     """What the consumer does with the delivery."""
 
+    RUN = "run"  # the handler has not run yet: run it
     ACK = "ack"
     RETRY = "retry"
     FAIL = "fail"
+    SANITIZE = "sanitize"  # republish without the forged x-death, then ack
 
 
 class FailureKind(enum.StrEnum):
@@ -35,10 +37,21 @@ class FailureKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """The action, and for FAIL the kind of failure."""
+    """The action; for RETRY the tier the nack sends it to, for FAIL the kind of failure."""
 
     action: Action
     kind: FailureKind | None = None
+    tier: int | None = None
+
+
+class Facts(NamedTuple):
+    """What a delivery says about its job, read once from its headers."""
+
+    attempt: int
+    max_attempts: int
+    original_routing_key: str
+    forged: bool = False
+    poison: bool = False
 
 
 def tier_delays_ms(first_ms: int, multiplier: float, cap_ms: int, tiers: int) -> list[int]:
@@ -59,12 +72,17 @@ def _is_death_entry(entry: Any) -> bool:
     )
 
 
-def death_is_forged(headers: Mapping[str, Any]) -> bool:
-    """True when an x-death header is present but is not what the broker writes."""
+def _death_is_forged(headers: Mapping[str, Any], queue: str, from_tier: bool) -> bool:
+    """True when an x-death header is present but the broker did not write it for this ladder:
+    not what the broker writes, or a rejection from the main queue on a job that did not come
+    back from a tier (a publisher wrote it; RabbitMQ 4 would restart that count at the next
+    dead-lettering, RabbitMQ 3 would go on from it)."""
     if "x-death" not in headers:
         return False
     deaths = headers["x-death"]
-    return not (isinstance(deaths, list) and deaths and all(map(_is_death_entry, deaths)))
+    if not (isinstance(deaths, list) and deaths and all(map(_is_death_entry, deaths))):
+        return True
+    return not from_tier and _rejection(headers, queue) is not None
 
 
 def _rejection(headers: Mapping[str, Any], queue: str) -> Mapping[str, Any] | None:
@@ -74,47 +92,100 @@ def _rejection(headers: Mapping[str, Any], queue: str) -> Mapping[str, Any] | No
     return None
 
 
-def retries_so_far(headers: Mapping[str, Any], queue: str) -> int:
-    """How often the main queue dead-lettered this message (headers must not be forged)."""
-    entry = _rejection(headers, queue)
-    return int(entry["count"]) if entry else 0
+def _first_routing_key(rejection: Mapping[str, Any] | None) -> str | None:
+    keys = rejection.get("routing-keys") if rejection else None
+    return keys[0] if isinstance(keys, list) and keys and isinstance(keys[0], str) else None
 
 
-def original_routing_key(headers: Mapping[str, Any], queue: str, routing_key: str) -> str:
-    """The routing key the job was first published with (tiers replace it on the way back)."""
-    entry = _rejection(headers, queue)
-    keys = entry.get("routing-keys") if entry else None
-    if isinstance(keys, list) and keys and isinstance(keys[0], str):
-        return keys[0]
-    return routing_key
-
-
-def max_attempts(headers: Mapping[str, Any], max_retries: int) -> int:
-    """1 + the configured retries, lowered (never raised) by a max-retries header."""
+def _header_retries(headers: Mapping[str, Any]) -> int | None:
+    """The max-retries header when it is an integer >= 0 (a digit string counts), else None."""
     wanted = headers.get("max-retries")
-    if isinstance(wanted, str) and wanted.isdigit():
-        wanted = int(wanted)
+    if isinstance(wanted, str) and wanted.isascii() and wanted.isdigit():  # not "²", int() fails
+        return int(wanted)
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
-        return 1 + min(max_retries, wanted)
-    return 1 + max_retries
+        return wanted
+    return None
 
 
-def is_poison(headers: Mapping[str, Any], redelivered: bool) -> bool:
+def max_attempts(max_retries: int, type_max_retries: int | None, header_retries: int | None) -> int:
+    """1 + the smallest retry budget of the settings, the job's type and its header (if set).
+
+    Each can only lower the budget: a publisher or a handler cannot buy a job more retries
+    than the topology has tiers for.
+    """
+    return 1 + min(r for r in (max_retries, type_max_retries, header_retries) if r is not None)
+
+
+def _is_poison(headers: Mapping[str, Any], redelivered: bool, retries: int) -> bool:
     """True when the broker counts more unacked deliveries than a healthy job would get.
 
     The broker sets its counts only on a message it delivers again, so a count on a first
-    delivery was written by a publisher and says nothing.
+    delivery was written by a publisher and says nothing. RabbitMQ 4.0 carries the count across
+    dead-lettering, so a job's own retries are taken off it: on a broker that restarts the count,
+    that only lets a job that crashes its worker run a few more times.
     """
     counts = [headers.get("x-delivery-count"), headers.get("x-acquired-count")]
-    return redelivered and any(isinstance(c, int) and c > POISON_DELIVERIES for c in counts)
+    return redelivered and any(
+        isinstance(c, int) and not isinstance(c, bool) and c - retries > POISON_DELIVERIES
+        for c in counts
+    )
 
 
-def decide(outcome: Outcome, attempt: int, attempts_allowed: int) -> Decision:
-    """Ack a success, retry a transient failure while attempts remain, else fail."""
+def read_facts(
+    headers: Mapping[str, Any],
+    *,
+    redelivered: bool,
+    routing_key: str,
+    from_tier: bool,
+    queue: str,
+    max_retries: int,
+    type_max_retries: int | None,
+) -> Facts:
+    """The facts of a delivery from the main queue; a forged one counts as a first attempt.
+
+    from_tier: whether its routing key says it came back from a retry tier. Retries so far are
+    the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
+    was first published with, which the tiers replace on the way back. type_max_retries: the
+    budget the handler of the job's type sets, if any.
+    """
+    forged = _death_is_forged(headers, queue, from_tier)
+    rejection = None if forged else _rejection(headers, queue)
+    retries = int(rejection["count"]) if rejection else 0
+    return Facts(
+        attempt=1 + retries,
+        max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),
+        original_routing_key=_first_routing_key(rejection) or routing_key,
+        forged=forged,
+        poison=not forged and _is_poison(headers, redelivered, retries),
+    )
+
+
+# The decisions that carry no tier, made once: one of them is taken twice for every job.
+RUN = Decision(Action.RUN)
+ACK = Decision(Action.ACK)
+SANITIZE = Decision(Action.SANITIZE)
+FAIL_POISON = Decision(Action.FAIL, FailureKind.POISON)
+FAIL_PERMANENT = Decision(Action.FAIL, FailureKind.PERMANENT)
+FAIL_EXHAUSTED = Decision(Action.FAIL, FailureKind.EXHAUSTED)
+
+
+def decide(facts: Facts, outcome: Outcome | None) -> Decision:
+    """What happens to a delivery: before its handler ran (outcome None), then after.
+
+    A forged x-death is cleaned and a poison job failed without running the handler; a success
+    is acked; a permanent failure fails at once; a transient one retries in the tier of its
+    attempt while attempts remain (tier k sends it back as attempt k + 1), else it fails.
+    """
+    if facts.forged:
+        return SANITIZE
+    if facts.poison:
+        return FAIL_POISON
+    if outcome is None:
+        return RUN
     if outcome is Outcome.SUCCEEDED:
-        return Decision(Action.ACK)
+        return ACK
     if outcome is Outcome.PERMANENT:
-        return Decision(Action.FAIL, FailureKind.PERMANENT)
-    if attempt < attempts_allowed:
-        return Decision(Action.RETRY)
-    return Decision(Action.FAIL, FailureKind.EXHAUSTED)
+        return FAIL_PERMANENT
+    if facts.attempt < facts.max_attempts:
+        return Decision(Action.RETRY, tier=facts.attempt)
+    return FAIL_EXHAUSTED

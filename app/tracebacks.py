@@ -11,8 +11,7 @@ _stacks: dict[tuple[tuple[CodeType, int, int], ...], str] = {}
 def format_traceback(exc: BaseException) -> str:
     """traceback.format_exception's text for exc.
 
-    Formatting a stack reads and parses its source lines again every time (120-180 µs for a
-    three-frame stack on Python 3.11, a fifth of a failed job's cost), and jobs that fail
+    Formatting a stack reads and parses its source lines again every time, and jobs that fail
     usually fail where the one before failed. So the stack of an exception that has no cause,
     context or sub-exceptions to show is formatted once per place, keyed by the code and
     instruction of each frame, and only its last line (type and message) is formatted each time.

@@ -1,11 +1,13 @@
-"""Delivering alerts to the webhook: a bounded queue drained by a task of its own.
+"""Delivering alerts to the webhook: bounded queues, each drained by a task of its own.
 
-Whoever raises an alert only puts it in the queue, so a dead, slow or erroring webhook can
-delay or drop alerts but never the monitor's consumption or its log lines.
+Whoever raises an alert only puts it in a queue, so a dead, slow or erroring webhook can delay
+or drop alerts but never stops the monitor. Job alerts and queue alerts have a queue each, so a
+webhook that hangs on job alerts never holds back the failed queue's threshold alert.
 """
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +21,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from app.alerts import JOB_FAILED
 from app.metrics import Metrics
 
 log = structlog.get_logger("ricochet.webhook")
@@ -27,6 +30,13 @@ QUEUE_SIZE = 1000
 ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 10.0
 _UNDELIVERED = (aiohttp.ClientError, asyncio.TimeoutError)
+
+# Called once an alert is out of the webhook's hands: delivered, given up or dropped.
+Settle = Callable[[], Awaitable[None]]
+
+
+async def _nothing_to_settle() -> None:
+    return None
 
 
 class Webhook:
@@ -48,44 +58,66 @@ class Webhook:
         self._wait = wait_exponential_jitter(
             multiplier=first_retry_s, max=max_retry_s, jitter=first_retry_s
         )
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
-        self._task: asyncio.Task[None] | None = None
+        self._queue_size = queue_size
+        self._lanes: dict[bool, asyncio.Queue[tuple[dict[str, Any], Settle]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
 
-    def send(self, alert: dict[str, Any]) -> None:
-        """Queue an alert for delivery; never blocks (drops it with a warning when full)."""
-        if self._url is None:
+    async def send(self, alert: dict[str, Any], settle: Settle = _nothing_to_settle) -> None:
+        """Queue an alert for delivery, and settle() once it is delivered or given up.
+
+        Never waits for the webhook: without one, or with its queue full (the alert is dropped
+        with a warning), settle() is awaited at once.
+        """
+        lane = self._lanes.get(alert["event"] == JOB_FAILED)
+        if lane is None:
+            await settle()
             return
         try:
-            self._queue.put_nowait(alert)
+            lane.put_nowait((alert, settle))
         except asyncio.QueueFull:
             log.warning("alert dropped: delivery queue full", alert_event=alert["event"])
+            await settle()
 
     def start(self) -> None:
-        if self._url is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._deliver_all())
+        if self._url is None or self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        for is_job_alert in (True, False):
+            lane = self._lanes[is_job_alert] = asyncio.Queue(maxsize=self._queue_size)
+            self._tasks.append(loop.create_task(self._deliver_all(lane)))
 
     async def close(self, timeout_s: float) -> None:
-        """Give queued alerts up to timeout_s to go out, then stop delivering."""
-        if self._task is None:
+        """Give queued alerts up to timeout_s to go out, then stop delivering (unsettled)."""
+        if not self._tasks:
             return
+        joined = asyncio.gather(*(lane.join() for lane in self._lanes.values()))
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout_s)
-        if self._queue.qsize():
-            log.warning("alerts not delivered at shutdown", alerts=self._queue.qsize())
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+            await asyncio.wait_for(joined, timeout_s)
+        left = sum(lane.qsize() for lane in self._lanes.values())
+        if left:
+            log.warning("alerts not delivered at shutdown", alerts=left)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._lanes = {}
 
-    async def _deliver_all(self) -> None:
+    async def _deliver_all(self, lane: asyncio.Queue[tuple[dict[str, Any], Settle]]) -> None:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
-                alert = await self._queue.get()
+                alert, settle = await lane.get()
+                # An unexpected error costs this alert only: not the later ones, nor the exit code.
                 try:
                     await self._deliver(session, alert)
+                except Exception:
+                    log.exception("alert not delivered", alert_event=alert.get("event"))
+                try:
+                    await settle()
+                except Exception:
+                    log.exception("alert not settled", alert_event=alert.get("event"))
                 finally:
-                    self._queue.task_done()
+                    lane.task_done()
 
     async def _deliver(self, session: aiohttp.ClientSession, alert: dict[str, Any]) -> None:
         assert self._url is not None
@@ -99,8 +131,17 @@ class Webhook:
         try:
             async for attempt in retrying:
                 with attempt:
-                    async with session.post(self._url, json=alert) as response:
-                        response.raise_for_status()
+                    # Not redirected: the body could be sent where its sender never meant.
+                    async with session.post(
+                        self._url, json=alert, allow_redirects=False
+                    ) as response:
+                        if response.status >= 300:
+                            raise aiohttp.ClientResponseError(
+                                response.request_info,
+                                response.history,
+                                status=response.status,
+                                message=response.reason or "",
+                            )
         except _UNDELIVERED as error:
             log.warning(
                 "alert not delivered",

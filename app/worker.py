@@ -1,127 +1,30 @@
 """The worker process: serve -> startup -> consume until stopped or disconnected -> shutdown."""
 
 import asyncio
-import os
-import signal
-import socket
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import contextlib
+import time
 
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractConnection
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from app.connection import CONNECTION_ERRORS, close_quietly, connect, frame_max
+from app.alerts import PAUSED, RESUMED, pause_alert
+from app.amqp import CONNECTION_ERRORS, frame_max
 from app.consumer import Consumer
 from app.handler import Invoker
-from app.http import serve_http
 from app.metrics import Metrics
+from app.pause import FailureWindow, PausePolicy, pause_ratio
+from app.publish import confirming_channel
+from app.retry import Outcome
+from app.service import Lifecycle, connection_name, keep_connected, run_service
 from app.settings import Settings
 from app.topology import declare
+from app.webhook import Webhook
 
 log = structlog.get_logger("ricochet.worker")
-T = TypeVar("T")
 
-# A broker that accepts connections but fails right after must not be hammered in a loop.
-RECONNECT_PAUSE_S = 1.0
-
-
-def connection_name(role: str, queue: str) -> str:
-    """How the broker (and rabbitmqctl list_connections) shows this process."""
-    return f"ricochet {role} {queue} {socket.gethostname()}:{os.getpid()}"
-
-
-class Lifecycle:
-    """Stop requests from signals: the first asks for a drain, the second forces the exit."""
-
-    def __init__(self) -> None:
-        self.stopping = asyncio.Event()
-        self.forced = asyncio.Event()
-        self.ready = False
-
-    def request_stop(self, signame: str = "stop") -> None:
-        if self.stopping.is_set():
-            log.warning("second signal: exiting without waiting for jobs", signal=signame)
-            self.forced.set()
-        else:
-            log.info("stopping: no new jobs, finishing the ones in flight", signal=signame)
-            self.stopping.set()
-
-    def install_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, sig.name)
-
-    def restore_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-    async def serve_until_lost(
-        self, connection: AbstractConnection, channel: AbstractChannel
-    ) -> bool:
-        """Report ready until a stop is requested (True) or the connection or channel dies."""
-        lost = asyncio.Event()
-
-        def on_close(*_: Any) -> None:
-            lost.set()
-
-        connection.close_callbacks.add(on_close)
-        channel.close_callbacks.add(on_close)
-        self.ready = True
-        stop = asyncio.ensure_future(self.stopping.wait())
-        gone = asyncio.ensure_future(lost.wait())
-        await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        gone.cancel()
-        self.ready = False
-        return self.stopping.is_set() and not lost.is_set()
-
-    async def unless_stopped(self, work: Awaitable[T]) -> T | None:
-        """Await work, or give up on it (None) as soon as a stop is requested."""
-        return await _unless(self.stopping, work)
-
-    async def unless_forced(self, work: Awaitable[T]) -> T | None:
-        """Await work, or give up on it (None) as soon as a second signal forces the exit."""
-        return await _unless(self.forced, work)
-
-
-async def _unless(event: asyncio.Event, work: Awaitable[T]) -> T | None:
-    task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(event.wait())
-    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    stop.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    return None
-
-
-async def run_sessions(
-    lifecycle: Lifecycle,
-    settings: Settings,
-    name: str,
-    session: Callable[[AbstractConnection], Awaitable[None]],
-) -> None:
-    """Connect and run session(connection) until a stop is requested, starting over on a new
-    connection whenever the broker drops one (at start it is awaited for connect_timeout_s)."""
-    url = settings.amqp_url
-    connection = await lifecycle.unless_stopped(connect(url, name, settings.connect_timeout_s))
-    try:
-        while connection is not None:
-            try:
-                await session(connection)
-            except CONNECTION_ERRORS as error:
-                # The broker went away mid-declaration: the same as losing it later.
-                log.warning("connection failed while starting", error=str(error))
-            if lifecycle.stopping.is_set():
-                break
-            log.warning("connection lost, reconnecting")
-            await close_quietly(connection)
-            await lifecycle.unless_stopped(asyncio.sleep(RECONNECT_PAUSE_S))
-            connection = await lifecycle.unless_stopped(connect(url, name, None))
-    finally:
-        if connection is not None:
-            await close_quietly(connection)
+# A queue that keeps going away (a quorum queue without a leader) is declared again this often.
+RESUBSCRIBE_MAX_WAIT_S = 5.0
 
 
 class Worker:
@@ -135,31 +38,124 @@ class Worker:
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._consumer: Consumer | None = None
+        self._policy = PausePolicy(
+            settings.pause_failure_ratio,
+            settings.pause_min_jobs,
+            settings.pause_window_s,
+            settings.pause_s,
+        )
+        self._failures = FailureWindow(self._policy.window_s)
+        self._pause_due = asyncio.Event()
+        self._pause_ratio = 0.0
+        self._paused = False
+        self._webhook = Webhook(settings.alert_webhook_url, metrics)
+        lifecycle.working = self.consuming
+        metrics.worker_when(self.consuming, lambda: self._paused)
+
+    def consuming(self) -> bool:
+        """Whether the worker takes jobs now (what /readyz and ricochet_worker_consuming say)."""
+        return self._consumer is not None and self._consumer.consuming
 
     async def serve(self) -> None:
         """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
         name = connection_name("worker", self._settings.queue)
+        self._webhook.start()
         try:
-            await run_sessions(self._lifecycle, self._settings, name, self._consume)
+            await keep_connected(self._lifecycle, self._settings, name, self._consume)
         finally:
-            self._invoker.close()
+            await self._lifecycle.unless_forced(
+                self._webhook.close(self._settings.shutdown_timeout_s)
+            )
         log.info("stopped")
 
     async def _consume(self, connection: AbstractConnection) -> None:
         """Declare, then consume until a stop is requested (drained here) or the connection dies."""
         plan = await declare(connection, self._settings)
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=self._settings.prefetch)
         if self._consumer is None:
             self._consumer = Consumer(
-                plan, self._settings.max_retries, self._invoker, self._metrics
+                plan, self._settings.max_retries, self._invoker, self._metrics, self._ran
             )
-        await self._consumer.start(channel, frame_max(connection))
+        consumer = self._consumer
+        await consumer.start(channel, frame_max(connection))
         log.info("consuming", queue=plan.names.queue, prefetch=self._settings.prefetch)
-        if await self._lifecycle.serve_until_lost(connection, channel):
-            await self._consumer.stop()
-            await self._drain()  # while the connection is up, so finished jobs are acked
-            await self._consumer.drain_acks()
+        interruptions = (consumer.interrupted, self._pause_due)
+        while not await self._lifecycle.serve_until_lost(connection, channel, *interruptions):
+            if channel.is_closed or connection.is_closed:
+                return  # lost: keep_connected starts over on a new connection
+            if self._pause_due.is_set():
+                resumed = await self._pause(consumer)
+            else:
+                resumed = await self._lifecycle.unless_stopped(self._declare_again(connection))
+            if resumed is None:
+                break  # a stop was requested: drain as usual
+            if not resumed or channel.is_closed:
+                return
+            consumer.resume()
+            log.info("consuming again", queue=plan.names.queue)
+        await consumer.stop()
+        await self._drain()  # while the connection is up, so finished jobs are acked
+        await consumer.drain_acks()
+
+    def _ran(self, outcome: Outcome) -> None:
+        """Count a handler call in the window; ask for a pause when too many failed."""
+        if not self._policy.enabled:
+            return
+        now = time.monotonic()
+        self._failures.record(now, outcome is Outcome.TRANSIENT)
+        if self._paused or self._pause_due.is_set():
+            return
+        ratio = pause_ratio(self._policy, *self._failures.counts(now))
+        if ratio is not None:
+            self._pause_ratio = ratio
+            self._pause_due.set()
+
+    async def _pause(self, consumer: Consumer) -> bool | None:
+        """Take no job for pause_s (jobs running carry on): True then, or None if a stop was
+        requested meanwhile, as unless_stopped answers."""
+        self._paused = True
+        await consumer.pause()
+        log.warning(
+            "worker paused: most jobs fail transiently",
+            failure_ratio=round(self._pause_ratio, 3),
+            pause_s=self._policy.pause_s,
+        )
+        await self._alert(PAUSED)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._lifecycle.stopping.wait(), self._policy.pause_s)
+        self._paused = False
+        self._pause_due.clear()
+        self._failures.clear()
+        if self._lifecycle.stopping.is_set():
+            return None
+        log.info("worker resumed", pause_s=self._policy.pause_s)
+        await self._alert(RESUMED)
+        return True
+
+    async def _alert(self, event: str) -> None:
+        ratio = round(self._pause_ratio, 3)
+        alert = pause_alert(event, self._settings.queue, ratio, self._policy.pause_s)
+        await self._webhook.send(alert)
+
+    async def _declare_again(self, connection: AbstractConnection) -> bool:
+        """Declare the topology again (the queue may be gone), with backoff; True when done,
+        False if the connection closed meanwhile."""
+        log.warning("not consuming: declaring the topology again before subscribing again")
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(CONNECTION_ERRORS),
+            wait=wait_exponential_jitter(multiplier=0.1, max=RESUBSCRIBE_MAX_WAIT_S, jitter=0.1),
+            before_sleep=lambda state: log.warning(
+                "declaring again failed, retrying",
+                error=str(state.outcome.exception() if state.outcome else None),
+            ),
+        )
+        async for attempt in retrying:
+            with attempt:
+                if connection.is_closed:
+                    return False
+                await declare(connection, self._settings)
+        return True
 
     async def _drain(self) -> None:
         """Let jobs in flight finish within the shutdown timeout (or until a second signal)."""
@@ -183,12 +179,7 @@ class Worker:
 
 
 async def run_worker(settings: Settings, invoker: Invoker, metrics: Metrics) -> None:
-    """Run a worker with signal handling and its HTTP endpoints until SIGTERM/SIGINT."""
-    lifecycle = Lifecycle()
-    lifecycle.install_signals()
-    try:
-        # HTTP first: /healthz answers (and /readyz says 503) while the broker is awaited.
-        async with serve_http(settings.http_port, metrics.registry, lambda: lifecycle.ready):
-            await Worker(settings, invoker, metrics, lifecycle).serve()
-    finally:
-        lifecycle.restore_signals()
+    """Run a worker with its HTTP endpoints until SIGTERM/SIGINT."""
+    await run_service(
+        settings, metrics, lambda lifecycle: Worker(settings, invoker, metrics, lifecycle).serve()
+    )

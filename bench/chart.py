@@ -1,4 +1,4 @@
-"""The README's chart: throughput ratios, retry-delay error and RSS, for each queue type."""
+"""The chart of docs/performance.md: throughput ratios, retry-delay error and RSS per queue type."""
 
 from pathlib import Path
 from typing import Any

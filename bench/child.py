@@ -50,7 +50,9 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
     deaths = (message.headers or {}).get("x-death")
     if not isinstance(deaths, list):
         return 1
-    return 1 + sum(int(d["count"]) for d in deaths if isinstance(d, dict) and d["queue"] == queue)
+    counts = [d["count"] for d in deaths if isinstance(d, dict) and d["queue"] == queue]
+    # The broker writes each count as a long integer.
+    return 1 + sum(n for n in counts if isinstance(n, int))
 
 
 async def raw(
@@ -119,29 +121,29 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
     from app.handler import Invoker, load_handler
     from app.log import configure_logging
     from app.metrics import Metrics
+    from app.service import stop_signals
     from app.settings import load_settings
-    from app.worker import Lifecycle, Worker
+    from app.worker import Worker
 
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format, log_stream)
-    invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s, settings.prefetch)
+    invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     metrics = Metrics(settings.queue)
-    lifecycle = Lifecycle()
-    lifecycle.install_signals()
     sample = {"queue": settings.queue, "outcome": outcome}
 
     def settled() -> int:
         return int(metrics.registry.get_sample_value("ricochet_jobs_total", sample) or 0)
 
-    serving = asyncio.ensure_future(Worker(settings, invoker, metrics, lifecycle).serve())
-    measuring = asyncio.ensure_future(_measure(lambda: lifecycle.ready, settled, target))
-    await asyncio.wait({serving, measuring}, return_when=asyncio.FIRST_COMPLETED)
-    if not measuring.done():
-        measuring.cancel()
-        await serving  # raises what stopped the worker
-        raise RuntimeError("the worker stopped before the jobs were done")
-    emit("done", **measuring.result(), delays_s=observed_delays_s)
-    await serving
+    with stop_signals() as lifecycle:
+        serving = asyncio.ensure_future(Worker(settings, invoker, metrics, lifecycle).serve())
+        measuring = asyncio.ensure_future(_measure(lambda: lifecycle.ready, settled, target))
+        await asyncio.wait({serving, measuring}, return_when=asyncio.FIRST_COMPLETED)
+        if not measuring.done():
+            measuring.cancel()
+            await serving  # raises what stopped the worker
+            raise RuntimeError("the worker stopped before the jobs were done")
+        emit("done", **measuring.result(), delays_s=observed_delays_s)
+        await serving
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The results as Markdown tables (printed, and pasted into the README)."""
+    """The results as Markdown tables (printed, and pasted into docs/performance.md)."""
     qts = list(results["queue_types"])
     rows = [
         "| scenario | "

@@ -19,9 +19,15 @@ from typing import Any
 import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from structlog.testing import capture_logs
 
+from app.handler import Invoker
+from app.job import Job
+from app.metrics import Metrics
+from app.service import Lifecycle
 from app.settings import Settings
-from app.topology import declare
+from app.topology import Names, declare
+from app.worker import Worker
 from bench.report import evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 
@@ -59,7 +65,7 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory"])
+    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage"])
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
@@ -375,7 +381,8 @@ def cpu_times() -> list[int]:
 def steal_pct(before: list[int], after: list[int]) -> float | None:
     """The share of CPU time the hypervisor gave to other guests between two readings."""
     spent = [b - a for a, b in zip(before, after, strict=True)]
-    return round(100 * spent[7] / sum(spent), 1) if len(spent) == 8 and sum(spent) else None
+    total = sum(spent)
+    return round(100 * spent[7] / total, 1) if len(spent) == 8 and total else None
 
 
 def machine(connection: AbstractConnection) -> dict[str, Any]:
@@ -386,6 +393,7 @@ def machine(connection: AbstractConnection) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
+    assert connection.transport is not None, "measured on an open connection"
     server = getattr(connection.transport.connection, "server_properties", {}) or {}
     version = server.get("version", "unknown")
     return {
@@ -400,6 +408,79 @@ def machine(connection: AbstractConnection) -> dict[str, Any]:
     }
 
 
+OUTAGE_JOBS = 500
+OUTAGE_DOWN_S = 20.0
+# The outage scenario: a dependency down for longer than the whole retry ladder
+# (100 + 200 + 400 ms), with pausing off and on.
+OUTAGE_LADDER: dict[str, Any] = {"max_retries": 3, "retry_delay_ms": 100, "prefetch": 8}
+OUTAGE_PAUSING: dict[str, Any] = {
+    "pause_failure_ratio": 0.5,
+    "pause_min_jobs": 20,
+    "pause_window_s": 10,
+    "pause_s": 5,
+}
+
+
+class Dependency:
+    """A handler whose downstream service is down until brought up."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.done = 0
+
+    async def __call__(self, job: Job) -> None:
+        if not self.up:
+            raise ConnectionError("benchmark: the dependency is down")
+        self.done += 1
+
+
+async def outage(
+    connection: AbstractConnection, channel: AbstractChannel, qt: str, pausing: bool
+) -> dict[str, Any]:
+    """One run: jobs published, the dependency down, then up until every job settled."""
+    queue = run_name("outage-pausing" if pausing else "outage", qt)
+    settings = worker_settings(queue, qt, **OUTAGE_LADDER, **(OUTAGE_PAUSING if pausing else {}))
+    dependency = Dependency()
+    async with ricochet_queue(connection, settings):
+        lifecycle = Lifecycle()
+        invoker = Invoker(dependency, settings.handler_timeout_s)
+        with capture_logs() as lines:
+            task = asyncio.create_task(Worker(settings, invoker, Metrics(queue), lifecycle).serve())
+            await publish(channel, queue, 0, OUTAGE_JOBS)
+            await asyncio.sleep(OUTAGE_DOWN_S)
+            dependency.up = True
+            recovered = time.monotonic()
+            failed_queue = await channel.declare_queue(Names(queue).failed, passive=True)
+            while True:
+                failed = failed_queue.declaration_result.message_count or 0
+                if dependency.done + failed >= OUTAGE_JOBS:
+                    break
+                await asyncio.sleep(0.1)
+                failed_queue = await channel.declare_queue(Names(queue).failed, passive=True)
+            drain_s = time.monotonic() - recovered
+            lifecycle.request_stop()
+            await task
+    return {
+        "jobs": OUTAGE_JOBS,
+        "down_s": OUTAGE_DOWN_S,
+        "failed": failed,
+        "saved": OUTAGE_JOBS - failed,
+        "drain_after_recovery_s": round(drain_s, 1),
+        "pauses": sum(1 for line in lines if "paused" in line["event"]),
+    }
+
+
+async def outages(
+    connection: AbstractConnection, channel: AbstractChannel, qt: str
+) -> dict[str, Any]:
+    result = {}
+    for pausing in (False, True):
+        name = "pausing" if pausing else "no_pausing"
+        result[name] = await outage(connection, channel, qt, pausing)
+        print(f"  {qt:8} outage {name:10} {result[name]}", flush=True)
+    return result
+
+
 async def bench(cfg: Config) -> dict[str, Any]:
     connection = await aio_pika.connect(URL)
     try:
@@ -412,7 +493,7 @@ async def bench(cfg: Config) -> dict[str, Any]:
         }
         started, cpu_before = time.monotonic(), cpu_times()
         for qt in cfg.queue_types:
-            tp = await throughputs(connection, channel, cfg, qt)
+            tp = await throughputs(connection, channel, cfg, qt) if cfg.scenarios else {}
             results["queue_types"][qt] = {"throughput": tp}
             if "delay" in cfg.parts:
                 print(
@@ -425,6 +506,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
                         for consumer in ("raw", "ricochet")
                     },
                 }
+            if "outage" in cfg.parts:
+                results["queue_types"][qt]["outage"] = await outages(connection, channel, qt)
             if "memory" in cfg.parts:
                 print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
                 results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
@@ -449,6 +532,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--scenarios",
         help="A/B of throughput scenarios only, e.g. happy,happy-uvloop or happy,happy@base",
     )
+    parser.add_argument(
+        "--outage", action="store_true", help="only the outage scenario (pausing off and on)"
+    )
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     args = parser.parse_args(argv)
     cfg = Config()
@@ -469,6 +555,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
         cfg.scenarios = args.scenarios.split(",")
         cfg.parts = []
         cfg.out = cfg.out / "ab"
+    if args.outage:
+        cfg.scenarios, cfg.parts = [], ["outage"]
+        cfg.out = cfg.out / "outage"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -479,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    if cfg.parts != ["delay", "memory"] or cfg.scenarios != list(SCENARIOS):
+    if cfg.parts != Config().parts or cfg.scenarios != list(SCENARIOS):
         print(json.dumps(results["queue_types"], indent=1))
         return
     results["targets"] = evaluate(results["queue_types"])

@@ -2,14 +2,22 @@
 
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from tests.support import AMQP_URL, InProcessWorker, delete_topology, make_settings
+from tests.support import (
+    AMQP_URL,
+    InProcessWorker,
+    StartWebhook,
+    StartWorker,
+    WebhookServer,
+    delete_topology,
+    make_settings,
+)
 
 
 @pytest.fixture
@@ -39,7 +47,7 @@ async def channel(connection: AbstractConnection) -> AsyncIterator[AbstractChann
 @pytest.fixture
 async def start_worker(
     queue_name: str, connection: AbstractConnection
-) -> AsyncIterator[Callable[..., Any]]:
+) -> AsyncIterator[StartWorker]:
     """Start in-process workers on the test's queue: `await start_worker(handler, **settings)`."""
     workers: list[InProcessWorker] = []
 
@@ -51,3 +59,18 @@ async def start_worker(
     yield start
     for worker in workers:
         await worker.stop()
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[StartWebhook]:
+    """Local webhook endpoints: `await webhook([500, 200])` answers 500, then 200 from then on."""
+    servers: list[WebhookServer] = []
+
+    async def start(statuses: list[int], hang_on: str | None = None) -> WebhookServer:
+        server = await WebhookServer(statuses, hang_on).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()

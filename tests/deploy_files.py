@@ -3,6 +3,7 @@
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -79,14 +80,27 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-def interpolate(value: str, environ: dict[str, str] | None = None) -> str:
-    """Compose's ${NAME} and ${NAME:-default}, with an environment (empty by default)."""
-    environ = environ or {}
+# What the README's Quickstart writes to .env: the variables compose requires.
+QUICKSTART_ENV = {"RABBITMQ_PASSWORD": "from-dot-env", "GRAFANA_ADMIN_PASSWORD": "from-dot-env"}
+# Compose's ${NAME}, ${NAME:-default} and ${NAME:?error}.
+VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")
+
+
+class MissingVariable(Exception):
+    """Raised where compose refuses to start: a ${NAME:?error} variable is unset or empty."""
+
+
+def interpolate(value: str, environ: dict[str, str] = QUICKSTART_ENV) -> str:
+    """A compose value with its variables substituted from environ, as compose does."""
 
     def substitute(m: re.Match[str]) -> str:
-        return environ.get(m[1]) or (m[2] if m[2] is not None else "")
+        if environ.get(m[1]):
+            return environ[m[1]]
+        if m[2] == ":?":
+            raise MissingVariable(m[3])
+        return m[3] or ""
 
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", substitute, value)
+    return VARIABLE.sub(substitute, value)
 
 
 def ricochet_services() -> dict[str, dict[str, Any]]:
@@ -112,3 +126,31 @@ def duration_s(text: str) -> float:
     parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)", text)
     assert "".join(n + u for n, u in parts) == text, f"not a duration: {text!r}"
     return sum(float(n) * units[u] for n, u in parts)
+
+
+def mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """A service's bind mounts: path in the container -> file or directory in the repository."""
+    found = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            found[target] = COMPOSE.parent / source
+    return found
+
+
+def mounted(service: dict[str, Any], container_path: str) -> Path:
+    """The repository file a container sees at container_path, through one of its bind mounts."""
+    for target, source in mounts(service).items():
+        if container_path == target or container_path.startswith(target + "/"):
+            return source / container_path[len(target) :].lstrip("/")
+    raise AssertionError(f"nothing is mounted at {container_path}")
+
+
+def datasource_uids(node: Any) -> set[str]:
+    """The uids of every datasource a Grafana dashboard (or any part of it) refers to."""
+    if isinstance(node, list):
+        return set().union(*map(datasource_uids, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    found = {node["datasource"]["uid"]} if isinstance(node.get("datasource"), dict) else set()
+    return found.union(*(datasource_uids(v) for k, v in node.items() if k != "datasource"))

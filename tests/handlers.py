@@ -51,6 +51,14 @@ async def fault(job: Job) -> None:
     _mark("done", job)
 
 
+def fault_sync(job: Job) -> None:
+    """fault's sync twin for work and hangs: journal start, block for payload["hang_s"] (or
+    "sleep_s") seconds in its thread, journal done."""
+    _mark("start", job)
+    time.sleep(float(job.payload.get("hang_s", job.payload.get("sleep_s", 0))))
+    _mark("done", job)
+
+
 async def fuzzed(job: Job) -> None:
     """Read all a handler may read (the payload may be undecodable: a permanent failure), and
     fail the first attempt of jobs with an odd number, so retries see the odd headers too."""
@@ -59,3 +67,8 @@ async def fuzzed(job: Job) -> None:
     if job.attempt == 1 and int((job.message_id or "0").rsplit("-", 1)[-1]) % 2:
         raise ConnectionError("first attempts of odd jobs fail")
     _mark("done", job)
+
+
+async def leaky(job: Job) -> None:
+    """Fail for good with a huge message that ends in a database URL and its password."""
+    raise PermanentError("row " * 50_000 + "cannot write to postgresql://app:hunter2@db/orders")

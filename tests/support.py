@@ -8,29 +8,36 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from aiormq.exceptions import ChannelNotFoundEntity
+from aio_pika.exceptions import ChannelNotFoundEntity
+from aiohttp import web
+from structlog.testing import capture_logs
+from structlog.typing import EventDict, WrappedLogger
 
 from app.handler import Invoker
 from app.metrics import Metrics
+from app.service import Lifecycle
 from app.settings import Settings
 from app.topology import MAX_TIERS, Names
-from app.worker import Lifecycle, Worker
+from app.worker import Worker
+from tests.broker import BROKER, Broker
 
 ROOT = Path(__file__).resolve().parent.parent
-AMQP_URL = os.environ.get("RICOCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+AMQP_URL = BROKER.amqp_url
 
 
 def make_settings(queue: str, **overrides: Any) -> Settings:
     """Settings for a test: its own queue, millisecond delays, no HTTP server."""
     values: dict[str, Any] = {
         "amqp_url": AMQP_URL,
+        "management_url": BROKER.management_url,
         "queue": queue,
         "retry_delay_ms": 50,
         "http_port": 0,
@@ -126,13 +133,15 @@ async def exists(connection: AbstractConnection, queue: str) -> bool:
     return True
 
 
-async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
+async def _holds(predicate: Callable[[], object | Awaitable[object]]) -> bool:
     result = predicate()
     return bool(await result) if inspect.isawaitable(result) else bool(result)
 
 
 async def wait_for(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 20, what: str = "condition"
+    predicate: Callable[[], object | Awaitable[object]],
+    timeout_s: float = 20,
+    what: str = "condition",
 ) -> None:
     """Poll a predicate (sync or async) until it holds; fail the test with what it waited for."""
     deadline = time.monotonic() + timeout_s
@@ -187,7 +196,7 @@ class InProcessWorker:
         self.lifecycle = Lifecycle()
         self.worker = Worker(
             settings,
-            Invoker(handler, settings.handler_timeout_s, settings.prefetch),
+            Invoker(handler, settings.handler_timeout_s),
             self.metrics,
             self.lifecycle,
         )
@@ -218,6 +227,10 @@ class InProcessWorker:
             "ricochet_jobs_total", {"queue": self.settings.queue, "outcome": outcome}
         )
         return value or 0.0
+
+
+# The start_worker fixture: `await start_worker(handler, **settings)`.
+StartWorker = Callable[..., Awaitable[InProcessWorker]]
 
 
 def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -270,23 +283,18 @@ def run_cli(
     )
 
 
-def close_connections(queue: str, role: str = "worker", node: str | None = None) -> int:
-    """Have the broker (or the named node) close the connections of ricochet processes of a
-    queue; returns how many."""
-    ctl = ["rabbitmqctl", *(["-n", node] if node else [])]
-    listed = subprocess.run(
-        [*ctl, "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def close_connections(queue: str, role: str = "worker", broker: Broker = BROKER) -> int:
+    """Have the broker close the connections of ricochet processes of a queue; returns how many."""
+    listed = broker.rabbitmqctl(
+        "list_connections", "pid", "client_properties", "-q", "--no-table-headers"
+    )
     prefix = f"ricochet {role} {queue} "
     closed = 0
     for line in listed.splitlines():
         pid, _, properties = line.partition("\t")
         found = re.search(r'\{"connection_name","([^"]*)"\}', properties)
         if found and found.group(1).startswith(prefix):
-            subprocess.run([*ctl, "close_connection", pid, "test"], capture_output=True)
+            broker.rabbitmqctl("close_connection", pid, "test", check=False)
             closed += 1
     return closed
 
@@ -301,3 +309,62 @@ def journal(path: Path) -> list[tuple[str, str, int]]:
         event, message_id, attempt = line.split()
         rows.append((event, message_id, int(attempt)))
     return rows
+
+
+@contextmanager
+def readiness_at_each_log_line(ready: Callable[[], bool]) -> Iterator[list[EventDict]]:
+    """Capture the log lines, each with what /readyz answered when it was written."""
+
+    def sample(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+        event["ready"] = ready()
+        return event
+
+    with capture_logs(processors=[sample]) as lines:
+        yield lines
+
+
+class WebhookServer:
+    """A local HTTP endpoint that records alert bodies and answers with scripted statuses."""
+
+    def __init__(self, statuses: list[int], hang_on: str | None = None) -> None:
+        self.statuses = statuses  # answered in turn; the last one repeats
+        self.hang_on = hang_on  # alerts of this event are never answered
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["event"] == self.hang_on:
+            await asyncio.sleep(3600)
+        self.requests.append(body)
+        status = self.statuses[min(len(self.requests), len(self.statuses)) - 1]
+        return web.Response(status=status)
+
+    async def start(self) -> "WebhookServer":
+        app = web.Application()
+        app.router.add_post("/hook/secret-token", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/hook/secret-token"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def delivered(self, event: str) -> list[dict[str, Any]]:
+        """Bodies of this event that were answered with a 2xx."""
+        return [
+            body
+            for i, body in enumerate(self.requests)
+            if body["event"] == event and self.statuses[min(i, len(self.statuses) - 1)] < 300
+        ]
+
+
+# The webhook fixture: `await webhook([500, 200])` answers 500, then 200 from then on;
+# `await webhook([200], hang_on="job.failed")` never answers job alerts.
+StartWebhook = Callable[..., Awaitable[WebhookServer]]

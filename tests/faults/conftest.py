@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractConnection
 from hypothesis import settings
 
 from app.connection import close_quietly
+from tests.broker import BROKER, Broker
 from tests.faults.harness import TALLIES, FaultRun, fault_settings
 from tests.faults.node import Node, node_base
 from tests.support import delete_topology
@@ -45,27 +46,41 @@ def node(node_dir: Path) -> Iterator[Node]:
     private.stop()
 
 
+@pytest.fixture(scope="session")
+def fault_broker(request: pytest.FixtureRequest) -> Broker:
+    """Where worker faults run: the broker under test when it exists for this run alone (a broker
+    of the matrix), else a private node, so that no fault reaches a shared broker."""
+    if BROKER.private:
+        return BROKER
+    node: Node = request.getfixturevalue("node")
+    return node.broker
+
+
 @pytest.fixture
-async def connection(node: Node, queue_name: str) -> AsyncIterator[AbstractConnection]:
-    """The test's own connection to the private node; the test's queues are deleted after."""
-    conn = await aio_pika.connect(node.url, client_properties={"connection_name": "tests"})
+async def connection(fault_broker: Broker, queue_name: str) -> AsyncIterator[AbstractConnection]:
+    """The test's own connection to the faults' broker; the test's queues are deleted after."""
+    url = fault_broker.amqp_url
+    conn = await aio_pika.connect(url, client_properties={"connection_name": "tests"})
     yield conn
     # A fault may have closed the test's connection: clean up on a fresh one.
-    async with await aio_pika.connect(node.url) as cleanup:
+    async with await aio_pika.connect(url) as cleanup:
         await delete_topology(cleanup, queue_name)
     await close_quietly(conn)
 
 
 @pytest.fixture
 def fault_run(
-    node: Node, connection: AbstractConnection, queue_name: str, tmp_path: Path
+    fault_broker: Broker, connection: AbstractConnection, queue_name: str, tmp_path: Path
 ) -> Iterator[Callable[..., FaultRun]]:
     """`fault_run(name, **settings)`: a run on the test's queue; its workers are killed after."""
     runs: list[FaultRun] = []
 
     def make(name: str, **overrides: Any) -> FaultRun:
         run = FaultRun(
-            name, connection, fault_settings(queue_name, node.url, **overrides), tmp_path
+            name,
+            connection,
+            fault_settings(queue_name, fault_broker.amqp_url, **overrides),
+            tmp_path,
         )
         runs.append(run)
         return run

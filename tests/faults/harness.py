@@ -25,7 +25,7 @@ PUBLISH_BATCH = 200  # confirms awaited together, so publishing N jobs takes a m
 
 @dataclass(frozen=True)
 class Tally:
-    """One fault's figures, as the README's Guarantees section reports them."""
+    """One fault's figures, as docs/faults.md reports them."""
 
     fault: str
     published: int

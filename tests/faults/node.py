@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.broker import Broker
+
 START_TIMEOUT_S = 90
 # Node data must belong to the user the broker runs as (the server script switches to it).
 BROKER_USER = "rabbitmq"
@@ -47,6 +49,11 @@ class Node:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    @property
+    def broker(self) -> Broker:
+        """The node as the tests' broker (it has no management plugin)."""
+        return Broker(self.url, "", ("rabbitmqctl", "-n", self.name), private=True)
 
     @property
     def home(self) -> Path:

@@ -2,18 +2,30 @@
 stopped under load, quorum queues carry on, nothing lost."""
 
 import asyncio
+import json
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aio_pika
 import pytest
+from aio_pika.abc import AbstractChannel
+from structlog.typing import EventDict
 
 from app.connection import close_quietly
-from app.topology import declare, plan
+from app.topology import Names, declare, plan
 from tests.faults.harness import FaultRun, fault_settings, progress, publish_mixed
 from tests.faults.node import Node, start_cluster
-from tests.support import delete_topology, wait_for
+from tests.recorder import Recorder
+from tests.support import (
+    InProcessWorker,
+    delete_topology,
+    depth,
+    publish,
+    readiness_at_each_log_line,
+    wait_for,
+)
 
 # Not 5682 (the fault suite's single node) nor 5672 (the shared broker).
 CLUSTER_PORTS = {"ricochet-c1": 5691, "ricochet-c2": 5692, "ricochet-c3": 5693}
@@ -80,16 +92,21 @@ def stranded_dead_letters(node: Node, queue_prefix: str) -> dict[str, str]:
     }
 
 
+def change_member(node: Node, command: str, queue: str, member: str) -> None:
+    """`rabbitmq-queues delete_member` or `add_member`: a quorum queue's replica on member."""
+    subprocess.run(
+        ["rabbitmq-queues", "-n", node.name, "-q", command, queue, member],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 def elect_new_leader(node: Node, queue: str, leader: str) -> None:
     """Remove the leader's replica and add it back: the others elect a new leader, which starts
     a new dead-letter worker (the operator's remedy for the broker bug above)."""
     for command in ("delete_member", "add_member"):
-        subprocess.run(
-            ["rabbitmq-queues", "-n", node.name, "-q", command, queue, leader],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        change_member(node, command, queue, leader)
 
 
 # Room for the broker's stranded dead-letters to be released (below) and still settle.
@@ -164,3 +181,46 @@ async def test_queue_leader_node_stopped_under_load(
         return all(c2.name in members for members in online.values())
 
     await wait_for(c2_replicas_online, 30, "c2's replicas to run again")
+
+
+async def test_quorum_member_removed_under_the_worker(cluster: list[Node], queue_name: str) -> None:
+    """The main queue's member on the worker's node is removed, then the queue is deleted from
+    another node: the worker stays or is subscribed again, is never ready while the broker has
+    cancelled its consumer, and every job published before, between and after is done once,
+    none failed, without a reconnect."""
+    c1, _, c3 = cluster
+    recorder = Recorder()
+    worker = InProcessWorker(fault_settings(queue_name, c1.url), recorder)
+    ids: list[str] = []
+
+    async def jobs_done(channel: AbstractChannel, stage: str) -> None:
+        ids.extend(f"{stage}-{i}" for i in range(20))
+        for message_id in ids[-20:]:
+            await publish(channel, queue_name, json.dumps({}), message_id=message_id)
+        await wait_for(lambda: len(recorder.succeeded) >= len(ids), 30, f"{stage} jobs done")
+        assert Counter(recorder.succeeded) == Counter(ids)
+
+    async with await aio_pika.connect(c3.url) as connection:
+        channel = await connection.channel()
+        try:
+            await worker.start()
+            await jobs_done(channel, "before")
+            with readiness_at_each_log_line(lambda: worker.lifecycle.ready) as lines:
+                await asyncio.to_thread(change_member, c3, "delete_member", queue_name, c1.name)
+                await jobs_done(channel, "member-removed")
+                await channel.queue_delete(queue_name)
+                await wait_for(lambda: cancelled(lines), 30, "the broker to cancel the consumer")
+                await wait_for(lambda: worker.lifecycle.ready, 30, "the worker to be ready again")
+            await jobs_done(channel, "after")
+            assert await depth(channel, Names(queue_name).failed) == 0
+        finally:
+            await worker.stop()
+            await delete_topology(connection, queue_name)
+    events = [(line["event"], line["ready"]) for line in lines]
+    assert ("consumer cancelled by the broker", False) in events
+    assert ("consumer cancelled by the broker", True) not in events
+    assert not any("reconnecting" in event for event, _ in events)
+
+
+def cancelled(lines: list[EventDict]) -> bool:
+    return any(line["event"] == "consumer cancelled by the broker" for line in lines)

@@ -11,8 +11,8 @@ import aio_pika
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pamqp.encode import field_table
 
+from app.amqp import table_size
 from tests.faults.harness import FaultRun
 from tests.support import ForeignBytes
 
@@ -75,7 +75,7 @@ def deliveries(draw: st.DrawFn) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
             headers[name] = draw(strategy)
     if draw(st.integers(0, 7)) == 0:
         # As large as a publisher can send: the failed copy has to be cut to fit.
-        room = FRAME_MAX - 1000 - len(field_table(headers))
+        room = FRAME_MAX - 1000 - table_size(headers)
         headers["big"] = "h" * draw(st.integers(room - 3000, room))
     properties = {
         "content_type": draw(short_strings),

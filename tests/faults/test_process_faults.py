@@ -66,6 +66,23 @@ async def test_handler_hanging_past_the_timeout(fault_run: Callable[..., FaultRu
     assert "HandlerTimeout: handler ran longer than 0.3 s" in log
 
 
+async def test_sync_handlers_hanging_past_the_timeout(fault_run: Callable[..., FaultRun]) -> None:
+    """Sync jobs that hang past the timeout, twice as many as the prefetch: their threads stay
+    taken, yet every other sync job runs and completes; only the hung ones fail (exhausted)."""
+    run = fault_run(
+        "sync handlers hang past the timeout",
+        handler="tests.handlers:fault_sync",
+        handler_timeout_s=0.3,
+        max_retries=1,
+        prefetch=4,
+    )
+    hung = await run.publish(8, hang_s=30)
+    await run.publish(300, sleep_s=0.001)
+    await run.start_worker()
+    await run.account(expected_failed=set(hung))
+    assert set(run.failed.values()) == {"exhausted"}
+
+
 async def test_jobs_waiting_in_tiers_across_changed_settings(
     fault_run: Callable[..., FaultRun],
 ) -> None:

@@ -8,9 +8,11 @@ from pathlib import Path
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from structlog.testing import capture_logs
 
+from app.service import Lifecycle, keep_connected
 from app.topology import Names, declare, plan
 from tests.recorder import Recorder
 from tests.support import (
+    StartWorker,
     close_connections,
     consumers,
     depth,
@@ -51,7 +53,7 @@ async def test_sigterm_lets_the_job_in_flight_finish(
 
 
 async def test_connection_closed_by_broker_loses_nothing(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """The broker closes the worker's connection twice mid-stream; it reconnects and every job
     still succeeds at least once, with nothing left in any queue."""
@@ -62,7 +64,11 @@ async def test_connection_closed_by_broker_loses_nothing(
         body = {"sleep_s": 0.01, "fail": 1 if message_id.endswith("7") else 0}
         await publish(channel, queue_name, json.dumps(body), message_id=message_id)
     for progress in (20, 40):
-        await wait_for(lambda p=progress: len(recorder.succeeded) > p, 20, "progress")
+
+        def progressed(p: int = progress) -> bool:
+            return len(recorder.succeeded) > p
+
+        await wait_for(progressed, 20, "progress")
         assert await asyncio.to_thread(close_connections, queue_name) == 1
         await wait_for(lambda: worker.lifecycle.ready, 20, "the worker to reconnect")
 
@@ -77,7 +83,10 @@ async def _empty(channel: AbstractChannel, queue: str) -> bool:
 
 
 async def test_changed_retry_settings_between_restarts(
-    start_worker, connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
 ) -> None:
     """Jobs wait in tier 1 while the worker restarts with fewer tiers and other delays: the busy
     tier keeps its delay until it drains, the stale tier goes, and every job ends in the failed
@@ -146,7 +155,10 @@ async def test_stuck_sync_handler_does_not_block_exit(
 
 
 async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
-    start_worker, connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
 ) -> None:
     """A redelivered job is still running when the broker drops the connection: once it ends,
     the worker consumes the queue with one subscription, not one per connection it had."""
@@ -166,3 +178,23 @@ async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
     await wait_for(lambda: len(recorder.seen["slow"]) == 2, 20, "the job to run again")
     await asyncio.sleep(4.5)  # both runs of the job have ended
     assert await consumers(connection, queue_name) == 1
+
+
+async def test_a_second_stop_ends_a_service_stuck_while_connected(queue_name: str) -> None:
+    """A service stuck once connected (a declare the broker never answers): the first stop
+    request cannot end it, the second does, and keep_connected returns."""
+    lifecycle = Lifecycle()
+    started = asyncio.Event()
+
+    async def stuck(connection: AbstractConnection) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    settings = make_settings(queue_name)
+    task = asyncio.create_task(keep_connected(lifecycle, settings, "tests stuck", stuck))
+    await asyncio.wait_for(started.wait(), 20)
+    lifecycle.request_stop("SIGTERM")
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    lifecycle.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 10)

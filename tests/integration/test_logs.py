@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from app.failed import TRACEBACK_MAX_CHARS
 from tests.support import AMQP_URL, consumers, make_settings, publish, ricochet_env, spawn, wait_for
 
 
@@ -37,3 +38,24 @@ async def test_job_lines_carry_job_fields_and_no_secret(
     assert retry["error"] == "ConnectionError: flaky on attempt 1"
     assert (success["attempt"], success["level"]) == (2, "info")
     assert all("timestamp" in line for line in lines)
+
+
+async def test_failed_job_line_is_capped_and_scrubbed(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str, tmp_path: Path
+) -> None:
+    """A job failing with a 200 kB message holding a database URL logs one 'job failed' line
+    whose traceback is capped like the failed-traceback header, and without the password."""
+    output = tmp_path / "worker.log"
+    settings = make_settings(queue_name, handler="tests.handlers:leaky")
+    with spawn(["worker"], ricochet_env(settings), output) as worker:
+        await wait_for(lambda: consumers(connection, queue_name), 20, "the worker to consume")
+        await publish(channel, queue_name, "{}", message_id="leaky")
+        await wait_for(lambda: '"job failed"' in output.read_text(), 15, "the failure line")
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait, 20) == 0
+
+    text = output.read_text()
+    assert "hunter2" not in text
+    (line,) = [json.loads(line) for line in text.splitlines() if '"job failed"' in line]
+    assert len(line["exception"]) <= TRACEBACK_MAX_CHARS
+    assert line["exception"].endswith("postgresql://app:***@db/orders")

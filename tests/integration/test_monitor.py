@@ -5,23 +5,24 @@ import json
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiohttp import web
 from structlog.testing import capture_logs
 
+from app.backlog import failed_at_s
 from app.metrics import Metrics
 from app.monitor import Monitor, run_monitor
+from app.service import Lifecycle
 from app.settings import Settings
 from app.topology import Names, declare
 from app.webhook import Webhook
-from app.worker import Lifecycle
 from tests.integration.failures import publish_failed
 from tests.support import (
+    StartWebhook,
     answers,
     depth,
     free_port,
@@ -30,60 +31,9 @@ from tests.support import (
     ricochet_env,
     spawn,
     take,
+    wait_depth,
     wait_for,
 )
-
-
-class WebhookServer:
-    """A local HTTP endpoint that records alert bodies and answers with scripted statuses."""
-
-    def __init__(self, statuses: list[int]) -> None:
-        self.statuses = statuses  # answered in turn; the last one repeats
-        self.requests: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        self.requests.append(await request.json())
-        status = self.statuses[min(len(self.requests), len(self.statuses)) - 1]
-        return web.Response(status=status)
-
-    async def start(self) -> "WebhookServer":
-        app = web.Application()
-        app.router.add_post("/hook/secret-token", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}/hook/secret-token"
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    def delivered(self, event: str) -> list[dict[str, Any]]:
-        """Bodies of this event that were answered with a 2xx."""
-        return [
-            body
-            for i, body in enumerate(self.requests)
-            if body["event"] == event and self.statuses[min(i, len(self.statuses) - 1)] < 300
-        ]
-
-
-@pytest.fixture
-async def webhook() -> AsyncIterator[Any]:
-    servers: list[WebhookServer] = []
-
-    async def start(statuses: list[int]) -> WebhookServer:
-        server = await WebhookServer(statuses).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.stop()
 
 
 class InProcessMonitor:
@@ -116,14 +66,20 @@ class InProcessMonitor:
         await asyncio.wait_for(self.task, 30)
 
     def alerts(self, event: str) -> float:
-        value = self.metrics.registry.get_sample_value(
+        value: float | None = self.metrics.registry.get_sample_value(
             "ricochet_alerts_total", {"queue": self.metrics.queue, "event": event}
         )
         return value or 0.0
 
 
+# The start_monitor fixture: `await start_monitor(**settings)`.
+StartMonitor = Callable[..., Awaitable[InProcessMonitor]]
+
+
 @pytest.fixture
-async def start_monitor(queue_name: str, connection: AbstractConnection) -> AsyncIterator[Any]:
+async def start_monitor(
+    queue_name: str, connection: AbstractConnection
+) -> AsyncIterator[StartMonitor]:
     monitors: list[InProcessMonitor] = []
 
     async def start(**overrides: Any) -> InProcessMonitor:
@@ -144,13 +100,14 @@ async def test_monitor_logs_each_failure_and_leaves_the_failed_queue(
     Q.failed, and exits 0 on SIGTERM."""
     settings = make_settings(queue_name)
     proc = spawn(["monitor"], ricochet_env(settings))
-    assert proc.stdout is not None
+    stdout = proc.stdout
+    assert stdout is not None
     try:
         lines: list[dict[str, Any]] = []
 
         async def logged(event: str, n: int) -> None:
             while sum(1 for line in lines if line.get("event") == event) < n:
-                text = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+                text = await asyncio.wait_for(asyncio.to_thread(stdout.readline), 20)
                 assert text, f"monitor exited: {proc.stderr.read() if proc.stderr else ''}"
                 lines.append(json.loads(text))
 
@@ -176,7 +133,7 @@ async def test_monitor_logs_each_failure_and_leaves_the_failed_queue(
 
 
 async def test_webhook_gets_job_failed_after_a_retry(
-    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
 ) -> None:
     """A webhook that answers 500 first gets the job.failed alert again, and the delivered
     alert carries every field of the contract."""
@@ -205,7 +162,7 @@ async def test_webhook_gets_job_failed_after_a_retry(
 
 
 async def test_repeated_failures_of_one_reason_are_rate_limited(
-    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
 ) -> None:
     """A burst of one reason gives one alert at once and one when the interval has passed,
     counting the failures in between as suppressed; another reason is alerted on its own."""
@@ -227,7 +184,7 @@ async def test_repeated_failures_of_one_reason_are_rate_limited(
 
 
 async def test_threshold_and_recovered_fire_once_each(
-    queue_name: str, channel: AbstractChannel, webhook: Any, start_monitor: Any
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
 ) -> None:
     """Q.failed reaching the threshold alerts once, however long it stays there; falling back
     below alerts recovered once."""
@@ -256,6 +213,80 @@ async def test_threshold_and_recovered_fire_once_each(
     assert server.delivered("failed_queue.recovered")[0]["depth"] == 2
 
 
+async def test_an_event_is_acked_only_once_its_alert_is_out(
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
+) -> None:
+    """A monitor stopped (or crashing) while the webhook has not taken a failure's alert leaves
+    the event in Q.failed.events: the next monitor alerts on it, nothing is lost."""
+    server = await webhook([200], hang_on="job.failed")
+    monitor = await start_monitor(
+        alert_webhook_url=server.url, alert_failed_threshold=100, shutdown_timeout_s=0.2
+    )
+    with capture_logs() as logs:
+        await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
+
+        async def logged() -> bool:
+            return any(log["event"] == "job failed" for log in logs)
+
+        await wait_for(logged, 20, "the failure to be logged")
+        await monitor.stop()
+    # A quorum queue returns a closed channel's unacked messages a moment after the close.
+    await wait_depth(channel, Names(queue_name).events, 1)
+    await asyncio.sleep(0.5)
+    assert await depth(channel, Names(queue_name).events) == 1
+
+
+async def test_a_held_back_event_waits_for_the_alert_that_counts_it(
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
+) -> None:
+    """Failures whose reasons differ only by ids are one reason: the first is alerted at once,
+    the others held back; the latest stays unacked until the alert that counts it goes out,
+    the ones before it are acked."""
+    server = await webhook([200])
+    monitor = await start_monitor(
+        alert_webhook_url=server.url,
+        alert_interval_s=30,
+        alert_failed_threshold=100,
+        shutdown_timeout_s=0.2,
+    )
+    with capture_logs() as logs:
+        for i in range(4):
+            await publish_failed(channel, queue_name, f"m{i}", KeyError(f"order-{1000 + i}"))
+
+        async def all_logged_and_first_alerted() -> bool:
+            logged = sum(1 for log in logs if log["event"] == "job failed")
+            return logged == 4 and monitor.alerts("job.failed") == 1
+
+        await wait_for(all_logged_and_first_alerted, 20, "four failures logged, one alerted")
+        await monitor.stop()
+    assert [a["message_id"] for a in server.requests] == ["m0"]
+    await wait_depth(channel, Names(queue_name).events, 1)
+    await asyncio.sleep(0.5)  # and no more come back
+    assert await depth(channel, Names(queue_name).events) == 1
+    (left,) = await take(channel, Names(queue_name).events, 1)
+    assert left.message_id == "m3"
+
+
+async def test_depth_alert_is_not_held_behind_job_alerts(
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook, start_monitor: StartMonitor
+) -> None:
+    """A webhook that never answers job alerts does not delay the failed queue's threshold
+    alert: it is delivered while the job alert still waits."""
+    server = await webhook([200], hang_on="job.failed")
+    await start_monitor(
+        alert_webhook_url=server.url,
+        alert_interval_s=1,
+        alert_failed_threshold=1,
+        shutdown_timeout_s=0.2,
+    )
+    await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
+
+    async def threshold_alerted() -> bool:
+        return bool(server.delivered("failed_queue.threshold"))
+
+    await wait_for(threshold_alerted, 8, "the threshold alert")
+
+
 def unused_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -266,8 +297,8 @@ async def test_monitor_survives_a_dead_webhook(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
     """With nothing listening at the webhook and a delivery queue that overflows, every failure
-    is still logged and consumed, alerts are dropped with warnings, and the monitor keeps
-    running and stops cleanly."""
+    is still logged and consumed, alerts are dropped or given up with warnings (their events
+    acked), and the monitor keeps running and stops cleanly."""
     settings = make_settings(
         queue_name,
         alert_webhook_url=f"http://127.0.0.1:{unused_port()}/hook",
@@ -280,8 +311,8 @@ async def test_monitor_survives_a_dead_webhook(
     task = asyncio.create_task(Monitor(settings, metrics, lifecycle, hook).serve())
     with capture_logs() as logs:
         await wait_for(lambda: asyncio.sleep(0, lifecycle.ready), 20, "the monitor to consume")
-        for i in range(6):
-            await publish_failed(channel, queue_name, f"m{i}", ValueError(f"error {i}"))
+        for i, word in enumerate(["one", "two", "three", "four", "five", "six"]):
+            await publish_failed(channel, queue_name, f"m{i}", ValueError(f"error {word}"))
 
         async def consumed() -> bool:
             return sum(1 for log in logs if log["event"] == "job failed") == 6
@@ -289,9 +320,12 @@ async def test_monitor_survives_a_dead_webhook(
         await wait_for(consumed, 20, "six failures logged")
 
         async def gave_up() -> bool:
-            return any(log["event"] == "alert not delivered" for log in logs)
+            events = [log["event"] for log in logs]
+            dropped = events.count("alert dropped: delivery queue full")
+            return events.count("alert not delivered") == 6 - dropped
 
-        await wait_for(gave_up, 20, "an alert to be given up")
+        await wait_for(gave_up, 20, "every alert queued to be given up")
+        await asyncio.sleep(0.2)  # the events of alerts given up are acked
         assert not task.done()
         assert lifecycle.ready
         lifecycle.request_stop()
@@ -304,7 +338,7 @@ async def test_monitor_survives_a_dead_webhook(
 
 
 async def test_monitor_serves_http_with_its_alert_count(
-    queue_name: str, channel: AbstractChannel, webhook: Any
+    queue_name: str, channel: AbstractChannel, webhook: StartWebhook
 ) -> None:
     """The monitor answers /healthz and /readyz on RICOCHET_HTTP_PORT, and its /metrics counts
     the alerts the webhook accepted."""
@@ -337,3 +371,33 @@ async def metrics_text(port: int) -> str:
         session.get(f"http://127.0.0.1:{port}/metrics") as response,
     ):
         return await response.text()
+
+
+async def test_monitor_exports_depths_and_the_oldest_failed_copy(
+    start_monitor: StartMonitor, queue_name: str, channel: AbstractChannel
+) -> None:
+    """Every stage's depth and consumers are exported, and the oldest failed copy's failure time
+    follows the failed queue: when its head is taken, it is the next copy's."""
+    with capture_logs() as logs:
+        monitor = await start_monitor(alert_interval_s=1)
+        for i in range(3):
+            await publish_failed(channel, queue_name, f"m{i}", ValueError("no rows"))
+            await asyncio.sleep(0.2)  # distinct failure times
+        await wait_for(lambda: len([e for e in logs if e["event"] == "job failed"]) == 3)
+    failed_at = [failed_at_s(e["failed_at"], 0) for e in logs if e["event"] == "job failed"]
+    q = {"queue": queue_name}
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = monitor.metrics.registry.get_sample_value(name, {**q, **labels})
+        return value
+
+    def oldest_is(at_s: float) -> bool:
+        return sample("ricochet_failed_oldest_timestamp_seconds") == at_s
+
+    await wait_for(lambda: oldest_is(failed_at[0]), 10, "the first failure as the oldest")
+    assert sample("ricochet_queue_messages", stage="failed") == 3
+    assert sample("ricochet_queue_messages", stage="tier_3") == 0
+    assert sample("ricochet_queue_consumers", stage="main") == 0
+    assert sample("ricochet_queue_consumers", stage="failed_events") == 1
+    await take(channel, Names(queue_name).failed, 1)  # as a replay does: the head
+    await wait_for(lambda: oldest_is(failed_at[1]), 10, "the second failure as the oldest")

@@ -2,10 +2,9 @@
 
 import asyncio
 import signal
-from typing import Any
 
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from app.failed import FAILURE_HEADERS
 from app.replay import Selection, replay
@@ -13,6 +12,7 @@ from app.topology import Names, declare
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder
 from tests.support import (
+    StartWorker,
     depth,
     make_settings,
     publish,
@@ -30,6 +30,15 @@ COPIES = {
     "m3": ("report", KeyError("address")),
     "m4": ("mail", TimeoutError("smtp")),
 }
+
+
+def message_ids(messages: list[AbstractIncomingMessage]) -> list[str]:
+    """The messages' ids; the tests publish every job with one."""
+    ids = []
+    for message in messages:
+        assert message.message_id is not None
+        ids.append(message.message_id)
+    return ids
 
 
 async def make_copies(connection: AbstractConnection, channel: AbstractChannel, queue: str) -> None:
@@ -112,7 +121,7 @@ async def test_dry_run_lists_and_moves_nothing(
 
 
 async def test_replayed_job_starts_over_with_its_full_budget(
-    queue_name: str, connection: AbstractConnection, start_worker: Any
+    queue_name: str, connection: AbstractConnection, start_worker: StartWorker
 ) -> None:
     """A job that used all its attempts comes back at attempt 1 and gets every retry again,
     then lands in Q.failed once more with replay-count 1."""
@@ -172,8 +181,8 @@ async def test_interrupted_replay_loses_and_duplicates_nothing(
     moved = await depth(channel, queue_name)
     assert 50 <= moved < total
     assert summary.startswith(f"moved {moved} to {queue_name}, kept {total - moved}")
-    in_main = [m.message_id for m in await take(channel, queue_name, moved)]
-    in_failed = [m.message_id for m in await take(channel, names.failed, total - moved)]
+    in_main = message_ids(await take(channel, queue_name, moved))
+    in_failed = message_ids(await take(channel, names.failed, total - moved))
     assert await depth(channel, queue_name) == 0
     assert await depth(channel, names.failed) == 0
     assert sorted(in_main + in_failed) == ids

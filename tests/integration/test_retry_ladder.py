@@ -5,12 +5,12 @@ import json
 import time
 
 import pytest
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from app import Job
 from app.topology import Names
 from tests.recorder import Recorder
-from tests.support import ForeignBytes, publish, take, wait_depth, wait_for
+from tests.support import ForeignBytes, StartWorker, publish, take, wait_depth, wait_for
 
 QUEUE_TYPES = ["quorum", "classic"]
 
@@ -24,7 +24,7 @@ async def until_seen(recorder: Recorder, message_id: str, attempts: int) -> None
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
 async def test_success_is_acked(
-    start_worker, channel: AbstractChannel, queue_name: str, queue_type: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
 ) -> None:
     """A job whose handler returns is acked: the main queue is empty and nothing failed."""
     recorder = Recorder()
@@ -45,7 +45,7 @@ async def test_success_is_acked(
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
 async def test_always_failing_job_walks_every_tier(
-    start_worker, channel: AbstractChannel, queue_name: str, queue_type: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
 ) -> None:
     """Attempts are spaced by the tier delays (200, 400, 800 ms); then the job is in the failed
     queue with the SPEC's headers and a byte-identical body."""
@@ -93,11 +93,15 @@ async def test_always_failing_job_walks_every_tier(
     assert h["failed-kind"] == "exhausted"
     assert h["failed-reason"] == "ConnectionError: transient trouble on attempt 4"
     assert h["failed-exception"] == "ConnectionError"
-    assert "ConnectionError" in h["failed-traceback"]
+    traceback = h["failed-traceback"]
+    assert isinstance(traceback, str)
+    assert "ConnectionError" in traceback
     assert h["retry-count"] == 3
     assert h["original-queue"] == queue_name
     assert h["original-routing-key"] == queue_name
-    assert h["failed-at"].endswith("+00:00")
+    failed_at = h["failed-at"]
+    assert isinstance(failed_at, str)
+    assert failed_at.endswith("+00:00")
     assert not any(k.startswith(("x-death", "x-first-death", "x-last-death")) for k in h)
     # The monitor's copy went to the events queue as well; nothing is left anywhere else.
     await wait_depth(channel, n.events, 1)
@@ -107,7 +111,7 @@ async def test_always_failing_job_walks_every_tier(
 
 
 async def test_job_recovers_on_a_retry(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A job that fails twice succeeds on attempt 3 and is acked; nothing reaches failed."""
     recorder = Recorder()
@@ -127,7 +131,7 @@ async def test_job_recovers_on_a_retry(
 
 
 async def test_permanent_error_skips_retries(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """PermanentError sends the job to the failed queue on its first attempt."""
     recorder = Recorder()
@@ -141,7 +145,7 @@ async def test_permanent_error_skips_retries(
 
 
 async def test_max_retries_header_lowers_budget(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A max-retries header of 1 gives the job two attempts, even with 5 configured."""
     recorder = Recorder()
@@ -161,7 +165,7 @@ async def test_max_retries_header_lowers_budget(
 
 
 async def test_bad_bodies_and_unknown_types_fail_and_worker_keeps_going(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """An undecodable body and an unknown type fail at once; later jobs still run."""
     from app import Router
@@ -188,12 +192,14 @@ async def test_bad_bodies_and_unknown_types_fail_and_worker_keeps_going(
     assert copies["garbage"].headers["failed-exception"] == "app.errors.InvalidPayload"
     assert copies["garbage"].body == b"\xff\xfe not json"
     assert copies["stranger"].headers["failed-exception"] == "app.errors.UnknownJobType"
-    assert "unknown" in copies["stranger"].headers["failed-reason"]
+    reason = copies["stranger"].headers["failed-reason"]
+    assert isinstance(reason, str)
+    assert "unknown" in reason
 
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
 async def test_no_retries(
-    start_worker, channel: AbstractChannel, queue_name: str, queue_type: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
 ) -> None:
     """With RICOCHET_MAX_RETRIES=0 a transient failure goes straight to the failed queue."""
     recorder = Recorder()
@@ -206,7 +212,7 @@ async def test_no_retries(
 
 
 async def test_sync_handler_runs_in_a_thread(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """Sync handlers run concurrently in threads, so a slow one does not block others."""
     import threading
@@ -231,7 +237,7 @@ async def test_sync_handler_runs_in_a_thread(
 
 
 async def test_handler_timeout_is_transient(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A handler that runs past the timeout is retried, then fails with HandlerTimeout."""
     recorder = Recorder()
@@ -246,7 +252,7 @@ async def test_handler_timeout_is_transient(
 
 
 async def test_forged_death_is_cleaned_and_handled_fresh(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A publisher-written x-death is removed by republishing; the job runs as attempt 1."""
     recorder = Recorder()
@@ -272,7 +278,10 @@ async def test_forged_death_is_cleaned_and_handled_fresh(
 
 
 async def test_poison_delivery_goes_to_failed(
-    start_worker, connection, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
 ) -> None:
     """A quorum-queue job returned unacked more than five times is failed as poison, unhandled."""
     from app.topology import declare
@@ -297,7 +306,7 @@ async def test_poison_delivery_goes_to_failed(
 
 
 async def test_delivery_count_from_a_publisher_is_not_poison(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A first delivery that carries an x-delivery-count written by its publisher is handled as
     usual, not failed as poison."""
@@ -308,7 +317,7 @@ async def test_delivery_count_from_a_publisher_is_not_poison(
 
 
 async def test_header_that_is_not_utf8_survives_into_the_failed_copy(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A long-string header of raw bytes (as other clients send them) neither blocks the failed
     copy nor is lost: the copy carries the same bytes, as a byte array."""
@@ -323,11 +332,13 @@ async def test_header_that_is_not_utf8_survives_into_the_failed_copy(
     )
     [copy] = await take(channel, Names(queue_name).failed, 1)
     assert copy.message_id == "raw"
-    assert bytes(copy.headers["blob"]) == raw
+    blob = copy.headers["blob"]
+    assert isinstance(blob, bytes | bytearray)
+    assert bytes(blob) == raw
 
 
 async def test_topology_declared_twice(
-    connection, channel: AbstractChannel, queue_name: str
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
     """Declaring the same topology twice, even concurrently, changes nothing and raises nothing."""
     import asyncio
@@ -348,7 +359,7 @@ async def test_topology_declared_twice(
 
 
 async def test_sends_a_delivery_to_the_right_tier_after_each_failure(
-    start_worker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """The job's routing key after tier k is Q.attempt.k; x-death records each tier it passed."""
     recorder = Recorder()

@@ -9,6 +9,7 @@ from app.alerts import (
     ReasonLimiter,
     depth_alert,
     job_failed_alert,
+    reason_key,
 )
 from app.failed import FailureInfo
 
@@ -33,6 +34,11 @@ def failure(reason: str, message_id: str = "m") -> FailureInfo:
             [(0, "a"), (1, "a"), (12, "a"), (13, "a"), (30, "a")],
             [0, None, 1, None, 1],
             id="count restarts after each alert",
+        ),
+        pytest.param(
+            [(0, "KeyError: 'order-17'"), (1, "KeyError: 'order-18'")],
+            [0, None],
+            id="ids in the reason do not defeat the limit",
         ),
     ],
 )
@@ -120,3 +126,19 @@ def test_alert_bodies() -> None:
         "depth": 12,
         "threshold": 10,
     }
+
+
+@pytest.mark.parametrize(
+    ("reason", "key"),
+    [
+        ("ValueError: no rows", "ValueError: no rows"),
+        ("KeyError: 'order-17'", "KeyError: 'order-#'"),
+        ("HTTPError: 503 for /users/12/orders", "HTTPError: # for /users/#/orders"),
+        ("NotFound: 550e8400-e29b-41d4-a716-446655440000", "NotFound: #"),
+        ("NotFound: job a3f9c0de12 gone", "NotFound: job # gone"),
+        ("TimeoutError: read timed out", "TimeoutError: read timed out"),
+    ],
+)
+def test_reason_key(reason: str, key: str) -> None:
+    """Numbers, UUIDs and ids with digits are masked; the words of the reason are kept."""
+    assert reason_key(reason) == key

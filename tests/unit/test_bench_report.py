@@ -8,7 +8,7 @@ from bench.report import evaluate, table
 def results(happy: float, retry: float, retry_same: float, p99_ms: float) -> dict[str, Any]:
     tier = {"samples": 1000, "p50_ms": 5.0, "p99_ms": p99_ms, "max_ms": p99_ms}
     raw_tier = {**tier, "p99_ms": 12.5}
-    throughput = {
+    throughput: dict[str, dict[str, float]] = {
         "raw": {"median": 3000, "cpu_us_per_job": 300},
         "raw-retry": {"median": 1200, "cpu_us_per_job": 650, "ratio": 0.4},
         "raw-failure": {"median": 1300, "cpu_us_per_job": 660, "ratio": 0.43},

@@ -1,11 +1,14 @@
 """The deployment files agree with the code: settings, commands, endpoints, ports, timeouts."""
 
+import json
 import os
 import re
 import tomllib
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
+from aiohttp import web
 from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry
 
@@ -14,12 +17,17 @@ from app.http import routes
 from app.settings import ENV_PREFIX, Settings, load_settings
 from tests.deploy_files import (
     COMPOSE,
+    VARIABLE,
+    MissingVariable,
     compose,
     copied_sources,
+    datasource_uids,
     dockerfile,
     duration_s,
     env_file,
     interpolate,
+    mounted,
+    mounts,
     only,
     ricochet_services,
     service_environment,
@@ -112,23 +120,79 @@ def test_ricochet_services_can_scale() -> None:
 
 
 def test_published_ports_are_loopback_only() -> None:
-    """Every published port is bound to 127.0.0.1, and the broker's three are published."""
+    """Every published port is bound to 127.0.0.1: the broker's three, Prometheus, Grafana."""
     published = []
     for name, service in compose()["services"].items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"service {name} publishes {port}"
             published.append(str(port).split(":")[1])
-    assert sorted(published) == ["15672", "15692", "5672"]
+    assert sorted(published) == ["15672", "15692", "3000", "5672", "9090"]
 
 
-def test_image_health_check_probes_healthz() -> None:
-    """The image's HEALTHCHECK fetches a path that app/http.py serves, on RICOCHET_HTTP_PORT."""
+def test_every_mounted_config_file_exists() -> None:
+    """Each bind mount of the stack names a file or directory of the repository."""
+    for name, service in compose()["services"].items():
+        for target, source in mounts(service).items():
+            assert source.exists(), f"service {name}: {source} (mounted at {target}) is missing"
+
+
+def test_prometheus_scrapes_every_ricochet_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prometheus scrapes worker and monitor on their RICOCHET_HTTP_PORT, the broker on 15692,
+    and loads rule files that are mounted next to its config."""
+    prometheus = compose()["services"]["prometheus"]
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", prometheus["image"])
+    config_path = mounted(prometheus, "/etc/prometheus/prometheus.yml")
+    config = yaml.safe_load(config_path.read_text())
+    for rule_file in config["rule_files"]:
+        assert mounted(prometheus, f"/etc/prometheus/{rule_file}").is_file(), rule_file
+    targets = {}
+    for job in config["scrape_configs"]:
+        for sd in job.get("dns_sd_configs", []):
+            targets.update({name: sd["port"] for name in sd["names"]})
+        for static in job.get("static_configs", []):
+            targets.update(dict(t.split(":") for t in static["targets"]))
+    for name, service in ricochet_services().items():
+        port = load(monkeypatch, service_environment(service)).http_port
+        assert str(targets.get(name)) == str(port), f"service {name} is not scraped on {port}"
+    assert str(targets["rabbitmq"]) == "15692"
+
+
+def test_grafana_provisions_the_dashboard_on_prometheus() -> None:
+    """Grafana's datasource is the stack's Prometheus under the uid the dashboard uses, and its
+    dashboard provider reads the directory the dashboard JSON is mounted at."""
+    services = compose()["services"]
+    grafana = services["grafana"]
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", grafana["image"])
+    sources = mounted(grafana, "/etc/grafana/provisioning/datasources")
+    (datasource,) = [
+        d for f in sources.glob("*.yml") for d in yaml.safe_load(f.read_text())["datasources"]
+    ]
+    url = urlsplit(datasource["url"])
+    assert url.hostname == "prometheus"
+    assert str(url.port) in {port.rsplit(":", 1)[1] for port in services["prometheus"]["ports"]}
+    providers = mounted(grafana, "/etc/grafana/provisioning/dashboards")
+    (provider,) = [
+        p for f in providers.glob("*.yml") for p in yaml.safe_load(f.read_text())["providers"]
+    ]
+    dashboards = list(mounted(grafana, provider["options"]["path"]).glob("*.json"))
+    assert dashboards, "no dashboard JSON where the provider looks"
+    for path in dashboards:
+        used = datasource_uids(json.loads(path.read_text()))
+        assert used == {datasource["uid"]}, f"{path.name} refers to datasources {used}"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert mounted(grafana, home) in dashboards
+
+
+def test_image_health_check_probes_readyz() -> None:
+    """The image's HEALTHCHECK fetches /readyz on RICOCHET_HTTP_PORT: healthy means consuming,
+    which is what compose's service_healthy and rolling updates should wait for."""
     check = only("HEALTHCHECK").exec_form()
     script = check[-1]
     path = re.search(r"http://127\.0\.0\.1:%s(/\w+)", script)
     assert path, script
-    served = {route.path for route in routes(CollectorRegistry(), lambda: True)}
-    assert path[1] == "/healthz"
+    table = routes(CollectorRegistry(), lambda: True)
+    served = {route.path for route in table if isinstance(route, web.RouteDef)}
+    assert path[1] == "/readyz"
     assert path[1] in served
     assert "RICOCHET_HTTP_PORT" in script
     assert str(Settings.model_fields["http_port"].default) in script
@@ -192,3 +256,25 @@ def test_lock_satisfies_pyproject() -> None:
         name = re.sub(r"[-_.]+", "-", spec.name).lower()
         assert name in normalized, f"{spec.name} is not in requirements.lock: run make lock"
         assert spec.specifier.contains(normalized[name]), f"{spec} vs {normalized[name]}"
+
+
+def test_compose_passwords_never_default() -> None:
+    """Every password, secret or token compose passes on is required (${NAME:?...}): without
+    one, compose refuses to start instead of running with a password everyone knows."""
+    text = COMPOSE.read_text()
+    secrets = [m for m in VARIABLE.finditer(text) if re.search("PASS|SECRET|TOKEN", m[1])]
+    assert secrets
+    for m in secrets:
+        assert m[2] == ":?", f"{m[0]} has a default"
+    broker = compose()["services"]["rabbitmq"]["environment"]
+    with pytest.raises(MissingVariable):
+        interpolate(broker["RABBITMQ_DEFAULT_PASS"], {})
+
+
+def test_image_serves_http_on_every_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image and the compose services listen on 0.0.0.0, where Prometheus reaches them;
+    a process started elsewhere keeps the loopback default."""
+    assert "RICOCHET_HTTP_HOST=0.0.0.0" in [i.args for i in dockerfile() if i.keyword == "ENV"]
+    for service in ricochet_services().values():
+        assert load(monkeypatch, service_environment(service)).http_host == "0.0.0.0"
+    assert Settings.model_fields["http_host"].default == "127.0.0.1"

@@ -1,10 +1,11 @@
 """The failed copy's headers."""
 
 import datetime as dt
+from typing import Any
 
 import pytest
-from pamqp.encode import field_table
 
+from app.amqp import table_size
 from app.errors import PermanentError
 from app.failed import (
     PROPERTIES_RESERVE_BYTES,
@@ -15,6 +16,7 @@ from app.failed import (
     failed_headers,
     failure_reason,
     fit_to_frame,
+    read_failure,
 )
 from app.retry import FailureKind
 from app.tracebacks import format_traceback
@@ -95,13 +97,13 @@ def test_copied_headers_carry_raw_strings_as_byte_arrays() -> None:
         "raw": bytearray(b"\xff\x00"),
         "deep": {"list": [bytearray(b"\xfe"), "text", 1]},
     }
-    assert field_table(copied)  # encodable
+    assert table_size(copied)  # encodable
 
 
 FRAME_MAX = 131_072
 
 
-def big_failure(application_bytes: int) -> dict[str, object]:
+def big_failure(application_bytes: int) -> dict[str, Any]:
     """Failure headers with a full-length reason and traceback, and one large application header."""
     headers = failed_headers(
         {"blob": "é" * (application_bytes // 2)},
@@ -136,10 +138,36 @@ def test_large_copies_are_cut_to_the_frame(
     (keeping its start), until the encoded headers leave room for the other properties."""
     headers = big_failure(application_bytes)
     fitted = fit_to_frame(headers, FRAME_MAX)
-    assert len(field_table(fitted)) <= FRAME_MAX - PROPERTIES_RESERVE_BYTES
+    assert table_size(fitted) <= FRAME_MAX - PROPERTIES_RESERVE_BYTES
     assert fitted["blob"] == headers["blob"]
     assert bool(fitted["failed-traceback"]) is traceback_kept
     if traceback_kept:
         assert fitted["failed-traceback"].endswith("raise here")
     assert bool(fitted["failed-reason"]) is reason_kept
     assert headers["failed-reason"].startswith(fitted["failed-reason"])
+
+
+def test_reason_and_traceback_are_scrubbed() -> None:
+    """A database URL's password and an ?api_key= value raised by a handler reach neither the
+    failed-reason nor the failed-traceback header, even when the reason is cut mid-URL."""
+    url = "postgresql://app:hunter2@db:5432/orders?api_key=k3y"
+    padding = "x" * (REASON_MAX_CHARS - 30)
+    exc = raised(ConnectionError(f"{padding} cannot reach {url}"))
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    headers = failed_headers(
+        {}, exc, FailureKind.EXHAUSTED, 3, "jobs", "jobs", now, format_traceback(exc)
+    )
+    for key in ("failed-reason", "failed-traceback"):
+        assert "hunter" not in headers[key]
+        assert "k3y" not in headers[key]
+    assert "app:***@db" in headers["failed-traceback"]
+    assert "api_key=***" in headers["failed-traceback"]
+
+
+def test_read_failure_scrubs_reasons_written_elsewhere() -> None:
+    """A copy whose failed-reason holds a password (written by another client or an older
+    version) is read without it: replay's output, the monitor's log and the webhook use this."""
+    failure = read_failure(
+        {"failed-reason": b"OperationalError: mysql://root:hunter2@db/x?token=t0k"}, "m", "t", b"{}"
+    )
+    assert failure.reason == "OperationalError: mysql://root:***@db/x?token=***"

@@ -1,10 +1,15 @@
 """Job attributes and Router dispatch."""
 
+import asyncio
+import threading
+
 import pytest
 from pydantic import BaseModel
 
 from app import Job, PermanentError, Router
-from app.errors import InvalidPayload, UnknownJobType
+from app.errors import HandlerTimeout, InvalidPayload, UnknownJobType
+from app.handler import Invoker
+from app.retry import Outcome
 
 
 def job(body: bytes, amqp_type: str | None = None) -> Job:
@@ -56,3 +61,125 @@ def test_router_dispatch() -> None:
         router.resolve(job(b"garbage"))
     with pytest.raises(ValueError, match="already registered"):
         router.handler("plain")(plain)
+
+
+def test_type_policy_is_known_by_type() -> None:
+    """A type's max_retries is found by the job's type; other types, and none, set no budget."""
+    router = Router()
+
+    @router.handler("brief", max_retries=1)
+    def brief(j: Job) -> None: ...
+
+    @router.handler("plain")
+    def plain(j: Job) -> None: ...
+
+    assert router.max_retries("brief") == 1
+    assert router.max_retries("plain") is None
+    assert router.max_retries("nope") is None
+    assert router.max_retries(None) is None
+
+
+@pytest.mark.parametrize("max_retries", [-1, 26, True, 2.0, "3"])
+def test_invalid_max_retries_fails_registration(max_retries: object) -> None:
+    """max_retries outside 0-25, or not an integer, is refused when the handler is registered."""
+    with pytest.raises(ValueError, match=r"max_retries=.* for job type 'x' .* from 0 to 25"):
+        Router().handler("x", max_retries=max_retries)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("give_up_on", [KeyError, (KeyError, "ValueError"), (KeyboardInterrupt,)])
+def test_invalid_give_up_on_fails_registration(give_up_on: object) -> None:
+    """give_up_on must be a tuple of exception classes, checked when the handler is registered."""
+    with pytest.raises(TypeError, match=r"give_up_on=.* for job type 'x' .* exception classes"):
+        Router().handler("x", give_up_on=give_up_on)  # type: ignore[arg-type]
+
+
+class Refused(Exception):
+    pass
+
+
+class RefusedHard(Refused):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("raised", "outcome"),
+    [
+        (RefusedHard("no"), Outcome.PERMANENT),  # a subclass of a give_up_on class too
+        (PermanentError("no"), Outcome.PERMANENT),
+        (ConnectionError("later"), Outcome.TRANSIENT),
+    ],
+)
+async def test_give_up_on_is_permanent(raised: Exception, outcome: Outcome) -> None:
+    """An exception of a give_up_on class is a permanent failure; PermanentError stays one, and
+    any other exception stays transient; another type's give_up_on does not apply."""
+    router = Router()
+
+    @router.handler("strict", give_up_on=(Refused,))
+    def strict(j: Job) -> None:
+        raise raised
+
+    @router.handler("lenient")
+    def lenient(j: Job) -> None:
+        raise RefusedHard("no")
+
+    invoker = Invoker(router, timeout_s=5)
+    assert await invoker(job(b"{}", "strict")) == (outcome, raised)
+    assert (await invoker(job(b"{}", "lenient")))[0] is Outcome.TRANSIENT
+
+
+@pytest.mark.parametrize("is_async", [True, False])
+async def test_a_timeout_the_handler_raises_is_its_own_failure(is_async: bool) -> None:
+    """A TimeoutError the handler raises itself (a socket's, say) is that error, which
+    give_up_on can name, not the handler running past RICOCHET_HANDLER_TIMEOUT_S."""
+    router = Router()
+    raised = TimeoutError("read timed out")
+
+    async def async_fn(j: Job) -> None:
+        raise raised
+
+    def sync_fn(j: Job) -> None:
+        raise raised
+
+    router.handler("fetch", give_up_on=(TimeoutError,))(async_fn if is_async else sync_fn)
+    invoker = Invoker(router, timeout_s=5)
+    outcome, error = await invoker(job(b"{}", "fetch"))
+    # From a thread, asyncio hands back a copy of a TimeoutError: compare what it says.
+    assert outcome is Outcome.PERMANENT
+    assert (type(error), str(error)) == (TimeoutError, "read timed out")
+
+
+async def test_a_handler_past_its_timeout_is_a_transient_handler_timeout() -> None:
+    """A handler that runs past the timeout fails transiently with HandlerTimeout."""
+    router = Router()
+
+    @router.handler("slow", give_up_on=(TimeoutError,))
+    async def slow(j: Job) -> None:
+        await asyncio.sleep(5)
+
+    invoker = Invoker(router, timeout_s=0.05)
+    outcome, error = await invoker(job(b"{}", "slow"))
+    assert outcome is Outcome.TRANSIENT
+    assert isinstance(error, HandlerTimeout)
+
+
+async def test_sync_jobs_run_while_earlier_ones_hang() -> None:
+    """Sync handlers past their timeout keep running (a thread cannot be stopped), but they
+    never leave later sync jobs waiting for a thread: those run and succeed."""
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(j: Job) -> None:
+        if j.message_id == "hang":
+            release.wait(10)
+        ran.append(str(j.message_id))
+
+    invoker = Invoker(handler, timeout_s=0.2)
+    hung = Job(b"{}", headers={}, message_id="hang", amqp_type=None, attempt=1, max_attempts=4)
+    try:
+        for _ in range(3):
+            outcome, error = await invoker(hung)
+            assert (outcome, type(error)) == (Outcome.TRANSIENT, HandlerTimeout)
+        assert await invoker(job(b"{}")) == (Outcome.SUCCEEDED, None)
+        assert ran == ["m"]
+    finally:
+        release.set()

@@ -1,5 +1,6 @@
-"""The retry decision: tier delays, x-death reading, attempts and the decision table."""
+"""The retry decision: tier delays, the facts read from a delivery, and the decision table."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -7,19 +8,40 @@ import pytest
 from app.retry import (
     Action,
     Decision,
+    Facts,
     FailureKind,
     Outcome,
-    death_is_forged,
     decide,
-    is_poison,
     max_attempts,
-    original_routing_key,
-    retries_so_far,
+    read_facts,
     tier_delays_ms,
 )
 
 
-def death(queue: str = "jobs", reason: str = "rejected", count: Any = 1, **extra: Any) -> dict:
+def facts(
+    headers: Mapping[str, object],
+    redelivered: bool = False,
+    routing_key: str = "jobs",
+    max_retries: int = 3,
+    from_tier: bool = True,
+    type_max_retries: int | None = None,
+) -> Facts:
+    """The facts of a delivery from the main queue "jobs" (back from a tier, unless told)."""
+    return read_facts(
+        headers,
+        redelivered=redelivered,
+        routing_key=routing_key,
+        from_tier=from_tier,
+        queue="jobs",
+        max_retries=max_retries,
+        type_max_retries=type_max_retries,
+    )
+
+
+def death(
+    queue: object = "jobs", reason: object = "rejected", count: object = 1, **extra: object
+) -> dict[str, object]:
+    """An x-death entry; its fields may be of any type, as a forged one's are."""
     return {"queue": queue, "reason": reason, "count": count, **extra}
 
 
@@ -62,9 +84,29 @@ def test_tier_delays(
         ({"x-death": [{"count": 1}]}, True),
     ],
 )
-def test_forged_death(headers: dict, forged: bool) -> None:
+def test_forged_death(headers: dict[str, object], forged: bool) -> None:
     """Only a non-empty list of tables with string queue/reason and a positive count is genuine."""
-    assert death_is_forged(headers) is forged
+    assert facts(headers).forged is forged
+
+
+@pytest.mark.parametrize(
+    ("headers", "from_tier", "forged"),
+    [
+        ({"x-death": [death()]}, True, False),
+        ({"x-death": [death()]}, False, True),
+        ({"x-death": [death("jobs.retry.1", "expired", 2), death()]}, False, True),
+        # The broker's record of another queue (a user's own dead-lettering upstream) stays.
+        ({"x-death": [death("orders", "rejected", 2)]}, False, False),
+        ({"x-death": [death("jobs", "expired", 2)]}, False, False),
+        ({}, False, False),
+    ],
+)
+def test_main_queue_rejection_only_on_a_job_back_from_a_tier(
+    headers: dict[str, object], from_tier: bool, forged: bool
+) -> None:
+    """A main-queue rejection on a job that did not come back from a tier was written by a
+    publisher: RabbitMQ 4 would restart its count, RabbitMQ 3 go on from it, so it is cleaned."""
+    assert facts(headers, from_tier=from_tier).forged is forged
 
 
 @pytest.mark.parametrize(
@@ -79,17 +121,19 @@ def test_forged_death(headers: dict, forged: bool) -> None:
         ({"x-death": [death(reason="maxlen", count=4), death("jobs.retry.1", "expired", 3)]}, 0),
     ],
 )
-def test_retries_so_far(headers: dict, retries: int) -> None:
-    """Retries so far is the count of the x-death entry for (main queue, rejected)."""
-    assert retries_so_far(headers, "jobs") == retries
+def test_retries_so_far(headers: dict[str, object], retries: int) -> None:
+    """Retries so far is the count of the x-death entry for (main queue, rejected): the attempt
+    is one more."""
+    assert facts(headers).attempt == retries + 1
 
 
 def test_original_routing_key() -> None:
     """The first routing key survives tier round-trips through the rejection's x-death entry."""
     headers = {"x-death": [death("jobs.retry.1", "expired"), death(**{"routing-keys": ["jobs"]})]}
-    assert original_routing_key(headers, "jobs", "jobs.attempt.1") == "jobs"
-    assert original_routing_key({}, "jobs", "jobs") == "jobs"
-    assert original_routing_key({"x-death": [death(**{"routing-keys": []})]}, "jobs", "k") == "k"
+    assert facts(headers, routing_key="jobs.attempt.1").original_routing_key == "jobs"
+    assert facts({}, routing_key="jobs").original_routing_key == "jobs"
+    no_keys = {"x-death": [death(**{"routing-keys": []})]}
+    assert facts(no_keys, routing_key="k").original_routing_key == "k"
 
 
 @pytest.mark.parametrize(
@@ -110,41 +154,168 @@ def test_original_routing_key() -> None:
 def test_max_attempts(header: Any, configured: int, expected: int) -> None:
     """max_attempts = 1 + min(configured retries, a max-retries header that is an integer >= 0)."""
     headers = {} if header is None else {"max-retries": header}
-    assert max_attempts(headers, configured) == expected
+    assert facts(headers, max_retries=configured).max_attempts == expected
 
 
 @pytest.mark.parametrize(
-    ("headers", "redelivered", "poison"),
+    ("type_retries", "header_retries", "retries"),
+    # The type's and the header's budget: each unset, lower than the setting's 3, higher, or 0.
     [
-        ({}, True, False),
-        ({"x-delivery-count": 5}, True, False),
-        ({"x-delivery-count": 6}, True, True),
-        ({"x-acquired-count": 6}, True, True),  # RabbitMQ 4.x counts returns here
-        ({"x-delivery-count": "9"}, True, False),
-        ({"x-delivery-count": True}, True, False),
-        ({"x-delivery-count": 99}, False, False),  # a first delivery: a publisher wrote it
+        (None, None, 3),
+        (None, 1, 1),
+        (None, 5, 3),
+        (None, 0, 0),
+        (1, None, 1),
+        (1, 1, 1),
+        (1, 5, 1),
+        (1, 0, 0),
+        (5, None, 3),
+        (5, 1, 1),
+        (5, 5, 3),
+        (5, 0, 0),
+        (0, None, 0),
+        (0, 1, 0),
+        (0, 5, 0),
+        (0, 0, 0),
     ],
 )
-def test_poison(headers: dict, redelivered: bool, poison: bool) -> None:
-    """More than five unacked deliveries, counted by the broker on a redelivery, make a job
-    poison."""
-    assert is_poison(headers, redelivered) is poison
+def test_budget_is_the_smallest_set(
+    type_retries: int | None, header_retries: int | None, retries: int
+) -> None:
+    """max_attempts = 1 + the smallest of RICOCHET_MAX_RETRIES, the type's and the header's
+    budget, the unset ones left out: the type and the header lower it, never raise it, and
+    with the setting at 0 every job gets one attempt."""
+    assert max_attempts(3, type_retries, header_retries) == 1 + retries
+    assert max_attempts(0, type_retries, header_retries) == 1
+    headers = {} if header_retries is None else {"max-retries": header_retries}
+    read = facts(headers, max_retries=3, type_max_retries=type_retries)
+    assert read.max_attempts == 1 + retries
 
 
 @pytest.mark.parametrize(
-    ("outcome", "attempt", "allowed", "decision"),
+    ("headers", "redelivered", "retries", "poison"),
     [
-        (Outcome.SUCCEEDED, 1, 4, Decision(Action.ACK)),
-        (Outcome.SUCCEEDED, 4, 4, Decision(Action.ACK)),
-        (Outcome.TRANSIENT, 1, 4, Decision(Action.RETRY)),
-        (Outcome.TRANSIENT, 3, 4, Decision(Action.RETRY)),
-        (Outcome.TRANSIENT, 4, 4, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (Outcome.TRANSIENT, 6, 4, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (Outcome.TRANSIENT, 1, 1, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (Outcome.PERMANENT, 1, 4, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        (Outcome.PERMANENT, 4, 4, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        ({}, True, 0, False),
+        ({"x-delivery-count": 5}, True, 0, False),
+        ({"x-delivery-count": 6}, True, 0, True),
+        ({"x-acquired-count": 6}, True, 0, True),  # RabbitMQ 4.x counts returns here
+        ({"x-delivery-count": "9"}, True, 0, False),
+        ({"x-delivery-count": True}, True, 0, False),
+        ({"x-delivery-count": 99}, False, 0, False),  # a first delivery: a publisher wrote it
+        # RabbitMQ 4.0 carries the count through the tiers: seven rejections are not crashes.
+        ({"x-delivery-count": 7}, True, 7, False),
+        ({"x-delivery-count": 11}, True, 6, False),
+        ({"x-delivery-count": 13}, True, 7, True),
+        ({"x-acquired-count": 13}, True, 7, True),
     ],
 )
-def test_decide(outcome: Outcome, attempt: int, allowed: int, decision: Decision) -> None:
-    """Success acks; permanent fails at once; transient retries while attempts remain."""
-    assert decide(outcome, attempt, allowed) == decision
+def test_poison(headers: dict[str, object], redelivered: bool, retries: int, poison: bool) -> None:
+    """More than five unacked deliveries beyond the job's own retries, counted by the broker on
+    a redelivery, make a job poison."""
+    if retries:
+        headers = {**headers, "x-death": [death(count=retries)]}
+    assert facts(headers, redelivered).poison is poison
+
+
+FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")
+SECOND = Facts(attempt=2, max_attempts=4, original_routing_key="jobs")
+LAST = Facts(attempt=4, max_attempts=4, original_routing_key="jobs")
+ONLY = Facts(attempt=1, max_attempts=1, original_routing_key="jobs")
+FORGED = Facts(attempt=1, max_attempts=4, original_routing_key="jobs", forged=True)
+POISON = Facts(attempt=2, max_attempts=4, original_routing_key="jobs", poison=True)
+
+
+@pytest.mark.parametrize(
+    ("facts_", "outcome", "decision"),
+    [
+        # Before the handler runs: forged x-death and poison are settled without it.
+        (FIRST, None, Decision(Action.RUN)),
+        (LAST, None, Decision(Action.RUN)),
+        (FORGED, None, Decision(Action.SANITIZE)),
+        (POISON, None, Decision(Action.FAIL, FailureKind.POISON)),
+        # After it ran.
+        (FIRST, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        (LAST, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        (FIRST, Outcome.TRANSIENT, Decision(Action.RETRY, tier=1)),
+        (SECOND, Outcome.TRANSIENT, Decision(Action.RETRY, tier=2)),
+        (Facts(3, 4, "jobs"), Outcome.TRANSIENT, Decision(Action.RETRY, tier=3)),
+        (LAST, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
+        (Facts(6, 4, "jobs"), Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
+        (ONLY, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
+        (FIRST, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (LAST, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (ONLY, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+    ],
+)
+def test_decide(facts_: Facts, outcome: Outcome | None, decision: Decision) -> None:
+    """Forged is cleaned and poison fails before the handler runs; then success acks, permanent
+    fails at once, transient retries in the tier of its attempt while attempts remain."""
+    assert decide(facts_, outcome) == decision
+
+
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "max_retries", "outcome", "decision"),
+    [
+        # A fresh job: its handler runs, a success is acked, a failure goes to tier 1.
+        ({}, False, 3, None, Decision(Action.RUN)),
+        ({}, False, 3, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        ({}, False, 3, Outcome.TRANSIENT, Decision(Action.RETRY, tier=1)),
+        # Back from tier 2 (two rejections): tier 3 next, the last with max-retries 3.
+        ({"x-death": [death(count=2)]}, True, 3, Outcome.TRANSIENT, Decision(Action.RETRY, tier=3)),
+        (
+            {"x-death": [death(count=3)]},
+            False,
+            3,
+            Outcome.TRANSIENT,
+            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+        ),
+        # A max-retries header lowers the budget.
+        (
+            {"max-retries": 0},
+            False,
+            3,
+            Outcome.TRANSIENT,
+            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+        ),
+        # No retries configured: a transient failure fails at once.
+        ({}, False, 0, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
+        ({}, False, 3, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        # A forged x-death is never nacked, whatever else it carries.
+        ({"x-death": "rejected"}, False, 3, None, Decision(Action.SANITIZE)),
+        (
+            {"x-death": [death(count="9")], "x-delivery-count": 9},
+            True,
+            3,
+            None,
+            Decision(Action.SANITIZE),
+        ),
+        # Delivered more than five times without an ack: poison, the handler does not run.
+        ({"x-delivery-count": 6}, True, 3, None, Decision(Action.FAIL, FailureKind.POISON)),
+        ({"x-acquired-count": 6}, True, 3, None, Decision(Action.FAIL, FailureKind.POISON)),
+        ({"x-delivery-count": 5}, True, 3, None, Decision(Action.RUN)),
+        ({"x-delivery-count": 99}, False, 3, None, Decision(Action.RUN)),
+    ],
+)
+def test_spec_rows(
+    headers: dict[str, object],
+    redelivered: bool,
+    max_retries: int,
+    outcome: Outcome | None,
+    decision: Decision,
+) -> None:
+    """Each row of the contract's decision, from the headers the broker delivers to the action."""
+    assert decide(facts(headers, redelivered, max_retries=max_retries), outcome) == decision
+
+
+@pytest.mark.parametrize(
+    ("headers", "decision"),
+    [
+        # A main-queue rejection on a job that did not come back from a tier: a publisher wrote it.
+        ({"x-death": [death(count=2)]}, Decision(Action.SANITIZE)),
+        # The broker's record of another queue's dead-lettering upstream: a fresh job.
+        ({"x-death": [death("orders", count=2)]}, Decision(Action.RUN)),
+    ],
+)
+def test_spec_rows_of_a_job_not_from_a_tier(headers: dict[str, object], decision: Decision) -> None:
+    """Only a job back from a tier may carry the main queue's own rejection count."""
+    assert decide(facts(headers, from_tier=False), None) == decision
