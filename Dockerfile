@@ -19,11 +19,17 @@ RUN groupadd --system --gid 10001 ricochet \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin ricochet
 USER 10001:10001
 
+# In a container the endpoints must be reachable from outside it (Prometheus, the orchestrator);
+# outside one ricochet listens on loopback only.
+ENV RICOCHET_HTTP_HOST=0.0.0.0
 EXPOSE 8000
-# Liveness from /healthz on RICOCHET_HTTP_PORT (slim has no curl). With the port set to 0 there is
-# nothing to probe: turn the check off too (`healthcheck: disable: true` in compose).
-HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('RICOCHET_HTTP_PORT', '8000'), timeout=4)"]
+# Healthy means consuming (/readyz on RICOCHET_HTTP_PORT; slim has no curl): what compose's
+# service_healthy and Swarm's rolling updates wait for before moving on. Docker itself restarts
+# no unhealthy container, so a broker outage only shows as unhealthy. The start period covers
+# RICOCHET_CONNECT_TIMEOUT_S's default. With the port set to 0 there is nothing to probe: turn
+# the check off too (`healthcheck: disable: true` in compose).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('RICOCHET_HTTP_PORT', '8000'), timeout=4)"]
 
 # SIGTERM starts the drain: in-flight jobs get RICOCHET_SHUTDOWN_TIMEOUT_S to finish. The
 # orchestrator's grace period (compose stop_grace_period, Kubernetes
