@@ -66,11 +66,15 @@ class Monitor:
         await channel.set_qos(prefetch_count=PREFETCH)
         events = await channel.get_queue(self._names.events, ensure=False)
         await events.consume(self._on_event)
-        ticker = asyncio.get_running_loop().create_task(self._tick(connection, plan))
+        # The ticker ends on this flag as well as on its cancellation: a cancel that lands in a
+        # broker call may come out of aiormq as a closed channel, which the ticker lives through.
+        done = asyncio.Event()
+        ticker = asyncio.get_running_loop().create_task(self._tick(connection, plan, done))
         log.info("monitoring", queue=self._names.events, failed_queue=self._names.failed)
         try:
             await self.lifecycle.serve_until_lost(connection, channel)
         finally:
+            done.set()
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
@@ -96,11 +100,12 @@ class Monitor:
             alert = job_failed_alert(self._names.queue, failure, suppressed)
             await self._webhook.send(alert, functools.partial(_ack, message, earlier))
 
-    async def _tick(self, connection: AbstractConnection, plan: Plan) -> None:
-        """Send held-back alerts when due, and read the failed queue's depth every interval."""
+    async def _tick(self, connection: AbstractConnection, plan: Plan, done: asyncio.Event) -> None:
+        """Send held-back alerts when due, and read the failed queue's depth every interval,
+        until done is set."""
         loop = asyncio.get_running_loop()
         next_depth_check = loop.time()
-        while True:
+        while not done.is_set():
             now = loop.time()
             for failure, suppressed in self._limiter.due(now):
                 held = self._held.pop(reason_key(failure.reason), None)
