@@ -2,7 +2,7 @@
 
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aio_pika
@@ -17,7 +17,16 @@ from tests.support import (
     WebhookServer,
     delete_topology,
     make_settings,
+    reap_spawned,
 )
+
+
+@pytest.fixture(autouse=True)
+def _reap_spawned() -> Iterator[None]:
+    """A ricochet process a test left running (its wait timed out, say) is killed after it, so
+    it cannot outlive the run or haunt the next test."""
+    yield
+    reap_spawned()
 
 
 @pytest.fixture

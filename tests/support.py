@@ -254,7 +254,7 @@ def spawn(
     """
     sink = output.open("a") if output is not None else None
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "app", *args],
             cwd=ROOT,
             env=env,
@@ -266,6 +266,24 @@ def spawn(
     finally:
         if sink is not None:
             sink.close()
+    SPAWNED.append(proc)
+    return proc
+
+
+# Every process spawn() started; the reap_spawned fixture kills those a test left running.
+SPAWNED: list["subprocess.Popen[str]"] = []
+
+
+def reap_spawned() -> None:
+    """Kill the spawned processes still running and close their pipes."""
+    for proc in SPAWNED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    SPAWNED.clear()
 
 
 def run_cli(
