@@ -1,4 +1,4 @@
-"""The README's replay procedures with the stock tools, run exactly as the README writes them."""
+"""The replay procedures with the stock tools, run exactly as docs/operations.md writes them."""
 
 import os
 import re
@@ -22,10 +22,10 @@ from tests.support import ROOT, StartWorker, depth, make_settings, take, wait_fo
 
 
 def procedure(name: str) -> str:
-    """The shell block that follows `<!-- procedure: NAME -->` in the README."""
-    readme = (ROOT / "README.md").read_text()
-    found = re.search(rf"<!-- procedure: {name} -->\n```sh\n(.*?)```", readme, re.DOTALL)
-    assert found, f"README has no procedure {name}"
+    """The shell block that follows `<!-- procedure: NAME -->` in docs/operations.md."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    found = re.search(rf"<!-- procedure: {name} -->\n```sh\n(.*?)```", doc, re.DOTALL)
+    assert found, f"docs/operations.md has no procedure {name}"
     return found.group(1)
 
 
@@ -67,7 +67,7 @@ def management_port() -> int:
 @pytest.fixture
 def rabbitmqadmin(tools: Path, connection: AbstractConnection) -> Path:
     """rabbitmqadmin v1, downloaded from the broker's management plugin, on PATH. RabbitMQ 4.3
-    no longer serves it, as the README says: the v1 procedure is not for those brokers."""
+    no longer serves it, as docs/operations.md says: the v1 procedure is not for those brokers."""
     url = urllib.parse.urljoin(BROKER.management_url, "cli/rabbitmqadmin")
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -76,7 +76,7 @@ def rabbitmqadmin(tools: Path, connection: AbstractConnection) -> Path:
         version = broker_version(connection)
         if error.code != 404 or version is None or version < (4, 3):
             raise
-        pytest.skip(f"RabbitMQ {version} does not serve rabbitmqadmin v1 (README: use v2)")
+        pytest.skip(f"RabbitMQ {version} does not serve rabbitmqadmin v1 (the docs: use v2)")
     port = management_port()
     return on_path(
         tools, "rabbitmqadmin", ["python3", str(tools / "rabbitmqadmin.py"), "-P", str(port)]
@@ -103,8 +103,9 @@ async def test_rabbitmqadmin_moves_one_job_back_with_a_full_budget(
     start_worker: StartWorker,
     rabbitmqadmin: Path,
 ) -> None:
-    """The README's rabbitmqadmin procedure takes the oldest copy off Q.failed and puts the job
-    on Q with its body and properties; the worker handles it as attempt 1 of a full budget."""
+    """The rabbitmqadmin procedure of docs/operations.md takes the oldest copy off Q.failed and
+    puts the job on Q with its body and properties; the worker handles it as attempt 1 of a full
+    budget."""
     names = Names(queue_name)
     recorder = Recorder()
     await declare(connection, make_settings(queue_name, max_retries=2))
@@ -140,8 +141,9 @@ async def test_shovel_moves_failed_jobs_back(
     shovel: str,
     moves: int,
 ) -> None:
-    """The README's shovel procedures (rabbitmqctl, rabbitmqadmin v2) move the oldest copies of
-    Q.failed to Q, all of them or one, body and properties intact, and remove themselves."""
+    """The shovel procedures of docs/operations.md (rabbitmqctl, rabbitmqadmin v2) move the
+    oldest copies of Q.failed to Q, all of them or one, body and properties intact, and remove
+    themselves."""
     path: Path = request.getfixturevalue(tool)
     names = Names(queue_name)
     await declare(connection, make_settings(queue_name))

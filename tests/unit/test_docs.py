@@ -51,8 +51,8 @@ def relative_links(path: Path) -> list[str]:
 
 def test_anchors_follow_github_rules() -> None:
     """A heading's anchor is what GitHub links to, so the check below accepts no more."""
-    doc = ROOT / "README.md"
-    assert {"quickstart", "status-at-3-am", "writing-a-handler"} <= anchors(doc)
+    assert {"quickstart", "writing-a-handler"} <= anchors(ROOT / "README.md")
+    assert "status-at-3-am" in anchors(ROOT / "docs" / "operations.md")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
