@@ -105,8 +105,9 @@ class Subscription:
         except CONNECTION_ERRORS:
             log.warning("job not settled: channel closed, the broker delivers it again")
             return False
-        finally:
-            self.acks.release(delivery)  # only now, with the nack written, may a multiple ack pass
+        # Only now, with the nack written, may a multiple ack pass it; a nack cancelled before
+        # that keeps its tag held back for as long as the channel lives.
+        self.acks.release(delivery)
         return True
 
     async def copy_then_ack(

@@ -1,8 +1,11 @@
 """Which finished deliveries one multiple ack may cover, and which are acked one by one."""
 
+import asyncio
+
 import pytest
 
 from app.acks import plan_acks
+from app.subscription import Subscription
 
 
 @pytest.mark.parametrize(
@@ -24,3 +27,42 @@ def test_plan_acks(
     """A multiple ack reaches exactly the finished deliveries below the oldest running one;
     every other finished delivery is acked on its own at once."""
     assert plan_acks(running, finished) == (multiple, singles)
+
+
+class _Delivery:
+    """A delivery of the one channel: its acks are recorded, its nack never gets written."""
+
+    def __init__(self, tag: int, acked: list[tuple[int, bool]]) -> None:
+        self.delivery_tag = tag
+        self._acked = acked
+
+    async def ack(self, multiple: bool = False) -> None:
+        self._acked.append((self.delivery_tag, multiple))
+
+    async def dead_letter(self) -> None:
+        await asyncio.Event().wait()  # a stalled socket: the nack is never written
+
+
+class _Frames:
+    def on_cancelled(self, _: object) -> None:
+        pass
+
+
+async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
+    """A nack cancelled before it was written (a drain timeout on a stalled socket) still
+    counts as running: the acks of the jobs around it never cover its delivery tag, so the job
+    that failed is not settled as if it had succeeded."""
+    acked: list[tuple[int, bool]] = []
+    subscription = Subscription(_Frames(), None, 131072)  # type: ignore[arg-type]
+    deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
+    for delivery in deliveries:
+        subscription.acks.delivered(delivery)  # type: ignore[arg-type]
+    nack = asyncio.create_task(subscription.dead_letter(deliveries[1]))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    nack.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await nack
+    subscription.ack(deliveries[0])  # type: ignore[arg-type]
+    subscription.ack(deliveries[2])  # type: ignore[arg-type]
+    await subscription.acks.drain()
+    assert acked == [(1, False), (3, False)]
