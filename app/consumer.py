@@ -13,24 +13,13 @@ import structlog
 from aio_pika.abc import AbstractChannel
 
 from app.amqp import Delivery
-from app.errors import PoisonMessage
-from app.failed import cleaned_copy, failed_copy, failure_reason, failure_traceback
+from app.failed import cleaned_copy, failed_copy, failure_reason
 from app.handler import Invoker
-from app.job import Job, job_of, job_type
+from app.job import bind_log_context, job_of, job_type
 from app.metrics import Metrics, QueueMetrics
-from app.retry import (
-    POISON_DELIVERIES,
-    Action,
-    Decision,
-    Facts,
-    FailureKind,
-    Outcome,
-    decide,
-    read_facts,
-)
+from app.retry import Action, Decision, Facts, Outcome, decide, read_facts
 from app.subscription import Gate, Subscription
 from app.topology import Plan
-from app.tracebacks import format_traceback
 
 log = structlog.get_logger("ricochet.consumer")
 
@@ -54,8 +43,6 @@ class Consumer:
         self._metrics = QueueMetrics(metrics, self._queue)
         self.in_flight: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
-        # Closed while paused: a delivery that arrives before the broker has the cancel waits,
-        # unacked and not run, so it spends no attempt.
         self._gate = Gate()
 
     async def start(self, channel: AbstractChannel, frame_max: int) -> None:
@@ -133,7 +120,8 @@ class Consumer:
         decision = decide(facts, None)
         error: BaseException | None = None
         if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
-            job = self._job(delivery, facts, kind)
+            job = job_of(delivery, facts, kind)
+            bind_log_context(job)
             if decision.action is Action.RUN:
                 started = time.perf_counter()
                 outcome, error = await self._invoker(job)
@@ -141,18 +129,6 @@ class Consumer:
                 self._ran(outcome)
                 decision = decide(facts, outcome)
         await self._settle(subscription, delivery, facts, decision, error)
-
-    def _job(self, delivery: Delivery, facts: Facts, kind: str | None) -> Job:
-        job = job_of(delivery, facts, kind)
-        # Each job runs in a task of its own, with its own copy of the context: binding here
-        # tags every line logged for this job (an async handler's too) and leaks into no other.
-        structlog.contextvars.bind_contextvars(
-            message_id=job.message_id,
-            type=job.type,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-        )
-        return job
 
     async def _settle(
         self,
@@ -184,37 +160,18 @@ class Consumer:
                 log.warning("forged x-death header removed", message_id=delivery.message_id)
         else:
             assert decision.kind is not None
-            if error is None:  # a poison job: its handler did not run
-                error = PoisonMessage(
-                    f"delivered more than {POISON_DELIVERIES} times without an ack"
-                )
-            await self._fail(subscription, delivery, facts, decision.kind, error)
-
-    async def _fail(
-        self,
-        subscription: Subscription,
-        delivery: Delivery,
-        facts: Facts,
-        kind: FailureKind,
-        error: BaseException,
-    ) -> None:
-        formatted = format_traceback(error)  # once, for the header and the log line
-        copy = failed_copy(
-            delivery,
-            facts,
-            error,
-            kind,
-            queue=self._queue,
-            frame_max=subscription.frame_max,
-            now=dt.datetime.now(dt.UTC),
-            formatted_traceback=formatted,
-        )
-        names = self._plan.names
-        if await subscription.copy_then_ack(delivery, copy, names.failed, notify=names.events):
-            self._metrics.failed_as(kind, facts.attempt)
-            log.error(
-                "job failed",
-                kind=str(kind),
-                error=copy.headers["failed-reason"],
-                exception=failure_traceback(formatted).removesuffix("\n"),
+            failed = failed_copy(
+                delivery,
+                facts,
+                error,
+                decision.kind,
+                queue=self._queue,
+                frame_max=subscription.frame_max,
+                now=dt.datetime.now(dt.UTC),
             )
+            names = self._plan.names
+            if await subscription.copy_then_ack(
+                delivery, failed.message, names.failed, notify=names.events
+            ):
+                self._metrics.failed_as(decision.kind, facts.attempt)
+                log.error("job failed", **failed.log_fields)

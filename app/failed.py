@@ -9,9 +9,11 @@ import aio_pika
 from aio_pika.abc import AbstractMessage
 
 from app.amqp import Delivery, table_size
+from app.errors import PoisonMessage
 from app.job import job_type
 from app.log import redact
-from app.retry import Facts, FailureKind
+from app.retry import POISON_DELIVERIES, Facts, FailureKind
+from app.tracebacks import format_traceback
 
 REASON_MAX_CHARS = 1000
 TRACEBACK_MAX_CHARS = 4096
@@ -103,7 +105,7 @@ def failed_headers(
 ) -> dict[str, Any]:
     """The failed copy's headers: the original's without x-death, plus the failure's.
 
-    formatted_traceback is app.tracebacks.format_traceback(exc), which the caller also logs.
+    formatted_traceback is app.tracebacks.format_traceback(exc).
     """
     return {
         **copied_headers(headers),
@@ -145,18 +147,29 @@ def copy_of(message: AbstractMessage, headers: dict[str, Any]) -> aio_pika.Messa
     )
 
 
+@dataclass(frozen=True)
+class FailedCopy:
+    """A failed delivery's copy for the failed queue, and the fields of its "job failed" line."""
+
+    message: aio_pika.Message
+    log_fields: dict[str, str]
+
+
 def failed_copy(
     delivery: Delivery,
     facts: Facts,
-    exc: BaseException,
+    exc: BaseException | None,
     kind: FailureKind,
     *,
     queue: str,
     frame_max: int,
     now: dt.datetime,
-    formatted_traceback: str,
-) -> aio_pika.Message:
-    """The copy of a failed delivery for the failed exchange, its headers fitted to one frame."""
+) -> FailedCopy:
+    """The copy of a failed delivery for the failed exchange, its headers fitted to one frame,
+    and what to log of it; without an exception (a poison job, whose handler did not run) the
+    failure is a PoisonMessage."""
+    if exc is None:
+        exc = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
     headers = failed_headers(
         delivery.headers,
         exc,
@@ -165,9 +178,16 @@ def failed_copy(
         queue=queue,
         routing_key=facts.original_routing_key,
         now=now,
-        formatted_traceback=formatted_traceback,
+        formatted_traceback=format_traceback(exc),
     )
-    return copy_of(delivery.decoded(), fit_to_frame(headers, frame_max))
+    fitted = fit_to_frame(headers, frame_max)
+    log_fields = {
+        "kind": str(kind),
+        "error": fitted["failed-reason"],
+        # The header's traceback as it was before fitting: a log line has no frame to fit.
+        "exception": headers["failed-traceback"].removesuffix("\n"),
+    }
+    return FailedCopy(copy_of(delivery.decoded(), fitted), log_fields)
 
 
 def cleaned_copy(delivery: Delivery) -> aio_pika.Message:

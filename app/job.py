@@ -4,6 +4,8 @@ import json
 from functools import cached_property
 from typing import Any
 
+import structlog
+
 from app.amqp import Delivery
 from app.errors import InvalidPayload
 from app.retry import Facts
@@ -85,4 +87,19 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
         routing_key=delivery.routing_key,
         correlation_id=delivery.correlation_id,
         content_type=delivery.content_type,
+    )
+
+
+def bind_log_context(job: Job) -> None:
+    """Tag every line logged from now on in the current context with the job's message id,
+    type and attempt.
+
+    Each job runs in a task of its own, with its own copy of the context: binding there tags
+    every line logged for this job (an async handler's too) and leaks into no other.
+    """
+    structlog.contextvars.bind_contextvars(
+        message_id=job.message_id,
+        type=job.type,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
     )

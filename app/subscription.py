@@ -145,7 +145,8 @@ class Subscription:
 
 
 class Gate:
-    """Where deliveries wait, unacked and not run, while the worker pauses."""
+    """Where deliveries wait, unacked and not run, while the worker pauses: one that arrives
+    before the broker has the cancel spends no attempt."""
 
     def __init__(self) -> None:
         self._open = asyncio.Event()

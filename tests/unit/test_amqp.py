@@ -4,29 +4,11 @@ from typing import Any
 
 import pytest
 from aio_pika.message import IncomingMessage
-from aiormq.abc import DeliveredMessage
-from pamqp import commands, frame, header
-from pamqp.body import ContentBody
-from pamqp.common import FieldTable
+from pamqp import commands
 
 from app.amqp import Delivery, table_size
+from tests.unit.frames import HEADERS, delivered
 
-HEADERS: FieldTable = {
-    "tenant": "acme",
-    "n": 7,
-    "raw": bytearray(b"\xff\x00"),
-    "nested": {"k": [1, "two"]},
-}
-PROPERTIES = commands.Basic.Properties(
-    headers=HEADERS,
-    message_id="m-1",
-    message_type="invoice.paid",
-    correlation_id="c-9",
-    content_type="application/json",
-    delivery_mode=2,
-    priority=3,
-    app_id="billing",
-)
 FIELDS = (
     "body",
     "headers",
@@ -38,31 +20,6 @@ FIELDS = (
     "redelivered",
     "delivery_tag",
 )
-
-
-class SettledOn:
-    """The channel end of a delivery: records what it is settled with."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
-
-    async def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.sent.append(("ack", delivery_tag, multiple))
-
-    async def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
-        self.sent.append(("nack", delivery_tag, requeue))
-
-
-def through_the_wire(*frames: Any) -> list[Any]:
-    """The frames marshalled to bytes and read back, as the client receives them."""
-    return [frame.unmarshal(frame.marshal(f, channel_id=1))[2] for f in frames]
-
-
-def delivered(method: Any, body: bytes = b'{"a": 1}') -> DeliveredMessage:
-    read_method, read_header, read_body = through_the_wire(
-        method, header.ContentHeader(body_size=len(body), properties=PROPERTIES), ContentBody(body)
-    )
-    return DeliveredMessage(read_method, read_header, read_body.value, SettledOn())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

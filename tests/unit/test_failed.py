@@ -1,11 +1,13 @@
-"""The failed copy's headers."""
+"""The failed copy: its headers, the message, and what is logged of it."""
 
 import datetime as dt
 from typing import Any
 
+import aio_pika
 import pytest
+from pamqp import commands
 
-from app.amqp import table_size
+from app.amqp import Delivery, table_size
 from app.errors import PermanentError
 from app.failed import (
     PROPERTIES_RESERVE_BYTES,
@@ -13,13 +15,15 @@ from app.failed import (
     TRACEBACK_MAX_CHARS,
     copied_headers,
     exception_name,
+    failed_copy,
     failed_headers,
     failure_reason,
     fit_to_frame,
     read_failure,
 )
-from app.retry import FailureKind
+from app.retry import Facts, FailureKind
 from app.tracebacks import format_traceback
+from tests.unit.frames import HEADERS, delivered
 
 
 class CustomError(Exception):
@@ -145,6 +149,85 @@ def test_large_copies_are_cut_to_the_frame(
         assert fitted["failed-traceback"].endswith("raise here")
     assert bool(fitted["failed-reason"]) is reason_kept
     assert headers["failed-reason"].startswith(fitted["failed-reason"])
+
+
+def delivery_from_tier() -> Delivery:
+    """A third attempt at a job published to "jobs", back from the tier of its second."""
+    return Delivery(delivered(commands.Basic.Deliver("ctag", 4, False, "jobs.return", "jobs")))
+
+
+FACTS = Facts(attempt=3, max_attempts=3, original_routing_key="jobs.original")
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+def test_failed_copy_carries_the_job_and_its_failure() -> None:
+    """The copy keeps the body, the properties and the application headers, is persistent,
+    and says why it failed; its log fields repeat the kind, reason and traceback."""
+    exc = raised(ValueError("bad row 7"))
+    failed = failed_copy(
+        delivery_from_tier(),
+        FACTS,
+        exc,
+        FailureKind.EXHAUSTED,
+        queue="jobs",
+        frame_max=FRAME_MAX,
+        now=NOW,
+    )
+    message = failed.message
+    assert message.body == b'{"a": 1}'
+    assert (message.message_id, message.type, message.app_id) == ("m-1", "invoice.paid", "billing")
+    assert message.delivery_mode is aio_pika.DeliveryMode.PERSISTENT
+    headers = failed_headers(
+        HEADERS, exc, FailureKind.EXHAUSTED, 2, "jobs", "jobs.original", NOW, format_traceback(exc)
+    )
+    assert message.headers == headers
+    assert failed.log_fields == {
+        "kind": "exhausted",
+        "error": "ValueError: bad row 7",
+        "exception": headers["failed-traceback"].removesuffix("\n"),
+    }
+    assert failed.log_fields["exception"].endswith("ValueError: bad row 7")
+
+
+def test_failed_copy_without_an_exception_is_poison() -> None:
+    """A poison job's handler never ran: its copy fails it as a PoisonMessage."""
+    failed = failed_copy(
+        delivery_from_tier(),
+        FACTS,
+        None,
+        FailureKind.POISON,
+        queue="jobs",
+        frame_max=FRAME_MAX,
+        now=NOW,
+    )
+    reason = "PoisonMessage: delivered more than 5 times without an ack"
+    assert failed.message.headers["failed-exception"] == "app.errors.PoisonMessage"
+    assert failed.message.headers["failed-reason"] == reason
+    assert failed.log_fields == {
+        "kind": "poison",
+        "error": reason,
+        "exception": f"app.errors.{reason}",  # never raised: no stack, only its last line
+    }
+
+
+def test_failed_copy_logs_the_whole_traceback_its_frame_cut() -> None:
+    """A copy fitted to a small frame keeps only the end of its traceback; the log line says
+    the reason the copy carries, and the whole traceback."""
+    exc = raised(RuntimeError("x" * 300))
+    failed = failed_copy(
+        delivery_from_tier(),
+        FACTS,
+        exc,
+        FailureKind.PERMANENT,
+        queue="jobs",
+        frame_max=PROPERTIES_RESERVE_BYTES + 1000,
+        now=NOW,
+    )
+    headers = failed.message.headers
+    assert not str(headers["failed-traceback"]).startswith("Traceback")
+    assert failed.log_fields["error"] == headers["failed-reason"]
+    assert failed.log_fields["exception"].startswith("Traceback (most recent call last):")
+    assert failed.log_fields["exception"].endswith("RuntimeError: " + "x" * 300)
 
 
 def test_reason_and_traceback_are_scrubbed() -> None:
