@@ -32,6 +32,7 @@ FAILURE_HEADERS = (
     "retry-count",
     "original-queue",
     "original-routing-key",
+    "failed-dropped-headers",
 )
 # Message properties carried over to the failed copy and back on replay.
 COPIED_PROPERTIES = (
@@ -121,19 +122,31 @@ def failed_headers(
 
 
 def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
-    """The headers, with the traceback and then the reason shortened until they fit one frame.
+    """The headers, with the traceback and then the reason shortened until they fit one frame,
+    and then, if they still do not, the job's own largest headers dropped.
 
     A header frame larger than the connection's frame_max makes the broker close the whole
     connection, so a failed copy that does not fit would send its job round forever.
     """
     fitted = dict(headers)
+    limit = frame_max - PROPERTIES_RESERVE_BYTES
     for key, keep_end in (("failed-traceback", True), ("failed-reason", False)):
-        excess = table_size(fitted) - (frame_max - PROPERTIES_RESERVE_BYTES)
+        excess = table_size(fitted) - limit
         if excess <= 0:
-            break
+            return fitted
         text = fitted[key]
         # Cutting n characters removes at least n bytes of UTF-8.
         fitted[key] = text[excess:] if keep_end else text[: max(len(text) - excess, 0)]
+    # The job's own headers nearly fill the frame by themselves: the largest go, and the copy
+    # names them, so that the job itself (its body and the rest) still reaches the failed queue.
+    own = [key for key in fitted if key not in FAILURE_HEADERS]
+    dropped: list[str] = []
+    for key in sorted(own, key=lambda k: table_size({k: fitted[k]}), reverse=True):
+        if table_size(fitted) <= limit:
+            break
+        del fitted[key]
+        dropped.append(key)
+        fitted["failed-dropped-headers"] = ",".join(dropped)
     return fitted
 
 

@@ -373,3 +373,33 @@ async def test_sends_a_delivery_to_the_right_tier_after_each_failure(
     assert queues[(queue_name, "rejected")] == 2
     assert queues[(f"{queue_name}.retry.1", "expired")] == 1
     assert queues[(f"{queue_name}.retry.2", "expired")] == 1
+
+
+async def test_a_job_whose_headers_nearly_fill_a_frame_still_reaches_the_failed_queue(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A failed job's copy adds failure headers; when the job's own headers nearly fill the
+    frame by themselves, the largest of them go (named in failed-dropped-headers) instead of
+    the broker closing the connection on an oversized frame, and the worker goes on."""
+    recorder = Recorder()
+    worker = await start_worker(recorder)
+    frame_max = 131_072  # the broker's default, which every broker of the matrix keeps
+    headers = {"blob": "b" * (frame_max - 200), "tenant": "acme"}  # fits; a copy would not
+    await publish(
+        channel, queue_name, json.dumps({"fail": "permanent"}), message_id="big", headers=headers
+    )
+    await publish(channel, queue_name, json.dumps({"n": 1}), message_id="after")
+    (copy,) = await take(channel, Names(queue_name).failed, 1)
+    assert copy.message_id == "big"
+    assert copy.body == json.dumps({"fail": "permanent"}).encode()
+    assert copy.headers is not None
+    assert copy.headers["failed-dropped-headers"] == "blob"
+    assert "blob" not in copy.headers
+    assert copy.headers["tenant"] == "acme"
+    assert copy.headers["failed-kind"] == "permanent"
+
+    async def after_ran() -> bool:
+        return worker.count("succeeded") == 1
+
+    await wait_for(after_ran, 10, "the next job to succeed on the same worker")
+    assert recorder.attempts("big") == [1]

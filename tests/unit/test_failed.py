@@ -10,6 +10,7 @@ from pamqp import commands
 from app.amqp import Delivery, table_size
 from app.errors import PermanentError
 from app.failed import (
+    FAILURE_HEADERS,
     PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
@@ -149,6 +150,21 @@ def test_large_copies_are_cut_to_the_frame(
         assert fitted["failed-traceback"].endswith("raise here")
     assert bool(fitted["failed-reason"]) is reason_kept
     assert headers["failed-reason"].startswith(fitted["failed-reason"])
+
+
+def test_application_headers_near_the_frame_go_largest_first_and_are_named() -> None:
+    """A job whose own headers nearly fill a frame by themselves still gets a copy that fits:
+    with the traceback and reason cut, its largest headers go, named in failed-dropped-headers,
+    and the failure headers and the smaller headers stay."""
+    headers = big_failure(FRAME_MAX - PROPERTIES_RESERVE_BYTES - 100)
+    headers["tenant"] = "acme"
+    fitted = fit_to_frame(headers, FRAME_MAX)
+    assert table_size(fitted) <= FRAME_MAX - PROPERTIES_RESERVE_BYTES
+    assert "blob" not in fitted
+    assert fitted["failed-dropped-headers"] == "blob"
+    assert fitted["tenant"] == "acme"
+    assert fitted["failed-kind"] == "permanent"
+    assert "failed-dropped-headers" in FAILURE_HEADERS  # a replay does not carry it back
 
 
 def delivery_from_tier() -> Delivery:
