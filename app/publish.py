@@ -4,9 +4,13 @@ Every publish goes out as mandatory on a channel with publisher confirms and on_
 so a message the broker cannot route or store raises instead of vanishing.
 """
 
+import asyncio
+import contextlib
 import json
 import re
 import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -41,6 +45,35 @@ def is_json(payload: str) -> bool:
 async def confirming_channel(connection: AbstractConnection) -> AbstractChannel:
     """A channel whose publishes wait for the broker's confirm and raise when it returns them."""
     return await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+
+class OnePerMessageId:
+    """One publish in flight per message_id on a channel.
+
+    aiormq matches a basic.return to its publish by message_id: with two publishes of one id in
+    flight, the return of one can fail the other, while the returned one counts as confirmed.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: Counter[str] = Counter()
+
+    @contextlib.asynccontextmanager
+    async def alone(self, message_id: str | None) -> AsyncIterator[None]:
+        """Wait until no other publish of this id is in flight, and hold it off meanwhile.
+        A message without an id gets a fresh one from aiormq, so it waits for nothing."""
+        if message_id is None:
+            yield
+            return
+        lock = self._locks.setdefault(message_id, asyncio.Lock())
+        self._users[message_id] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[message_id] -= 1
+            if not self._users[message_id]:
+                del self._users[message_id], self._locks[message_id]
 
 
 async def publish_confirmed(

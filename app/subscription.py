@@ -14,7 +14,7 @@ from aio_pika.exceptions import DeliveryError
 
 from app.acks import Acks
 from app.amqp import CONNECTION_ERRORS, Delivery, Frames, refusal
-from app.publish import publish_confirmed, publish_until_confirmed
+from app.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
 
 log = structlog.get_logger("ricochet.subscription")
 
@@ -29,6 +29,7 @@ class Subscription:
         self.frames = frames
         # Copies go straight to their queue: a confirm then means that very queue took it.
         self._default = default
+        self._copying = OnePerMessageId()
         self.frame_max = frame_max
         self.acks = Acks()
         # Set when the channel stays open but this subscription stops taking deliveries on its
@@ -126,9 +127,10 @@ class Subscription:
         refuses its copy costs a notice, never the job.
         """
         try:
-            await publish_until_confirmed(self._default, copy, queue)
-            if notify is not None:
-                await self._notify(copy, notify)
+            async with self._copying.alone(copy.message_id):
+                await publish_until_confirmed(self._default, copy, queue)
+                if notify is not None:
+                    await self._notify(copy, notify)
         except CONNECTION_ERRORS as error:
             log.warning(
                 "copy not published: channel closed, the job stays in the queue", error=str(error)

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import aio_pika
 import pytest
 
 from app.acks import plan_acks
@@ -66,3 +67,54 @@ async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
     subscription.ack(deliveries[2])  # type: ignore[arg-type]
     await subscription.acks.drain()
     assert acked == [(1, False), (3, False)]
+
+
+class _Exchange:
+    """The default exchange of a channel: records which publishes of one id overlap."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str | None, int] = {}
+        self.overlaps: list[str | None] = []
+        self.published: list[tuple[str | None, str]] = []
+
+    async def publish(self, message: aio_pika.Message, routing_key: str, mandatory: bool) -> None:
+        key = message.message_id
+        if self.in_flight.get(key):
+            self.overlaps.append(key)
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        await asyncio.sleep(0.01)  # the confirm takes a while
+        self.in_flight[key] -= 1
+        self.published.append((key, routing_key))
+
+
+async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
+    """Two deliveries with one message_id failing together publish their copies (durable and
+    notice) one after the other, since the broker's return is matched to a publish by that id;
+    copies of other ids go out meanwhile."""
+    acked: list[tuple[int, bool]] = []
+    exchange = _Exchange()
+    subscription = Subscription(_Frames(), exchange, 131072)  # type: ignore[arg-type]
+    deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
+    for delivery in deliveries:
+        subscription.acks.delivered(delivery)  # type: ignore[arg-type]
+    ids = ["same", "same", "other"]
+    await asyncio.gather(
+        *(
+            subscription.copy_then_ack(
+                delivery,  # type: ignore[arg-type]
+                aio_pika.Message(b"{}", message_id=message_id),
+                "jobs.failed",
+                notify="jobs.failed.events",
+            )
+            for delivery, message_id in zip(deliveries, ids, strict=True)
+        )
+    )
+    await subscription.acks.drain()
+    assert exchange.overlaps == []
+    assert sorted(exchange.published) == sorted(
+        (key, queue) for key in ids for queue in ("jobs.failed", "jobs.failed.events")
+    )
+    covered = set()
+    for tag, multiple in acked:
+        covered |= set(range(1, tag + 1)) if multiple else {tag}
+    assert covered == {1, 2, 3}
