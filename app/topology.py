@@ -207,6 +207,10 @@ class _Declarer:
         self._connection = connection
         self._names = names
         self._channel: AbstractChannel | None = None
+        # While a start rebinds tier 1, other workers keep nacking: their first dead-letters go
+        # back to the main queue at once (the attempt counted) rather than nowhere, until the
+        # plan's bindings are in place again. Unbound at the end of every declaration.
+        self.hold = Binding(names.first_tier_exchange, names.queue)
 
     async def channel(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
@@ -265,6 +269,9 @@ class _Declarer:
             await queue.bind(b.source, routing_key=b.routing_key)
 
     async def unbind(self, b: Binding) -> None:
+        """Remove a binding; one from the first-tier exchange only once the hold is bound."""
+        if b.source == self._names.first_tier_exchange and b != self.hold:
+            await self.bind(self.hold)
         ch = await self.channel()
         if b.to_exchange:
             dest = await ch.get_exchange(b.destination, ensure=False)
@@ -340,6 +347,7 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
             await d.unbind(b)
         for b in p.bindings:
             await d.bind(b)
+        await d.unbind(d.hold)
     finally:
         await d.close()
     return p

@@ -5,11 +5,15 @@ import json
 import signal
 from pathlib import Path
 
+import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import DeliveryError
 from structlog.testing import capture_logs
 
+from app.management import read_state
 from app.service import Lifecycle, keep_connected
 from app.topology import Names, declare, plan
+from tests.broker import BROKER
 from tests.recorder import Recorder
 from tests.support import (
     StartWorker,
@@ -135,6 +139,44 @@ async def test_new_delays_apply_to_empty_tiers_and_wait_for_busy_ones(
     kept = events[("tier keeps its old delay until it drains", n.tier(1))]
     assert (kept["log_level"], kept["wanted_delay_ms"], kept["messages"]) == ("warning", 100, 1)
     assert events[("tier redeclared", n.tier(2))]["delay_ms"] == 200
+
+
+async def test_nacks_during_a_tier_change_are_never_dropped(
+    connection: AbstractConnection, queue_name: str
+) -> None:
+    """While a start reconciles tier 1 (its delay changed), the dead-letters other workers'
+    nacks make keep a route: each one published meanwhile to Q.dlx (as the broker does when
+    it dead-letters) is routed somewhere, never returned as unroutable."""
+    n = Names(queue_name)
+    await declare(connection, make_settings(queue_name, max_retries=2, retry_delay_ms=60_000))
+    publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    dlx = await publisher.get_exchange(n.dlx, ensure=False)
+    done = asyncio.Event()
+    routed, returned = 0, 0
+
+    async def nack_meanwhile() -> None:
+        nonlocal routed, returned
+        while not done.is_set():
+            try:
+                await dlx.publish(aio_pika.Message(b"{}"), routing_key=n.queue, mandatory=True)
+                routed += 1
+            except DeliveryError:
+                returned += 1
+
+    nacks = asyncio.create_task(nack_meanwhile())
+    await asyncio.sleep(0.05)
+    for delay_ms in (100, 60_000, 100):
+        await declare(connection, make_settings(queue_name, max_retries=2, retry_delay_ms=delay_ms))
+    done.set()
+    await nacks
+    await publisher.close()
+    assert routed > 0
+    assert returned == 0
+    # The hold is gone once the declaration is over: a first dead-letter goes to tier 1 only.
+    settings = make_settings(queue_name, max_retries=2, retry_delay_ms=100)
+    state = await read_state(BROKER.management_url, BROKER.amqp_url, plan(settings))
+    first = [b["destination"] for b in state.bindings if b["source"] == n.first_tier_exchange]
+    assert first == [n.tier(1)]
 
 
 async def test_stuck_sync_handler_does_not_block_exit(
