@@ -1,9 +1,10 @@
-"""Which finished deliveries one multiple ack may cover, and which are acked one by one."""
+"""Settling on one channel: what one multiple ack may cover, a nack not yet written, copies."""
 
 import asyncio
 
 import aio_pika
 import pytest
+from aio_pika.exceptions import ChannelInvalidStateError
 
 from app.acks import plan_acks
 from app.subscription import Subscription
@@ -118,3 +119,30 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     for tag, multiple in acked:
         covered |= set(range(1, tag + 1)) if multiple else {tag}
     assert covered == {1, 2, 3}
+
+
+class _ClosedExchange:
+    """The default exchange of a channel the broker closed (a connection lost meanwhile)."""
+
+    async def publish(self, message: aio_pika.Message, routing_key: str, mandatory: bool) -> None:
+        raise ChannelInvalidStateError("channel closed")
+
+
+async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
+    """A subscription publishes copies on the channel its deliveries came on: once that
+    channel is gone (a reconnect made another), the copy is not made elsewhere and the
+    original is not acked, so the broker hands it to the new channel whole, with one copy and
+    one alert to come, not two."""
+    acked: list[tuple[int, bool]] = []
+    subscription = Subscription(_Frames(), _ClosedExchange(), 131072)  # type: ignore[arg-type]
+    delivery = _Delivery(1, acked)
+    subscription.acks.delivered(delivery)  # type: ignore[arg-type]
+    copied = await subscription.copy_then_ack(
+        delivery,  # type: ignore[arg-type]
+        aio_pika.Message(b"{}", message_id="m"),
+        "jobs.failed",
+        notify="jobs.failed.events",
+    )
+    await subscription.acks.drain()
+    assert copied is False
+    assert acked == []
