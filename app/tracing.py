@@ -10,8 +10,10 @@ import contextlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
+from app.failed import failure_reason, failure_traceback
 from app.job import Job
 from app.retry import Action, Decision
+from app.tracebacks import format_traceback
 
 try:
     from opentelemetry import propagate, trace
@@ -78,8 +80,18 @@ def record_outcome(span: Any, decision: Decision, error: BaseException | None) -
     if decision.tier is not None:
         span.set_attribute("ricochet.tier", decision.tier)
     if error is not None:
-        span.record_exception(error)
-        span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+        # Not span.record_exception: str() of an error can fail or carry a password, and the
+        # failed copy's scrubbed reason and traceback have neither.
+        reason = failure_reason(error)
+        span.add_event(
+            "exception",
+            {
+                "exception.type": type(error).__qualname__,
+                "exception.message": reason,
+                "exception.stacktrace": failure_traceback(format_traceback(error)),
+            },
+        )
+        span.set_status(StatusCode.ERROR, reason)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,9 @@ import sys
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from app import tracing
 from app.job import Job
@@ -71,3 +74,26 @@ def test_a_replay_inside_a_span_joins_it() -> None:
         f"00-{context.trace_id:032x}-{context.span_id:016x}-"
     )
     assert "tracestate" not in headers
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
+    """The span gets the failed copy's reason: no password, and no crash on an unprintable
+    error (which would leave the delivery unsettled)."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
+    for error in errors:
+        with provider.get_tracer("tests").start_as_current_span("attempt") as span:
+            tracing.record_outcome(span, Decision(Action.FAIL), error)
+    spans = exporter.get_finished_spans()
+    assert [s.status.status_code for s in spans] == [StatusCode.ERROR, StatusCode.ERROR]
+    assert [dict(s.attributes or {})["ricochet.outcome"] for s in spans] == ["failed", "failed"]
+    assert "hunter2" not in str(spans[0].status.description)
+    assert "hunter2" not in str(dict(spans[0].events[0].attributes or {}))
+    assert spans[1].status.description == "Unprintable: <exception str() failed>"
