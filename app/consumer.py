@@ -20,6 +20,7 @@ from app.metrics import Metrics, QueueMetrics
 from app.retry import Action, Decision, Facts, Outcome, decide, read_facts
 from app.subscription import Gate, Subscription
 from app.topology import Plan
+from app.tracing import attempt_span, record_outcome
 
 log = structlog.get_logger("ricochet.consumer")
 
@@ -123,11 +124,13 @@ class Consumer:
             job = job_of(delivery, facts, kind)
             bind_log_context(job)
             if decision.action is Action.RUN:
-                started = time.perf_counter()
-                outcome, error = await self._invoker(job)
-                self._metrics.duration.observe(time.perf_counter() - started)
-                self._ran(outcome)
-                decision = decide(facts, outcome)
+                with attempt_span(self._queue, job) as span:
+                    started = time.perf_counter()
+                    outcome, error = await self._invoker(job)
+                    self._metrics.duration.observe(time.perf_counter() - started)
+                    self._ran(outcome)
+                    decision = decide(facts, outcome)
+                    record_outcome(span, decision, error)
         await self._settle(subscription, delivery, facts, decision, error)
 
     async def _settle(

@@ -21,6 +21,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from app.amqp import refusal
 from app.errors import MissingQueue
+from app.tracing import publish_span
 
 log = structlog.get_logger("ricochet.publish")
 
@@ -133,17 +134,19 @@ async def publish_job(
 ) -> str:
     """Publish a persistent job with a publisher confirm; returns its message_id."""
     message_id = message_id or uuid.uuid4().hex
-    message = aio_pika.Message(
-        payload.encode(),
-        message_id=message_id,
-        type=job_type,
-        headers=headers or {},
-        content_type="application/json" if is_json(payload) else "text/plain",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )
-    channel = await confirming_channel(connection)
-    try:
-        await publish_to_queue(channel, queue, message)
-    finally:
-        await channel.close()
+    headers = dict(headers or {})
+    with publish_span(queue, message_id, headers):  # puts the trace context in the headers
+        message = aio_pika.Message(
+            payload.encode(),
+            message_id=message_id,
+            type=job_type,
+            headers=headers,
+            content_type="application/json" if is_json(payload) else "text/plain",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        channel = await confirming_channel(connection)
+        try:
+            await publish_to_queue(channel, queue, message)
+        finally:
+            await channel.close()
     return message_id

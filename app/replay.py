@@ -22,6 +22,7 @@ from app.failed import FAILURE_HEADERS, FailureInfo, copied_headers, copy_of, re
 from app.publish import confirming_channel, publish_to_queue
 from app.service import stop_signals
 from app.topology import Names
+from app.tracing import inject_current
 
 log = structlog.get_logger("ricochet.replay")
 
@@ -122,9 +123,9 @@ async def replay(
 
 async def _move(channel: AbstractChannel, queue: str, message: AbstractIncomingMessage) -> None:
     """Publish the job back to the main queue, confirmed, then ack its failed copy."""
-    await publish_to_queue(
-        channel, queue, copy_of(message, replayed_headers(message.headers or {}))
-    )
+    headers = replayed_headers(message.headers or {})
+    inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
+    await publish_to_queue(channel, queue, copy_of(message, headers))
     # A crash right here leaves the job in both queues: the only at-least-once window.
     await message.ack()
     log.info("replayed", message_id=message.message_id, type=message.type)

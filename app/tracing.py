@@ -1,0 +1,128 @@
+"""OpenTelemetry tracing when opentelemetry-api is installed (ricochet[otel]); no-ops without it.
+
+The trace context travels in the job's application headers (W3C traceparent and tracestate).
+They survive dead-lettering through the tiers and are kept on the failed copy and its replay,
+so every attempt of a job is a child of the context it was published in: one trace per job.
+Without a tracer provider configured, the API's own no-op tracer is used.
+"""
+
+import contextlib
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+from app.failed import failure_reason, failure_traceback
+from app.job import Job
+from app.retry import Action, Decision
+from app.tracebacks import format_traceback
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    ENABLED = True
+except ImportError:  # pragma: no cover - exercised by patching ENABLED
+    ENABLED = False
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+TRACER_NAME = "ricochet"
+OUTCOMES = {Action.ACK: "succeeded", Action.RETRY: "retried", Action.FAIL: "failed"}
+
+
+def _carrier(headers: Mapping[str, Any]) -> dict[str, str]:
+    """The headers a propagator can read: text values only (AMQP may hand them over as bytes)."""
+    text: dict[str, str] = {}
+    for key, value in headers.items():
+        if isinstance(value, bytes):
+            with contextlib.suppress(UnicodeDecodeError):
+                text[key] = value.decode()
+        elif isinstance(value, str):
+            text[key] = value
+    return text
+
+
+def _parent(headers: Mapping[str, Any]) -> "Context":
+    return propagate.extract(_carrier(headers))
+
+
+@contextlib.contextmanager
+def attempt_span(queue: str, job: Job) -> Iterator[Any]:
+    """A consumer span around one attempt of a job, a child of the context in its headers.
+
+    Yields the span (None without OpenTelemetry) for record_outcome()."""
+    if not ENABLED:
+        yield None
+        return
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"{queue} process",
+        context=_parent(job.headers),
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": queue,
+            "ricochet.attempt": job.attempt,
+        },
+    ) as span:
+        if job.message_id is not None:
+            span.set_attribute("messaging.message.id", job.message_id)
+        if job.type is not None:
+            span.set_attribute("ricochet.job.type", job.type)
+        yield span
+
+
+def record_outcome(span: Any, decision: Decision, error: BaseException | None) -> None:
+    """What became of the attempt; an error status when the handler raised."""
+    if span is None:
+        return
+    span.set_attribute("ricochet.outcome", OUTCOMES.get(decision.action, decision.action.value))
+    if decision.tier is not None:
+        span.set_attribute("ricochet.tier", decision.tier)
+    if error is not None:
+        # Not span.record_exception: str() of an error can fail or carry a password, and the
+        # failed copy's scrubbed reason and traceback have neither.
+        reason = failure_reason(error)
+        span.add_event(
+            "exception",
+            {
+                "exception.type": type(error).__qualname__,
+                "exception.message": reason,
+                "exception.stacktrace": failure_traceback(format_traceback(error)),
+            },
+        )
+        span.set_status(StatusCode.ERROR, reason)
+
+
+@contextlib.contextmanager
+def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any]) -> Iterator[None]:
+    """A producer span around publishing a job, its context injected into the headers.
+
+    A traceparent the caller put in the headers is kept: the span becomes its child instead."""
+    if not ENABLED:
+        yield
+        return
+    explicit = TRACEPARENT in headers
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"{queue} publish",
+        context=_parent(headers) if explicit else None,
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": queue,
+            "messaging.message.id": message_id,
+        },
+    ):
+        if not explicit:
+            propagate.inject(headers)
+        yield
+
+
+def inject_current(headers: MutableMapping[str, Any]) -> None:
+    """Put the current trace context in the headers, only if there is a span in progress;
+    otherwise the traceparent already there stays, and the job stays in its own trace."""
+    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+        return
+    headers.pop(TRACESTATE, None)  # the old one belongs to the old traceparent
+    propagate.inject(headers)

@@ -1,0 +1,99 @@
+"""app.tracing: no-ops without OpenTelemetry, and a replay's trace context rules."""
+
+import subprocess
+import sys
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from app import tracing
+from app.job import Job
+from app.replay import replayed_headers
+from app.retry import Action, Decision
+from tests.support import ROOT
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def a_job() -> Job:
+    headers = {"traceparent": TRACEPARENT}
+    return Job(b"{}", headers=headers, message_id="m1", amqp_type="mail", attempt=1, max_attempts=3)
+
+
+def test_ricochet_imports_and_runs_without_the_api() -> None:
+    """With opentelemetry not importable, app.tracing says so and everything else imports."""
+    script = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "import app.cli, app.consumer, app.publish, app.replay, app.tracing\n"
+        "assert not app.tracing.ENABLED\n"
+        "headers = {}\n"
+        "with app.tracing.publish_span('q', 'm1', headers): pass\n"
+        "app.tracing.inject_current(headers)\n"
+        "assert headers == {}, headers\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
+def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "ENABLED", False)
+    with tracing.attempt_span("q", a_job()) as span:
+        assert span is None
+    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), ValueError("x"))
+    headers: dict[str, object] = {"tenant": "acme"}
+    with tracing.publish_span("q", "m1", headers):
+        pass
+    with TracerProvider().get_tracer("tests").start_as_current_span("replaying"):
+        tracing.inject_current(headers)
+    assert headers == {"tenant": "acme"}
+
+
+def test_publish_keeps_a_traceparent_the_caller_passed() -> None:
+    headers: dict[str, object] = {"traceparent": TRACEPARENT}
+    with TracerProvider().get_tracer("tests").start_as_current_span("caller"):  # noqa: SIM117
+        with tracing.publish_span("q", "m1", headers):
+            pass
+    assert headers["traceparent"] == TRACEPARENT
+
+
+def test_a_replay_outside_any_span_keeps_the_jobs_trace() -> None:
+    headers = replayed_headers({"traceparent": TRACEPARENT, "tracestate": "k=v"})
+    tracing.inject_current(headers)
+    assert headers["traceparent"] == TRACEPARENT
+    assert headers["tracestate"] == "k=v"
+
+
+def test_a_replay_inside_a_span_joins_it() -> None:
+    headers = replayed_headers({"traceparent": TRACEPARENT, "tracestate": "k=v"})
+    with TracerProvider().get_tracer("tests").start_as_current_span("replaying") as span:
+        tracing.inject_current(headers)
+    context = span.get_span_context()
+    assert str(headers["traceparent"]).startswith(
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+    )
+    assert "tracestate" not in headers
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
+    """The span gets the failed copy's reason: no password, and no crash on an unprintable
+    error (which would leave the delivery unsettled)."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
+    for error in errors:
+        with provider.get_tracer("tests").start_as_current_span("attempt") as span:
+            tracing.record_outcome(span, Decision(Action.FAIL), error)
+    spans = exporter.get_finished_spans()
+    assert [s.status.status_code for s in spans] == [StatusCode.ERROR, StatusCode.ERROR]
+    assert [dict(s.attributes or {})["ricochet.outcome"] for s in spans] == ["failed", "failed"]
+    assert "hunter2" not in str(spans[0].status.description)
+    assert "hunter2" not in str(dict(spans[0].events[0].attributes or {}))
+    assert spans[1].status.description == "Unprintable: <exception str() failed>"
