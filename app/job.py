@@ -77,7 +77,7 @@ class Job:
 def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
     """The Job a handler receives for a delivery, with the attempt its facts give and the type
     job_type() already read (so a type from the body is not parsed out of it again)."""
-    return Job(
+    job = Job(
         delivery.body,
         headers=delivery.headers,
         message_id=delivery.message_id,
@@ -88,6 +88,8 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
         correlation_id=delivery.correlation_id,
         content_type=delivery.content_type,
     )
+    job.__dict__["type"] = resolved_type  # Job.type's cache: None, once read, is the answer too
+    return job
 
 
 def bind_log_context(job: Job) -> None:

@@ -179,7 +179,14 @@ def stale_bindings(p: Plan) -> list[Binding]:
         if r
         else Binding(n.first_tier_exchange, n.tier(1))
     )
-    return stale
+    # The hold goes first, right after the first-tier route is back (declare's order).
+    return [hold_binding(n), *stale]
+
+
+def hold_binding(n: Names) -> Binding:
+    """Where first dead-letters go while a start rebinds tier 1: straight back to Q, the
+    attempt counted, rather than nowhere."""
+    return Binding(n.first_tier_exchange, n.queue)
 
 
 def _declared_before_delivery_limit(spec: QueueSpec, error: str) -> bool:
@@ -207,10 +214,6 @@ class _Declarer:
         self._connection = connection
         self._names = names
         self._channel: AbstractChannel | None = None
-        # While a start rebinds tier 1, other workers keep nacking: their first dead-letters go
-        # back to the main queue at once (the attempt counted) rather than nowhere, until the
-        # plan's bindings are in place again. Unbound at the end of every declaration.
-        self.hold = Binding(names.first_tier_exchange, names.queue)
 
     async def channel(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
@@ -269,9 +272,6 @@ class _Declarer:
             await queue.bind(b.source, routing_key=b.routing_key)
 
     async def unbind(self, b: Binding) -> None:
-        """Remove a binding; one from the first-tier exchange only once the hold is bound."""
-        if b.source == self._names.first_tier_exchange and b != self.hold:
-            await self.bind(self.hold)
         ch = await self.channel()
         if b.to_exchange:
             dest = await ch.get_exchange(b.destination, ensure=False)
@@ -279,6 +279,14 @@ class _Declarer:
         elif await self.message_count(b.destination) is not None:
             queue = await (await self.channel()).get_queue(b.destination, ensure=False)
             await queue.unbind(b.source, routing_key=b.routing_key)
+
+
+async def _unbind_tier_source(d: _Declarer, p: Plan, k: int) -> None:
+    """Stop routing to tier k; tier 1's dead-letters are held on Q until the plan's bindings
+    are back (a higher tier's fall through to tier 1 meanwhile)."""
+    if k == 1:
+        await d.bind(hold_binding(p.names))
+    await d.unbind(_tier_source(p, k))
 
 
 def _tier_source(p: Plan, k: int) -> Binding:
@@ -300,7 +308,7 @@ async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: s
             raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
     # The delay changed. TTLs are fixed per queue (messages expire from the head only), so an
     # empty tier is redeclared; one that still holds jobs keeps its old delay until it drains.
-    await d.unbind(_tier_source(p, k))
+    await _unbind_tier_source(d, p, k)
     if await d.delete_if_empty(spec.name, qtype):
         await (await d.channel()).declare_queue(spec.name, durable=True, arguments=spec.arguments)
         log.info("tier redeclared", queue=spec.name, delay_ms=spec.delay_ms)
@@ -318,7 +326,7 @@ async def _retire_stale_tiers(d: _Declarer, p: Plan, qtype: str) -> None:
         name = p.names.tier(k)
         if await d.message_count(name) is None:
             continue
-        await d.unbind(_tier_source(p, k))
+        await _unbind_tier_source(d, p, k)
         if await d.delete_if_empty(name, qtype):
             log.info("stale tier removed", queue=name)
         else:
@@ -342,12 +350,17 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
             await _declare_tier(d, p, k, spec, settings.queue_type)
         await _retire_stale_tiers(d, p, settings.queue_type)
         # Stale bindings go before new ones: a key with no binding falls through to tier 1,
-        # while a key bound twice for a moment would copy the job.
+        # while a key bound twice for a moment would copy the job. The first-tier exchange is
+        # the exception: with no binding it drops the dead-letter, so its new route goes first
+        # (a dead-letter in that instant may go both ways: a retried job alerted as failed).
+        first = [b for b in p.bindings if b.source == p.names.first_tier_exchange]
+        for b in first:
+            await d.bind(b)
         for b in stale_bindings(p):
             await d.unbind(b)
         for b in p.bindings:
-            await d.bind(b)
-        await d.unbind(d.hold)
+            if b not in first:
+                await d.bind(b)
     finally:
         await d.close()
     return p

@@ -21,12 +21,13 @@ try:
     from opentelemetry.trace import SpanKind, StatusCode
 
     ENABLED = True
+    # A proxy that follows whichever provider is configured, even one set later.
+    _TRACER = trace.get_tracer("ricochet")
 except ImportError:  # pragma: no cover - exercised by patching ENABLED
     ENABLED = False
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
-TRACER_NAME = "ricochet"
 OUTCOMES = {Action.ACK: "succeeded", Action.RETRY: "retried", Action.FAIL: "failed"}
 
 
@@ -54,8 +55,7 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
     if not ENABLED:
         yield None
         return
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _TRACER.start_as_current_span(
         f"{queue} process",
         context=_parent(job.headers),
         kind=SpanKind.CONSUMER,
@@ -74,9 +74,9 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
 
 def record_outcome(span: Any, decision: Decision, error: BaseException | None) -> None:
     """What became of the attempt; an error status when the handler raised."""
-    if span is None:
+    if span is None or not span.is_recording():  # no tracer configured: nothing to format
         return
-    span.set_attribute("ricochet.outcome", OUTCOMES.get(decision.action, decision.action.value))
+    span.set_attribute("ricochet.outcome", OUTCOMES[decision.action])
     if decision.tier is not None:
         span.set_attribute("ricochet.tier", decision.tier)
     if error is not None:
@@ -103,8 +103,7 @@ def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any])
         yield
         return
     explicit = TRACEPARENT in headers
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _TRACER.start_as_current_span(
         f"{queue} publish",
         context=_parent(headers) if explicit else None,
         kind=SpanKind.PRODUCER,
