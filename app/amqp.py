@@ -4,19 +4,30 @@ The worker takes its deliveries from the AMQP channel under aio-pika's and reads
 frames: aio-pika's IncomingMessage decodes and checks every property of every delivery, while a
 job needs the body, five properties and the delivery. A copy of a message (failed or cleaned)
 still has every property decoded by aio-pika itself, so a copy keeps what it always kept.
+
+The broker passes message properties on as they were published, and pamqp refuses some that
+other clients send (a short string that is not UTF-8, a timestamp past the year 9999). It does so
+in aiormq's connection reader, which then closes the connection; the broker hands the message to
+the next worker, whose connection dies the same way. read_properties_leniently() keeps such a
+delivery: see there.
 """
 
+import datetime as dt
 import re
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pamqp.frame
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aio_pika.message import IncomingMessage
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
 from aiormq.abc import DeliveredMessage
+from pamqp import decode
 from pamqp.encode import field_table
+from pamqp.header import ContentHeader
 
 # What a dropped connection or a closed channel raises from any call on it.
 CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
@@ -38,10 +49,15 @@ class Delivery:
         "redelivered",
         "routing_key",
         "type",
+        "unreadable",
     )
 
     def __init__(self, raw: DeliveredMessage) -> None:
         properties = raw.header.properties
+        # What of its properties was not readable as sent (they are read leniently), or None.
+        self.unreadable: str | None = (
+            "; ".join(properties.problems) if isinstance(properties, LenientProperties) else None
+        )
         delivery: Any = raw.delivery  # Basic.Deliver (consumed) or Basic.GetOk (fetched)
         self._raw = raw
         self.body = raw.body
@@ -68,6 +84,137 @@ class Delivery:
             # aio-pika refuses a mode other clients may send (0, 3); a copy is persistent anyway.
             properties.delivery_mode = None
         return IncomingMessage(self._raw)
+
+
+# The frame reader pamqp itself uses for a content header; read_properties_leniently() wraps it.
+_read_header_strictly = pamqp.frame._unmarshal_header_frame
+# A short string's most bytes: text read leniently is cut back to it, so that a copy can carry it.
+SHORT_STRING_MAX_BYTES = 255
+# Property names as the AMQP spec and a failed copy spell them, where pamqp's differ.
+AMQP_NAMES = {"message_type": "type"}
+
+Problems = list[str]
+
+
+def read_properties_leniently() -> None:
+    """Have aiormq's connection reader keep a delivery whose properties pamqp refuses.
+
+    pamqp raises while it reads a content header whose short strings are not UTF-8 or whose
+    timestamps no date can hold, and aiormq (7.x, the reader's FrameReceiver.get_frame calls
+    pamqp.frame.unmarshal) closes the whole connection on it. Such a header is read again here,
+    property by property: a short string with its undecodable bytes replaced (U+FFFD), a timestamp
+    out of range as None, and the frame, the body and the delivery as usual. The properties say
+    what was unreadable (LenientProperties.problems), so the consumer can fail the delivery.
+    A header that is readable reads exactly as before; one broken beyond its values (truncated,
+    an unknown field type) still closes the connection. The process has one pamqp, so this
+    holds for every connection; calling it again changes nothing.
+    """
+    pamqp.frame._unmarshal_header_frame = _read_header
+
+
+def _read_header(frame_data: bytes) -> ContentHeader:
+    try:
+        return _read_header_strictly(frame_data)
+    except Exception as refused:  # pamqp's ValueError, and what datetime raises past its range
+        properties = LenientProperties()
+        header = ContentHeader(properties=properties)
+        try:
+            header.unmarshal(frame_data)
+        except (struct.error, ValueError, IndexError):
+            raise refused from None
+        properties.problems = properties.problems or [str(refused)]
+        return header
+
+
+class LenientProperties(spec.Basic.Properties):
+    """Message properties read as far as they can be; problems says what could not be."""
+
+    problems: Problems
+
+    def unmarshal(self, flags: int, data: bytes) -> None:
+        self.problems = []
+        for name in self.__slots__:
+            if flags & self.flags[name]:
+                amqp_type = self.amqp_type(name)
+                read = LENIENT_READERS.get(amqp_type)
+                where = AMQP_NAMES.get(name, name)
+                consumed, value = (
+                    read(data, where, self.problems) if read else decode.by_type(data, amqp_type)
+                )
+                setattr(self, name, value)
+                data = data[consumed:]
+
+
+def _short_str(data: bytes, where: str, problems: Problems) -> tuple[int, str]:
+    end = 1 + data[0]
+    return end, _text(data[1:end], where, problems)
+
+
+def _text(raw: bytes, where: str, problems: Problems) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as error:
+        problems.append(f"{where}: {error}")
+    # A replacement character takes three bytes for the one it replaces.
+    cut = raw.decode(errors="replace").encode()[:SHORT_STRING_MAX_BYTES]
+    return cut.decode(errors="ignore")
+
+
+def _timestamp(data: bytes, where: str, problems: Problems) -> tuple[int, dt.datetime | None]:
+    try:
+        return decode.timestamp(data)
+    except (ValueError, OverflowError, OSError) as error:
+        problems.append(f"{where}: {error}")
+        return 8, None
+
+
+def _table(data: bytes, where: str, problems: Problems) -> tuple[int, dict[str, Any]]:
+    (length,) = struct.unpack_from(">I", data)
+    end = 4 + length
+    if end > len(data):
+        raise ValueError("field table longer than its frame")
+    table: dict[str, Any] = {}
+    offset = 4
+    while offset < end:
+        key_end = offset + 1 + data[offset]
+        raw_key = data[offset + 1 : key_end]
+        key = _text(raw_key, f"{where} key {raw_key!r}", problems)
+        consumed, table[key] = _value(data[key_end:], f"{where}[{key!r}]", problems)
+        offset = key_end + consumed
+    return end, table
+
+
+def _array(data: bytes, where: str, problems: Problems) -> tuple[int, list[Any]]:
+    (length,) = struct.unpack_from(">I", data)
+    end = 4 + length
+    if end > len(data):
+        raise ValueError("field array longer than its frame")
+    items: list[Any] = []
+    offset = 4
+    while offset < end:
+        consumed, item = _value(data[offset:], f"{where}[{len(items)}]", problems)
+        items.append(item)
+        offset += consumed
+    return end, items
+
+
+def _value(data: bytes, where: str, problems: Problems) -> tuple[int, Any]:
+    """A field table's or array's value: the kinds that hold text or a timestamp read leniently,
+    the others as pamqp reads them."""
+    read = NESTED_READERS.get(data[:1])
+    if read is None:
+        return decode.embedded_value(data)
+    consumed, value = read(data[1:], where, problems)
+    return 1 + consumed, value
+
+
+LenientReader = Callable[[bytes, str, Problems], tuple[int, Any]]
+LENIENT_READERS: dict[str, LenientReader] = {
+    "shortstr": _short_str,
+    "timestamp": _timestamp,
+    "table": _table,
+}
+NESTED_READERS: dict[bytes, LenientReader] = {b"F": _table, b"A": _array, b"T": _timestamp}
 
 
 class Frames:

@@ -12,6 +12,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from app.amqp import read_properties_leniently
 from app.errors import BrokerUnavailable
 from app.log import redact
 
@@ -33,7 +34,12 @@ def _log_attempt(state: RetryCallState) -> None:
 
 
 async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConnection:
-    """Connect, retrying with backoff for timeout_s (forever when None); BrokerUnavailable after."""
+    """Connect, retrying with backoff for timeout_s (forever when None); BrokerUnavailable after.
+
+    Every delivery on it is read, whatever its properties' bytes: one that could kill the
+    connection would come back to every worker, forever.
+    """
+    read_properties_leniently()
     retrying = AsyncRetrying(
         stop=stop_never if timeout_s is None else stop_after_delay(timeout_s),
         wait=wait_exponential_jitter(multiplier=0.2, max=5),

@@ -117,6 +117,7 @@ class Consumer:
             queue=self._queue,
             max_retries=self._max_retries,
             type_max_retries=self._invoker.max_retries(kind),
+            unreadable=delivery.unreadable is not None,
         )
         decision = decide(facts, None)
         error: BaseException | None = None

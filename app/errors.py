@@ -30,6 +30,10 @@ class InvalidPayload(PermanentError):
     """Raised when the body is not valid JSON or fails the handler's payload model."""
 
 
+class InvalidProperties(PermanentError):
+    """Raised for a delivery whose message properties cannot be decoded (its job never runs)."""
+
+
 class UnknownJobType(PermanentError):
     """Raised when a Router has no handler for the job's type."""
 

@@ -9,7 +9,7 @@ import aio_pika
 from aio_pika.abc import AbstractMessage
 
 from app.amqp import Delivery, table_size
-from app.errors import PoisonMessage
+from app.errors import InvalidProperties, PoisonMessage, RicochetError
 from app.job import job_type
 from app.log import redact
 from app.retry import POISON_DELIVERIES, Facts, FailureKind
@@ -168,6 +168,14 @@ class FailedCopy:
     log_fields: dict[str, str]
 
 
+def not_run_failure(delivery: Delivery) -> RicochetError:
+    """Why a delivery failed without its handler running: properties that could not be decoded,
+    else deliveries that kept coming back unacked (a poison job)."""
+    if delivery.unreadable is not None:
+        return InvalidProperties(f"properties could not be decoded: {delivery.unreadable}")
+    return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+
+
 def failed_copy(
     delivery: Delivery,
     facts: Facts,
@@ -179,10 +187,10 @@ def failed_copy(
     now: dt.datetime,
 ) -> FailedCopy:
     """The copy of a failed delivery for the failed exchange, its headers fitted to one frame,
-    and what to log of it; without an exception (a poison job, whose handler did not run) the
-    failure is a PoisonMessage."""
+    and what to log of it; without an exception (the handler did not run) the failure is the
+    delivery's own (not_run_failure)."""
     if exc is None:
-        exc = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+        exc = not_run_failure(delivery)
     headers = failed_headers(
         delivery.headers,
         exc,

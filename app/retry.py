@@ -52,6 +52,7 @@ class Facts(NamedTuple):
     original_routing_key: str
     forged: bool = False
     poison: bool = False
+    unreadable: bool = False
 
 
 def tier_delays_ms(first_ms: int, multiplier: float, cap_ms: int, tiers: int) -> list[int]:
@@ -140,13 +141,15 @@ def read_facts(
     queue: str,
     max_retries: int,
     type_max_retries: int | None,
+    unreadable: bool = False,
 ) -> Facts:
     """The facts of a delivery from the main queue; a forged one counts as a first attempt.
 
     from_tier: whether its routing key says it came back from a retry tier. Retries so far are
     the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
     was first published with, which the tiers replace on the way back. type_max_retries: the
-    budget the handler of the job's type sets, if any.
+    budget the handler of the job's type sets, if any. unreadable: whether some of its message
+    properties could not be decoded.
     """
     forged = _death_is_forged(headers, queue, from_tier)
     rejection = None if forged else _rejection(headers, queue)
@@ -157,6 +160,7 @@ def read_facts(
         original_routing_key=_first_routing_key(rejection) or routing_key,
         forged=forged,
         poison=not forged and _is_poison(headers, redelivered, retries),
+        unreadable=unreadable,
     )
 
 
@@ -172,10 +176,14 @@ FAIL_EXHAUSTED = Decision(Action.FAIL, FailureKind.EXHAUSTED)
 def decide(facts: Facts, outcome: Outcome | None) -> Decision:
     """What happens to a delivery: before its handler ran (outcome None), then after.
 
-    A forged x-death is cleaned and a poison job failed without running the handler; a success
-    is acked; a permanent failure fails at once; a transient one retries in the tier of its
-    attempt while attempts remain (tier k sends it back as attempt k + 1), else it fails.
+    A delivery with unreadable properties fails for good, a forged x-death is cleaned and a
+    poison job failed, all without running the handler; a success is acked; a permanent failure
+    fails at once; a transient one retries in the tier of its attempt while attempts remain
+    (tier k sends it back as attempt k + 1), else it fails.
     """
+    if facts.unreadable:
+        # Before the clean copy of a forged x-death, which would read as a readable job.
+        return FAIL_PERMANENT
     if facts.forged:
         return SANITIZE
     if facts.poison:

@@ -1,6 +1,7 @@
 """Helpers the tests share: publishing, reading queues, running workers in-process or not."""
 
 import asyncio
+import datetime as dt
 import inspect
 import os
 import re
@@ -49,18 +50,26 @@ def make_settings(queue: str, **overrides: Any) -> Settings:
 
 
 class ForeignBytes(str):
-    """A header value as some other languages' clients send raw bytes: a long string that is
-    not UTF-8 (the client library here only sends str, encoded as UTF-8)."""
+    """A string as some other languages' clients send raw bytes: one that is not UTF-8 (the
+    client library here only sends str, encoded as UTF-8). It reads as the text it decodes to."""
 
     raw: bytes
 
     def __new__(cls, raw: bytes) -> "ForeignBytes":
-        value = super().__new__(cls, "")
+        value = super().__new__(cls, raw.decode("utf-8", "replace"))
         value.raw = raw
         return value
 
     def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
         return self.raw
+
+
+class ForeignTimestamp(dt.datetime):
+    """A timestamp as other clients may send it: more milliseconds than a date can hold (a year
+    past 9999)."""
+
+    def timestamp(self) -> float:
+        return float(2**62)
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 state or the delivery's bytes."""
 
 import asyncio
+import datetime as dt
 import json
 from typing import Any
 
@@ -15,7 +16,16 @@ from app import Job
 from app.errors import PermanentError
 from app.topology import Names
 from tests.recorder import Recorder
-from tests.support import StartWorker, depth, publish, take, wait_for
+from tests.support import (
+    ForeignBytes,
+    ForeignTimestamp,
+    StartWorker,
+    depth,
+    publish,
+    readiness_at_each_log_line,
+    take,
+    wait_for,
+)
 
 
 async def test_failed_copy_reaches_the_failed_queue_when_it_is_unbound(
@@ -96,4 +106,82 @@ async def test_odd_delivery_still_ends_in_the_failed_queue(
     [copy] = await take(channel, Names(queue_name).failed, 1, timeout_s=10)
     assert copy.headers["failed-reason"] == reason
     assert copy.delivery_mode == DeliveryMode.PERSISTENT
+    assert await depth(channel, queue_name) == 0
+
+
+FAR_FUTURE = ForeignTimestamp(2000, 1, 1, tzinfo=dt.UTC)
+
+
+NOT_UTF8 = "'utf-8' codec can't decode byte"
+
+
+@pytest.mark.parametrize(
+    ("properties", "unreadable"),
+    [
+        (
+            {"message_id": "odd-ts", "timestamp": FAR_FUTURE},
+            "timestamp: year 146140482 is out of range",
+        ),
+        (
+            {"message_id": ForeignBytes(b"odd-\xff")},
+            f"message_id: {NOT_UTF8} 0xff in position 4: invalid start byte",
+        ),
+        (
+            {"message_id": "odd-type", "message_type": ForeignBytes(b"\xc3(")},
+            f"type: {NOT_UTF8} 0xc3 in position 0: invalid continuation byte",
+        ),
+        (
+            {"message_id": "odd-ct", "content_type": ForeignBytes(b"text/\xff")},
+            f"content_type: {NOT_UTF8} 0xff in position 5: invalid start byte",
+        ),
+        (
+            {"message_id": "odd-key", "headers": {ForeignBytes(b"k\xff"): "v"}},
+            f"headers key b'k\\xff': {NOT_UTF8} 0xff in position 1: invalid start byte",
+        ),
+        (
+            {"message_id": "odd-when", "headers": {"when": FAR_FUTURE}},
+            "headers['when']: year 146140482 is out of range",
+        ),
+    ],
+    ids=[
+        "timestamp-past-9999",
+        "message-id-not-utf8",
+        "type-not-utf8",
+        "content-type-not-utf8",
+        "header-key-not-utf8",
+        "header-timestamp-past-9999",
+    ],
+)
+async def test_delivery_with_undecodable_properties_fails_and_the_connection_stays(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    queue_name: str,
+    properties: dict[str, Any],
+    unreadable: str,
+) -> None:
+    """Properties the client library cannot decode (a short string that is not UTF-8, a timestamp
+    past the year 9999), which the broker passes on as they were sent: the delivery goes to the
+    failed queue with its body intact and a reason that says so, the worker keeps its connection,
+    and the job published after it runs."""
+    recorder = Recorder()
+    worker = await start_worker(recorder, max_retries=2)
+    body = b"\x00\xff not JSON, kept as sent"
+    frames = await channel.get_underlay_channel()
+    with readiness_at_each_log_line(lambda: worker.lifecycle.ready) as lines:
+        await frames.basic_publish(
+            body, routing_key=queue_name, properties=spec.Basic.Properties(**properties)
+        )
+        await publish(channel, queue_name, json.dumps({}), message_id="after")
+        [copy] = await take(channel, Names(queue_name).failed, 1, timeout_s=10)
+        await wait_for(lambda: recorder.succeeded == ["after"], 10, "the next job to succeed")
+
+    assert copy.body == body
+    assert copy.message_id == properties["message_id"]  # what could be read of it
+    assert copy.headers["failed-kind"] == "permanent"
+    assert (
+        copy.headers["failed-reason"]
+        == f"InvalidProperties: properties could not be decoded: {unreadable}"
+    )
+    assert list(recorder.seen) == ["after"]
+    assert not any("reconnecting" in line["event"] for line in lines)
     assert await depth(channel, queue_name) == 0

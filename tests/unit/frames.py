@@ -1,11 +1,15 @@
 """Deliveries read from real AMQP frames, with no broker."""
 
+import asyncio
 from typing import Any
 
 from aiormq.abc import DeliveredMessage
+from aiormq.connection import FrameReceiver
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from pamqp.common import FieldTable
+
+from app.amqp import Delivery, read_properties_leniently
 
 HEADERS: FieldTable = {
     "tenant": "acme",
@@ -49,3 +53,23 @@ def delivered(method: Any, body: bytes = b'{"a": 1}') -> DeliveredMessage:
         method, header.ContentHeader(body_size=len(body), properties=PROPERTIES), ContentBody(body)
     )
     return DeliveredMessage(read_method, read_header, read_body.value, SettledOn())  # type: ignore[arg-type]
+
+
+async def read_by_aiormq(*frames: Any) -> list[Any]:
+    """The frames marshalled to bytes and read back by aiormq's connection reader."""
+    reader = asyncio.StreamReader()
+    for f in frames:
+        reader.feed_data(frame.marshal(f, channel_id=1))
+    receiver = FrameReceiver(reader)
+    return [(await receiver.get_frame())[2] for _ in frames]
+
+
+async def read_leniently(properties: commands.Basic.Properties, body: bytes) -> Delivery:
+    """A delivery with these properties as the worker's connection reads it off the wire."""
+    read_properties_leniently()
+    method, read_header, read_body = await read_by_aiormq(
+        commands.Basic.Deliver("ctag", 3, False, "", "jobs"),
+        header.ContentHeader(body_size=len(body), properties=properties),
+        ContentBody(body),
+    )
+    return Delivery(DeliveredMessage(method, read_header, read_body.value, SettledOn()))  # type: ignore[arg-type]

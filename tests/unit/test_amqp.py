@@ -1,13 +1,17 @@
 """The AMQP adapter reads a delivery from its frames as aio-pika would, with no broker."""
 
+import datetime as dt
+import struct
 from typing import Any
 
 import pytest
 from aio_pika.message import IncomingMessage
-from pamqp import commands
+from aiormq.exceptions import InvalidFrameError
+from pamqp import commands, header
 
-from app.amqp import Delivery, table_size
-from tests.unit.frames import HEADERS, delivered
+from app.amqp import Delivery, read_properties_leniently, table_size
+from tests.support import ForeignBytes, ForeignTimestamp
+from tests.unit.frames import HEADERS, PROPERTIES, delivered, read_by_aiormq, read_leniently
 
 FIELDS = (
     "body",
@@ -55,3 +59,88 @@ def test_table_size_is_the_encoded_size() -> None:
     assert table_size({}) == 4  # the table's length field alone
     assert table_size({"k": "v"}) == 4 + 1 + 1 + 1 + 4 + 1  # name, type, string length, value
     assert table_size(HEADERS) > table_size({"tenant": "acme"})
+
+
+FAR_FUTURE = ForeignTimestamp(2000, 1, 1, tzinfo=dt.UTC)
+NOT_UTF8 = "'utf-8' codec can't decode byte"
+
+
+@pytest.mark.parametrize(
+    ("properties", "read", "unreadable"),
+    [
+        (
+            {"timestamp": FAR_FUTURE},
+            {"timestamp": None},
+            "timestamp: year 146140482 is out of range",
+        ),
+        (
+            {"message_id": ForeignBytes(b"m-\xff"), "message_type": ForeignBytes(b"\xc3(")},
+            {"message_id": "m-\ufffd", "message_type": "\ufffd("},
+            f"message_id: {NOT_UTF8} 0xff in position 2: invalid start byte; "
+            f"type: {NOT_UTF8} 0xc3 in position 0: invalid continuation byte",
+        ),
+        (
+            # 255 bytes that each read as a character of three: cut back to a short string.
+            {"correlation_id": ForeignBytes(b"\xff" * 255)},
+            {"correlation_id": "\ufffd" * 85},
+            f"correlation_id: {NOT_UTF8} 0xff in position 0: invalid start byte",
+        ),
+        (
+            {"headers": {"tenant": "acme", ForeignBytes(b"k\xff"): "v", "at": FAR_FUTURE}},
+            {"headers": {"tenant": "acme", "k\ufffd": "v", "at": None}},
+            "headers['at']: year 146140482 is out of range; "
+            f"headers key b'k\\xff': {NOT_UTF8} 0xff in position 1: invalid start byte",
+        ),
+        (
+            {"headers": {"deep": [1, {ForeignBytes(b"\xff"): FAR_FUTURE}]}},
+            {"headers": {"deep": [1, {"\ufffd": None}]}},
+            f"headers['deep'][1] key b'\\xff': {NOT_UTF8} 0xff in position 0: invalid start byte; "
+            "headers['deep'][1]['\ufffd']: year 146140482 is out of range",
+        ),
+    ],
+    ids=["timestamp", "short-strings", "long-short-string", "header-table", "nested-table"],
+)
+async def test_unreadable_properties_are_read_leniently(
+    properties: dict[str, Any], read: dict[str, Any], unreadable: str
+) -> None:
+    """Properties pamqp refuses no longer stop aiormq's reader (which closes the connection on
+    them): the delivery is read with what could be kept, and says what could not."""
+    sent = commands.Basic.Properties(app_id="billing", delivery_mode=2, **properties)
+    delivery = await read_leniently(sent, b"\x00\xff")
+    assert delivery.unreadable == unreadable
+    assert (delivery.body, delivery.delivery_tag, delivery.routing_key) == (b"\x00\xff", 3, "jobs")
+    decoded = delivery.decoded()
+    kept = decoded.properties
+    assert {name: getattr(kept, name) for name in read} == read
+    assert (kept.app_id, kept.delivery_mode) == ("billing", 2)
+    kept.marshal()  # and a copy can carry them
+
+
+async def test_readable_properties_read_as_pamqp_reads_them() -> None:
+    """A delivery pamqp reads is read by pamqp alone, unmarked."""
+    delivery = await read_leniently(PROPERTIES, b"{}")
+    assert delivery.unreadable is None
+    assert type(delivery.decoded().properties) is commands.Basic.Properties
+    assert delivery.headers == HEADERS
+
+
+class RawHeader(header.ContentHeader):
+    """A content header frame of exactly these bytes."""
+
+    def __init__(self, payload: bytes) -> None:
+        super().__init__()
+        self.payload = payload
+
+    def marshal(self) -> bytes:
+        return self.payload
+
+
+async def test_header_broken_beyond_its_values_is_still_refused() -> None:
+    """A header table longer than its frame is no value to replace: aiormq refuses the frame,
+    as it did before."""
+    read_properties_leniently()
+    headers_flag = commands.Basic.Properties.flags["headers"]
+    class_weight_size_flags = struct.pack(">HHQH", 60, 0, 1, headers_flag)
+    table = struct.pack(">I", 100) + b"\x01\xff" + b"t\x01"  # 100 bytes said, 5 there
+    with pytest.raises(InvalidFrameError, match="Field table length exceeds available data"):
+        await read_by_aiormq(RawHeader(class_weight_size_flags + table))

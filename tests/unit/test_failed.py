@@ -24,7 +24,8 @@ from app.failed import (
 )
 from app.retry import Facts, FailureKind
 from app.tracebacks import format_traceback
-from tests.unit.frames import HEADERS, delivered
+from tests.support import ForeignBytes
+from tests.unit.frames import HEADERS, delivered, read_leniently
 
 
 class CustomError(Exception):
@@ -224,6 +225,29 @@ def test_failed_copy_without_an_exception_is_poison() -> None:
         "error": reason,
         "exception": f"app.errors.{reason}",  # never raised: no stack, only its last line
     }
+
+
+async def test_failed_copy_of_unreadable_properties_says_so() -> None:
+    """A delivery whose properties could not be decoded fails as InvalidProperties, naming what
+    was unreadable; its copy keeps the body and what could be read of the rest."""
+    sent = commands.Basic.Properties(message_id=ForeignBytes(b"m-\xff"), app_id="billing")
+    failed = failed_copy(
+        await read_leniently(sent, b"\x00\xff"),
+        FACTS,
+        None,
+        FailureKind.PERMANENT,
+        queue="jobs",
+        frame_max=FRAME_MAX,
+        now=NOW,
+    )
+    reason = (
+        "InvalidProperties: properties could not be decoded: message_id: "
+        "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"
+    )
+    assert failed.message.headers["failed-exception"] == "app.errors.InvalidProperties"
+    assert failed.message.headers["failed-reason"] == failed.log_fields["error"] == reason
+    assert (failed.message.body, failed.message.message_id) == (b"\x00\xff", "m-\ufffd")
+    assert failed.message.app_id == "billing"
 
 
 def test_failed_copy_logs_the_whole_traceback_its_frame_cut() -> None:

@@ -217,22 +217,42 @@ def test_poison(headers: dict[str, object], redelivered: bool, retries: int, poi
     assert facts(headers, redelivered).poison is poison
 
 
+def test_unreadable_properties_are_a_fact() -> None:
+    """Whether the delivery's properties could be decoded is carried into its facts."""
+    assert not facts({}).unreadable
+    assert read_facts(
+        {},
+        redelivered=False,
+        routing_key="jobs",
+        from_tier=False,
+        queue="jobs",
+        max_retries=3,
+        type_max_retries=None,
+        unreadable=True,
+    ).unreadable
+
+
 FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")
 SECOND = Facts(attempt=2, max_attempts=4, original_routing_key="jobs")
 LAST = Facts(attempt=4, max_attempts=4, original_routing_key="jobs")
 ONLY = Facts(attempt=1, max_attempts=1, original_routing_key="jobs")
 FORGED = Facts(attempt=1, max_attempts=4, original_routing_key="jobs", forged=True)
 POISON = Facts(attempt=2, max_attempts=4, original_routing_key="jobs", poison=True)
+UNREADABLE = Facts(attempt=1, max_attempts=4, original_routing_key="jobs", unreadable=True)
 
 
 @pytest.mark.parametrize(
     ("facts_", "outcome", "decision"),
     [
-        # Before the handler runs: forged x-death and poison are settled without it.
+        # Before the handler runs: unreadable properties, forged x-death and poison are settled
+        # without it; unreadable properties fail even when the rest would be cleaned or poison.
         (FIRST, None, Decision(Action.RUN)),
         (LAST, None, Decision(Action.RUN)),
         (FORGED, None, Decision(Action.SANITIZE)),
         (POISON, None, Decision(Action.FAIL, FailureKind.POISON)),
+        (UNREADABLE, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (FORGED._replace(unreadable=True), None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (POISON._replace(unreadable=True), None, Decision(Action.FAIL, FailureKind.PERMANENT)),
         # After it ran.
         (FIRST, Outcome.SUCCEEDED, Decision(Action.ACK)),
         (LAST, Outcome.SUCCEEDED, Decision(Action.ACK)),
@@ -248,8 +268,9 @@ POISON = Facts(attempt=2, max_attempts=4, original_routing_key="jobs", poison=Tr
     ],
 )
 def test_decide(facts_: Facts, outcome: Outcome | None, decision: Decision) -> None:
-    """Forged is cleaned and poison fails before the handler runs; then success acks, permanent
-    fails at once, transient retries in the tier of its attempt while attempts remain."""
+    """Unreadable properties fail, forged is cleaned and poison fails before the handler runs;
+    then success acks, permanent fails at once, transient retries in the tier of its attempt
+    while attempts remain."""
     assert decide(facts_, outcome) == decision
 
 
