@@ -86,12 +86,12 @@ class Monitor:
         # The log line comes first and does not depend on the webhook.
         log.error("job failed", queue=self._names.queue, **failure.as_dict())
         self._backlog.failed(failed_at_s(failure.failed_at, time.time()))
-        suppressed = self._limiter.offer(failure, asyncio.get_running_loop().time())
+        key = reason_key(failure.reason)
+        suppressed = self._limiter.offer(key, failure, asyncio.get_running_loop().time())
         # An event is acked once its alert is out of the webhook's hands, so a crash before
         # that leaves it to the broker to deliver again. A held-back one waits for the alert
         # that counts it; when a later one of its reason takes its place, only its count
         # (kept in memory) is at stake, and it is acked.
-        key = reason_key(failure.reason)
         earlier = self._held.pop(key, None)
         if suppressed is None:
             self._held[key] = message
@@ -107,8 +107,8 @@ class Monitor:
         next_depth_check = loop.time()
         while not done.is_set():
             now = loop.time()
-            for failure, suppressed in self._limiter.due(now):
-                held = self._held.pop(reason_key(failure.reason), None)
+            for key, failure, suppressed in self._limiter.due(now):
+                held = self._held.pop(key, None)
                 alert = job_failed_alert(self._names.queue, failure, suppressed)
                 await self._webhook.send(alert, functools.partial(_ack, held))
             if now >= next_depth_check:
