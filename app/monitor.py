@@ -19,7 +19,7 @@ from app.failed import read_failure
 from app.metrics import Metrics
 from app.service import Lifecycle, connection_name, keep_connected, run_service
 from app.settings import Settings
-from app.status import read_status
+from app.status import StatusReader
 from app.topology import EVENTS_MAX_LENGTH, Names, Plan, declare
 from app.webhook import Webhook
 
@@ -105,6 +105,8 @@ class Monitor:
         until done is set."""
         loop = asyncio.get_running_loop()
         next_depth_check = loop.time()
+        # One channel for every depth check, which goes with the connection.
+        status = StatusReader(connection)
         while not done.is_set():
             now = loop.time()
             for key, failure, suppressed in self._limiter.due(now):
@@ -113,13 +115,13 @@ class Monitor:
                 await self._webhook.send(alert, functools.partial(_ack, held))
             if now >= next_depth_check:
                 next_depth_check = now + self._settings.alert_interval_s
-                await self._check_depth(connection, plan)
+                await self._check_depth(status, plan)
             await asyncio.sleep(TICK_S)
 
-    async def _check_depth(self, connection: AbstractConnection, plan: Plan) -> None:
+    async def _check_depth(self, status: StatusReader, plan: Plan) -> None:
         """Read every queue's depth into the metrics, and alert on a failed-queue crossing."""
         try:
-            queues = await read_status(connection, plan)
+            queues = await status.read(plan)
         except CONNECTION_ERRORS as error:
             log.warning("queue depths unknown", queue=self._names.queue, error=str(error))
             return
