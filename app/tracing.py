@@ -10,10 +10,9 @@ import contextlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-from app.failed import failure_reason, failure_traceback
+from app.failed import Failure
 from app.job import Job
 from app.retry import Action, Decision
-from app.tracebacks import format_traceback
 
 try:
     from opentelemetry import propagate, trace
@@ -72,26 +71,25 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
         yield span
 
 
-def record_outcome(span: Any, decision: Decision, error: BaseException | None) -> None:
+def record_outcome(span: Any, decision: Decision, failure: Failure | None) -> None:
     """What became of the attempt; an error status when the handler raised."""
     if span is None or not span.is_recording():  # no tracer configured: nothing to format
         return
     span.set_attribute("ricochet.outcome", OUTCOMES[decision.action])
     if decision.tier is not None:
         span.set_attribute("ricochet.tier", decision.tier)
-    if error is not None:
+    if failure is not None:
         # Not span.record_exception: str() of an error can fail or carry a password, and the
-        # failed copy's scrubbed reason and traceback have neither.
-        reason = failure_reason(error)
+        # failed copy's scrubbed reason and traceback (the same, worked out once) have neither.
         span.add_event(
             "exception",
             {
-                "exception.type": type(error).__qualname__,
-                "exception.message": reason,
-                "exception.stacktrace": failure_traceback(format_traceback(error)),
+                "exception.type": type(failure.exception).__qualname__,
+                "exception.message": failure.reason,
+                "exception.stacktrace": failure.traceback,
             },
         )
-        span.set_status(StatusCode.ERROR, reason)
+        span.set_status(StatusCode.ERROR, failure.reason)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from app import tracing
+from app.failed import Failure
 from app.job import Job
 from app.replay import replayed_headers
 from app.retry import Action, Decision
@@ -41,7 +42,7 @@ def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(tracing, "ENABLED", False)
     with tracing.attempt_span("q", a_job()) as span:
         assert span is None
-    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), ValueError("x"))
+    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
     headers: dict[str, object] = {"tenant": "acme"}
     with tracing.publish_span("q", "m1", headers):
         pass
@@ -90,7 +91,7 @@ def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
     errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
     for error in errors:
         with provider.get_tracer("tests").start_as_current_span("attempt") as span:
-            tracing.record_outcome(span, Decision(Action.FAIL), error)
+            tracing.record_outcome(span, Decision(Action.FAIL), Failure(error))
     spans = exporter.get_finished_spans()
     assert [s.status.status_code for s in spans] == [StatusCode.ERROR, StatusCode.ERROR]
     assert [dict(s.attributes or {})["ricochet.outcome"] for s in spans] == ["failed", "failed"]
