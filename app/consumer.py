@@ -20,7 +20,7 @@ from app.metrics import Metrics, QueueMetrics
 from app.retry import Action, Decision, Facts, Outcome, decide, read_facts
 from app.subscription import Gate, Subscription
 from app.topology import Plan
-from app.tracing import attempt_span, record_outcome
+from app.tracing import attempt_span, record_outcome, settle_span
 
 log = structlog.get_logger("ricochet.consumer")
 
@@ -119,20 +119,23 @@ class Consumer:
             type_max_retries=self._invoker.max_retries(kind),
         )
         decision = decide(facts, None)
-        failure: Failure | None = None
-        if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
-            job = job_of(delivery, facts, kind)
-            bind_log_context(job)
-            if decision.action is Action.RUN:
-                with attempt_span(self._queue, job) as span:
-                    started = time.perf_counter()
-                    outcome, error = await self._invoker(job)
-                    self._metrics.duration.observe(time.perf_counter() - started)
-                    self._ran(outcome)
-                    decision = decide(facts, outcome)
-                    failure = None if error is None else Failure(error)
-                    record_outcome(span, decision, failure)
-        await self._settle(subscription, delivery, facts, decision, failure)
+        if decision.action is not Action.RUN:  # a forged x-death or a poison job: no attempt
+            if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
+                bind_log_context(job_of(delivery, facts, kind))
+            await self._settle(subscription, delivery, facts, decision, None)
+            return
+        job = job_of(delivery, facts, kind)
+        bind_log_context(job)
+        with attempt_span(self._queue, job) as span:  # the attempt's span covers its settling
+            started = time.perf_counter()
+            outcome, error = await self._invoker(job)
+            self._metrics.duration.observe(time.perf_counter() - started)
+            self._ran(outcome)
+            decision = decide(facts, outcome)
+            failure = None if error is None else Failure(error)
+            record_outcome(span, decision, failure)
+            with settle_span(self._queue, span, decision):
+                await self._settle(subscription, delivery, facts, decision, failure)
 
     async def _settle(
         self,

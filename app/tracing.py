@@ -93,6 +93,25 @@ def record_outcome(span: Any, decision: Decision, failure: Failure | None) -> No
 
 
 @contextlib.contextmanager
+def settle_span(queue: str, attempt: Any, decision: Decision) -> Iterator[None]:
+    """A span around settling an attempt, a child of its span: the ack, the retry's nack, or
+    the failed copy published until confirmed and then the ack.
+
+    A span and not an event on the attempt's: a failed copy waits for the broker's confirms,
+    which may take longer than the handler did, and only a span shows how long."""
+    if attempt is None or not attempt.is_recording():  # no tracer: no span to be a child of
+        yield
+        return
+    attributes: dict[str, str | int] = {"ricochet.action": decision.action.value}
+    if decision.tier is not None:
+        attributes["ricochet.tier"] = decision.tier
+    if decision.kind is not None:
+        attributes["ricochet.failed.kind"] = str(decision.kind)
+    with _TRACER.start_as_current_span(f"{queue} settle", attributes=attributes):
+        yield
+
+
+@contextlib.contextmanager
 def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any]) -> Iterator[None]:
     """A producer span around publishing a job, its context injected into the headers.
 

@@ -43,6 +43,8 @@ def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPat
     with tracing.attempt_span("q", a_job()) as span:
         assert span is None
     tracing.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
+    with tracing.settle_span("q", span, Decision(Action.RETRY, tier=1)):
+        pass
     headers: dict[str, object] = {"tenant": "acme"}
     with tracing.publish_span("q", "m1", headers):
         pass
