@@ -54,7 +54,7 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
     if not ENABLED:
         yield None
         return
-    with _TRACER.start_as_current_span(
+    span = _TRACER.start_span(
         f"{queue} process",
         context=_parent(job.headers),
         kind=SpanKind.CONSUMER,
@@ -63,7 +63,13 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
             "messaging.destination.name": queue,
             "ricochet.attempt": job.attempt,
         },
-    ) as span:
+    )
+    if not span.get_span_context().is_valid:
+        # No tracer configured and no trace in the headers to pass on: making the no-op span
+        # current would change nothing, and cost most of what tracing costs when it is off.
+        yield span
+        return
+    with trace.use_span(span, end_on_exit=True):
         if job.message_id is not None:
             span.set_attribute("messaging.message.id", job.message_id)
         if job.type is not None:

@@ -38,6 +38,24 @@ def test_ricochet_imports_and_runs_without_the_api() -> None:
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
 
 
+def test_without_a_tracer_provider_the_jobs_trace_is_passed_on() -> None:
+    """With the API and no provider (a fresh process), what a handler publishes carries its
+    job's trace on, and a job without one gives it none."""
+    script = (
+        "from app.job import Job\n"
+        "from app.tracing import attempt_span, inject_current\n"
+        f"traced = {{'traceparent': {TRACEPARENT!r}}}\n"
+        "for headers, expected in ((traced, '0af7651916cd43dd8448eb211c80319c'), ({}, None)):\n"
+        "    job = Job(b'{}', headers=headers, message_id='m1', amqp_type=None, attempt=1, max_attempts=3)\n"
+        "    published = {}\n"
+        "    with attempt_span('q', job):\n"
+        "        inject_current(published)\n"
+        "    trace_id = published['traceparent'][3:35] if published else None\n"
+        "    assert trace_id == expected, published\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
 def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "ENABLED", False)
     with tracing.attempt_span("q", a_job()) as span:
