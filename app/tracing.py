@@ -48,9 +48,10 @@ def _parent(headers: Mapping[str, Any]) -> "Context":
 
 @contextlib.contextmanager
 def attempt_span(queue: str, job: Job) -> Iterator[Any]:
-    """A consumer span around one attempt of a job, a child of the context in its headers.
+    """A consumer span around one attempt of a job and its settling, a child of the context in
+    its headers.
 
-    Yields the span (None without OpenTelemetry) for record_outcome()."""
+    Yields the span (None without OpenTelemetry) for record_outcome() and settle_span()."""
     if not ENABLED:
         yield None
         return
