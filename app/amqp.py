@@ -99,9 +99,9 @@ Problems = list[str]
 def read_properties_leniently() -> None:
     """Have aiormq's connection reader keep a delivery whose properties pamqp refuses.
 
-    pamqp raises while it reads a content header whose short strings are not UTF-8 or whose
-    timestamps no date can hold, and aiormq (7.x, the reader's FrameReceiver.get_frame calls
-    pamqp.frame.unmarshal) closes the whole connection on it. Such a header is read again here,
+    pamqp (4.x) raises while it reads a content header whose short strings are not UTF-8 or
+    whose timestamps no date can hold, and aiormq (7.x, the reader's FrameReceiver.get_frame
+    calls pamqp.frame.unmarshal) closes the whole connection on it. Such a header is read again here,
     property by property: a short string with its undecodable bytes replaced (U+FFFD), a timestamp
     out of range as None, and the frame, the body and the delivery as usual. The properties say
     what was unreadable (LenientProperties.problems), so the consumer can fail the delivery.
