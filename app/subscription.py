@@ -94,6 +94,7 @@ class Subscription:
         finished, so that no more jobs run than the prefetch allows (and the fresh one).
         """
         fetched: set[asyncio.Task[None]] = set()
+        recovered = 0
         try:
             if self._waiting is not None:  # fetched before a pause or a cancel: it goes first
                 await self._alone(spawn, self._waiting)
@@ -105,12 +106,17 @@ class Subscription:
                 if not delivery.redelivered:
                     self._run(spawn, delivery)
                     break
+                if not recovered:
+                    log.info("running the jobs that came back redelivered before subscribing")
+                recovered += 1
                 if alone(delivery):
                     await self._alone(spawn, delivery)
                 else:
                     fetched.add(self._run(spawn, delivery))
             if fetched:
                 await asyncio.wait(fetched)  # never cancels the jobs when this task is cancelled
+            if recovered:
+                log.info("redelivered jobs done, subscribing", jobs=recovered)
             self._tag = await self.frames.consume(queue, lambda d: self._run(spawn, d))
         except CONNECTION_ERRORS as error:
             # The worker sees the channel close and starts over on a new connection, or, if the
@@ -129,6 +135,10 @@ class Subscription:
         Stopped meanwhile, the subscription keeps the delivery for its next start on this
         channel; if the channel closes instead, the broker delivers it again.
         """
+        log.warning(
+            "job returned more than once runs alone: it may be the one that crashes the worker",
+            message_id=delivery.message_id,
+        )
         self._waiting = delivery
         self.acks.delivered(delivery)  # unsettled from now on: no multiple ack may reach it
         await self._fewer_running_than(1)
