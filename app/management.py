@@ -10,6 +10,7 @@ import aiohttp
 
 from app.checks import JSON, BrokerState, exchange_names, queue_names
 from app.errors import ManagementUnavailable
+from app.log import url_host
 from app.topology import Plan
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
@@ -32,8 +33,7 @@ def vhost(amqp_url: str) -> str:
 def api_url(management_url: str) -> str:
     """The API's base URL without credentials: http://host:15672/api/."""
     parts = urlsplit(management_url)
-    host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}{parts.path.rstrip('/')}/api/"
+    return f"{parts.scheme}://{url_host(management_url)}{parts.path.rstrip('/')}/api/"
 
 
 def authorization(management_url: str, amqp_url: str) -> str:
