@@ -17,7 +17,7 @@ from app.failed import Failure, cleaned_copy, failed_copy
 from app.handler import Invoker
 from app.job import bind_log_context, job_of, job_type
 from app.metrics import Metrics, QueueMetrics
-from app.retry import Action, Decision, Facts, Outcome, decide, read_facts
+from app.retry import Action, Decision, Facts, Outcome, decide, read_facts, runs_alone
 from app.subscription import Gate, Subscription
 from app.topology import Plan
 from app.tracing import attempt_span, record_outcome, settle_span
@@ -32,11 +32,13 @@ class Consumer:
         self,
         plan: Plan,
         max_retries: int,
+        prefetch: int,
         invoker: Invoker,
         metrics: Metrics,
         ran: Callable[[Outcome], None] = lambda _: None,
     ):
         self._plan = plan
+        self._prefetch = prefetch  # the channel's QoS, as the worker sets it
         self._ran = ran  # told the outcome of every handler call
         self._queue = plan.names.queue
         self._max_retries = max_retries
@@ -53,13 +55,20 @@ class Consumer:
             # it held (the broker delivers those again).
             await self.stop()
         self._gate.open()
-        self._subscription = await Subscription.open(channel, frame_max)
-        self._subscription.subscribe(self._queue, self._spawn)
+        self._subscription = await Subscription.open(
+            channel, frame_max, self._prefetch, self.in_flight
+        )
+        self._subscription.subscribe(self._queue, self._spawn, self._runs_alone)
 
     @property
     def consuming(self) -> bool:
-        """Whether deliveries are being taken."""
+        """Whether deliveries are being taken (subscribed)."""
         return self._subscription is not None and self._subscription.consuming
+
+    @property
+    def recovering(self) -> bool:
+        """Whether the jobs that came back redelivered are being run, before subscribing."""
+        return self._subscription is not None and self._subscription.recovering
 
     @property
     def interrupted(self) -> asyncio.Event:
@@ -84,16 +93,23 @@ class Consumer:
         deliveries first; every delivery is still settled on the channel it came on."""
         assert self._subscription is not None
         self._gate.open()
-        self._subscription.subscribe(self._queue, self._spawn)
+        self._subscription.subscribe(self._queue, self._spawn, self._runs_alone)
 
     async def drain_acks(self) -> None:
         """Send the acks of finished jobs still pending (before the channel closes)."""
         if self._subscription is not None:
             await self._subscription.acks.drain()
 
+    def _runs_alone(self, delivery: Delivery) -> bool:
+        return runs_alone(
+            delivery.headers,
+            redelivered=delivery.redelivered,
+            from_tier=self._plan.names.is_attempt_key(delivery.routing_key),
+            queue=self._queue,
+        )
+
     def _spawn(self, subscription: Subscription, delivery: Delivery) -> asyncio.Task[None]:
         # Jobs run in tasks of their own, so closing a channel never cancels a handler.
-        subscription.acks.delivered(delivery)
         task = asyncio.get_running_loop().create_task(self._process(subscription, delivery))
         self.in_flight.add(task)
         self._metrics.in_flight.inc()

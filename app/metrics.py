@@ -64,8 +64,16 @@ class Metrics:
         )
         self.worker_consuming = Gauge(
             "ricochet_worker_consuming",
-            "1 while the worker takes jobs from its queue; 0 while it connects, subscribes again "
-            "after a broker cancel, drains or is paused.",
+            "1 while the worker takes jobs from its queue; 0 while it connects, runs the jobs "
+            "that came back redelivered, subscribes again after a broker cancel, drains or is "
+            "paused.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.worker_recovering = Gauge(
+            "ricochet_worker_recovering",
+            "1 while the worker runs the jobs that came back redelivered after a (re)connect, "
+            "before it subscribes; else 0.",
             ["queue"],
             registry=self.registry,
         )
@@ -109,10 +117,16 @@ class Metrics:
         """Export ready() as ricochet_ready, read at every scrape."""
         self.ready.labels(self.queue).set_function(lambda: float(ready()))
 
-    def worker_when(self, consuming: Callable[[], bool], paused: Callable[[], bool]) -> None:
+    def worker_when(
+        self,
+        consuming: Callable[[], bool],
+        paused: Callable[[], bool],
+        recovering: Callable[[], bool],
+    ) -> None:
         """Export the worker's state (read at every scrape) as ricochet_worker_*."""
         self.worker_consuming.labels(self.queue).set_function(lambda: float(consuming()))
         self.worker_paused.labels(self.queue).set_function(lambda: float(paused()))
+        self.worker_recovering.labels(self.queue).set_function(lambda: float(recovering()))
 
     def observe_queue(self, role: str, messages: int | None, consumers: int | None) -> None:
         """One queue as the monitor read it (role as `ricochet status` names it; None: missing)."""

@@ -7,6 +7,9 @@ from typing import Any, NamedTuple
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
+# A redelivery returned more often than this may be the job that cut its worker off: it runs
+# with nothing else unacked beside it (see runs_alone).
+SUSPECT_RETURNS = 1
 
 
 class Outcome(enum.Enum):
@@ -118,19 +121,43 @@ def max_attempts(max_retries: int, type_max_retries: int | None, header_retries:
     return 1 + min(r for r in (max_retries, type_max_retries, header_retries) if r is not None)
 
 
-def _is_poison(headers: Mapping[str, Any], redelivered: bool, retries: int) -> bool:
-    """True when the broker counts more unacked deliveries than a healthy job would get.
+def _returns(headers: Mapping[str, Any], redelivered: bool, retries: int) -> int | None:
+    """How often the broker counts the job returned unacked, its own retries taken off; None on a
+    first delivery or when the broker keeps no count (classic queues on RabbitMQ 3).
 
     The broker sets its counts only on a message it delivers again, so a count on a first
     delivery was written by a publisher and says nothing. RabbitMQ 4.0 carries the count across
     dead-lettering, so a job's own retries are taken off it: on a broker that restarts the count,
     that only lets a job that crashes its worker run a few more times.
     """
-    counts = [headers.get("x-delivery-count"), headers.get("x-acquired-count")]
-    return redelivered and any(
-        isinstance(c, int) and not isinstance(c, bool) and c - retries > POISON_DELIVERIES
-        for c in counts
-    )
+    counts = [
+        c
+        for c in (headers.get("x-delivery-count"), headers.get("x-acquired-count"))
+        if isinstance(c, int) and not isinstance(c, bool)
+    ]
+    return max(counts) - retries if redelivered and counts else None
+
+
+def _retries(rejection: Mapping[str, Any] | None) -> int:
+    return int(rejection["count"]) if rejection else 0
+
+
+def runs_alone(
+    headers: Mapping[str, Any], *, redelivered: bool, from_tier: bool, queue: str
+) -> bool:
+    """Whether a delivery must run with no other delivery of its worker unacked beside it.
+
+    The broker counts a return against every delivery that is unacked when a worker dies, so a
+    job that crashes its worker raises the count of every job held beside it. A job returned
+    once was most likely cut off with the others (a dropped connection, a redeploy) and runs
+    beside them. One returned more often may be the job that crashes its worker: it runs alone,
+    each time, until it succeeds or the poison limit fails it. A poison or forged delivery is
+    settled without running its handler, and without a count nothing can be judged poison: none
+    of those is held back.
+    """
+    forged, rejection = _read_death(headers, queue, from_tier)
+    returns = _returns(headers, redelivered, _retries(rejection))
+    return not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES
 
 
 def read_facts(
@@ -153,13 +180,14 @@ def read_facts(
     properties could not be decoded.
     """
     forged, rejection = _read_death(headers, queue, from_tier)
-    retries = int(rejection["count"]) if rejection else 0
+    retries = _retries(rejection)
+    returns = _returns(headers, redelivered, retries)
     return Facts(
         attempt=1 + retries,
         max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),
         original_routing_key=_first_routing_key(rejection) or routing_key,
         forged=forged,
-        poison=not forged and _is_poison(headers, redelivered, retries),
+        poison=not forged and returns is not None and returns > POISON_DELIVERIES,
         unreadable=unreadable,
     )
 

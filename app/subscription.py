@@ -20,18 +20,34 @@ log = structlog.get_logger("ricochet.subscription")
 
 # Runs a delivery's job in a task of its own; returns the task.
 Spawn = Callable[["Subscription", Delivery], asyncio.Task[None]]
+# Whether a redelivered job must run with nothing else unacked (app.retry.runs_alone).
+RunsAlone = Callable[[Delivery], bool]
 
 
 class Subscription:
     """A channel with publisher confirms: its deliveries, its acks, and where its copies go."""
 
-    def __init__(self, frames: Frames, default: AbstractExchange, frame_max: int) -> None:
+    def __init__(
+        self,
+        frames: Frames,
+        default: AbstractExchange,
+        frame_max: int,
+        prefetch: int,
+        running: set[asyncio.Task[None]],
+    ) -> None:
         self.frames = frames
         # Copies go straight to their queue: a confirm then means that very queue took it.
         self._default = default
         self._copying = OnePerMessageId()
         self.frame_max = frame_max
+        # The channel's QoS, which bounds its consumer's deliveries but not basic.get's.
+        self._prefetch = prefetch
+        # The worker's jobs still running, on any channel: a lost channel's jobs run on, and one
+        # that crashes the worker returns this channel's deliveries with a count raised too.
+        self._running = running
         self.acks = Acks()
+        # A delivery fetched to run alone, still waiting for the others to settle.
+        self._waiting: Delivery | None = None
         # Set when the channel stays open but this subscription stops taking deliveries on its
         # own: the broker cancelled the consumer, or subscribing failed.
         self.interrupted = asyncio.Event()
@@ -40,41 +56,99 @@ class Subscription:
         frames.on_cancelled(self._cancelled_by_broker)
 
     @classmethod
-    async def open(cls, channel: AbstractChannel, frame_max: int) -> "Subscription":
-        return cls(await Frames.under(channel), channel.default_exchange, frame_max)
+    async def open(
+        cls,
+        channel: AbstractChannel,
+        frame_max: int,
+        prefetch: int,
+        running: set[asyncio.Task[None]],
+    ) -> "Subscription":
+        frames = await Frames.under(channel)
+        return cls(frames, channel.default_exchange, frame_max, prefetch, running)
 
     @property
     def consuming(self) -> bool:
-        """Whether deliveries are being taken (subscribed, or fetching redelivered jobs first)."""
-        if self.frames.is_closed:
-            return False
-        return self._tag is not None or (self._opening is not None and not self._opening.done())
+        """Whether the queue's deliveries are being taken (subscribed)."""
+        return self._tag is not None and not self.frames.is_closed
 
-    def subscribe(self, queue: str, spawn: Spawn) -> None:
+    @property
+    def recovering(self) -> bool:
+        """Whether the jobs that came back redelivered are being run, before subscribing."""
+        opening = self._opening is not None and not self._opening.done()
+        return opening and not self.frames.is_closed
+
+    def subscribe(self, queue: str, spawn: Spawn, alone: RunsAlone) -> None:
         """Take the queue's deliveries, each handed to spawn, which runs its job in a task."""
         self.interrupted.clear()
-        self._opening = asyncio.get_running_loop().create_task(self._subscribe(queue, spawn))
+        self._opening = asyncio.get_running_loop().create_task(self._subscribe(queue, spawn, alone))
 
-    async def _subscribe(self, queue: str, spawn: Spawn) -> None:
-        """Run the jobs that come back redelivered one at a time, then subscribe.
+    async def _subscribe(self, queue: str, spawn: Spawn, alone: RunsAlone) -> None:
+        """Run the jobs that come back redelivered, then subscribe.
 
         A job redelivered after a crash may be the one that killed its worker. The broker counts
-        a return against every delivery that was unacked at that moment, so with a full prefetch
-        the jobs around a poison job would reach the poison limit with it. Taken one by one with
-        basic.get, a redelivered job is the only delivery this worker holds while it runs.
+        a return against every delivery that was unacked at that moment, so the jobs beside a
+        poison job would reach the poison limit with it. So they are fetched with basic.get
+        before subscribing: side by side, as many as the prefetch (which basic.get ignores), but
+        one that alone() says may be the poison runs with nothing else unacked or running. A
+        fresh job ends the redelivered ones; the subscription starts once those fetched have
+        finished, so that no more jobs run than the prefetch allows (and the fresh one).
         """
+        fetched: set[asyncio.Task[None]] = set()
+        recovered = 0
         try:
-            while (delivery := await self.frames.get(queue)) is not None:
-                job = spawn(self, delivery)
-                if not delivery.redelivered:
+            if self._waiting is not None:  # fetched before a pause or a cancel: it goes first
+                await self._alone(spawn, self._waiting)
+            while True:
+                await self._fewer_running_than(self._prefetch)
+                delivery = await self.frames.get(queue)
+                if delivery is None:
                     break
-                await asyncio.wait({job})  # never cancels the job when this task is cancelled
-            self._tag = await self.frames.consume(queue, lambda d: spawn(self, d))
+                if not delivery.redelivered:
+                    self._run(spawn, delivery)
+                    break
+                if not recovered:
+                    log.info("running the jobs that came back redelivered before subscribing")
+                recovered += 1
+                if alone(delivery):
+                    await self._alone(spawn, delivery)
+                else:
+                    fetched.add(self._run(spawn, delivery))
+            if fetched:
+                await asyncio.wait(fetched)  # never cancels the jobs when this task is cancelled
+            if recovered:
+                log.info("redelivered jobs done, subscribing", jobs=recovered)
+            self._tag = await self.frames.consume(queue, lambda d: self._run(spawn, d))
         except CONNECTION_ERRORS as error:
             # The worker sees the channel close and starts over on a new connection, or, if the
             # channel stays open, subscribes again.
             log.warning("consuming interrupted", error=str(error))
             self.interrupted.set()
+
+    def _run(self, spawn: Spawn, delivery: Delivery) -> asyncio.Task[None]:
+        self.acks.delivered(delivery)
+        return spawn(self, delivery)
+
+    async def _alone(self, spawn: Spawn, delivery: Delivery) -> None:
+        """Run the delivery's job once no other job of the worker runs and every other delivery
+        of the channel is settled (its ack written), then wait for it.
+
+        Stopped meanwhile, the subscription keeps the delivery for its next start on this
+        channel; if the channel closes instead, the broker delivers it again.
+        """
+        log.warning(
+            "job returned more than once runs alone: it may be the one that crashes the worker",
+            message_id=delivery.message_id,
+        )
+        self._waiting = delivery
+        self.acks.delivered(delivery)  # unsettled from now on: no multiple ack may reach it
+        await self._fewer_running_than(1)
+        await self.acks.drain()
+        self._waiting = None
+        await asyncio.wait({self._run(spawn, delivery)})  # never cancels the job, as above
+
+    async def _fewer_running_than(self, limit: int) -> None:
+        while len(self._running) >= limit:
+            await asyncio.wait(set(self._running), return_when=asyncio.FIRST_COMPLETED)
 
     def _cancelled_by_broker(self, tag: str) -> None:
         if tag != self._tag:

@@ -70,7 +70,11 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
         # current would change nothing, and cost most of what tracing costs when it is off.
         yield span
         return
-    with trace.use_span(span, end_on_exit=True):
+    # An error escaping the attempt is not recorded: its text may hold a password or fail to
+    # print (a handler's error is recorded, scrubbed, by record_outcome).
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
         if job.message_id is not None:
             span.set_attribute("messaging.message.id", job.message_id)
         if job.type is not None:
@@ -114,7 +118,12 @@ def settle_span(queue: str, attempt: Any, decision: Decision) -> Iterator[None]:
         attributes["ricochet.tier"] = decision.tier
     if decision.kind is not None:
         attributes["ricochet.failed.kind"] = str(decision.kind)
-    with _TRACER.start_as_current_span(f"{queue} settle", attributes=attributes):
+    with _TRACER.start_as_current_span(
+        f"{queue} settle",
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ):
         yield
 
 
@@ -136,6 +145,8 @@ def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any])
             "messaging.destination.name": queue,
             "messaging.message.id": message_id,
         },
+        record_exception=False,  # a publish error's text may hold the broker URL's password
+        set_status_on_exception=False,
     ):
         if not explicit:
             propagate.inject(headers)

@@ -50,11 +50,15 @@ class Worker:
         self._paused = False
         self._webhook = Webhook(settings.alert_webhook_url, metrics)
         lifecycle.working = self.consuming
-        metrics.worker_when(self.consuming, lambda: self._paused)
+        metrics.worker_when(self.consuming, lambda: self._paused, self.recovering)
 
     def consuming(self) -> bool:
         """Whether the worker takes jobs now (what /readyz and ricochet_worker_consuming say)."""
         return self._consumer is not None and self._consumer.consuming
+
+    def recovering(self) -> bool:
+        """Whether it runs the jobs that came back redelivered before taking others (not ready)."""
+        return self._consumer is not None and self._consumer.recovering
 
     async def serve(self) -> None:
         """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
@@ -75,7 +79,12 @@ class Worker:
         await channel.set_qos(prefetch_count=self._settings.prefetch)
         if self._consumer is None:
             self._consumer = Consumer(
-                plan, self._settings.max_retries, self._invoker, self._metrics, self._ran
+                plan,
+                self._settings.max_retries,
+                self._settings.prefetch,
+                self._invoker,
+                self._metrics,
+                self._ran,
             )
         consumer = self._consumer
         await consumer.start(channel, frame_max(connection))

@@ -57,13 +57,14 @@ async def channel(connection: AbstractConnection) -> AsyncIterator[AbstractChann
 async def start_worker(
     queue_name: str, connection: AbstractConnection
 ) -> AsyncIterator[StartWorker]:
-    """Start in-process workers on the test's queue: `await start_worker(handler, **settings)`."""
+    """Start in-process workers on the test's queue: `await start_worker(handler, **settings)`
+    (ready=False: without waiting for the worker to be ready)."""
     workers: list[InProcessWorker] = []
 
-    async def start(handler: Any, **overrides: Any) -> InProcessWorker:
+    async def start(handler: Any, *, ready: bool = True, **overrides: Any) -> InProcessWorker:
         worker = InProcessWorker(make_settings(queue_name, **overrides), handler)
         workers.append(worker)
-        return await worker.start()
+        return await worker.start(ready)
 
     yield start
     for worker in workers:

@@ -211,8 +211,11 @@ class InProcessWorker:
         )
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self) -> "InProcessWorker":
+    async def start(self, wait_ready: bool = True) -> "InProcessWorker":
+        """Start serving; unless told not to, wait until /readyz would say 200."""
         self.task = asyncio.create_task(self.worker.serve())
+        if not wait_ready:
+            return self
 
         async def ready() -> bool:
             assert self.task is not None
@@ -237,8 +240,13 @@ class InProcessWorker:
         )
         return value or 0.0
 
+    def gauge(self, name: str) -> float | None:
+        """A gauge of this worker's queue as a scrape would read it now."""
+        return self.metrics.registry.get_sample_value(name, {"queue": self.settings.queue})
 
-# The start_worker fixture: `await start_worker(handler, **settings)`.
+
+# The start_worker fixture: `await start_worker(handler, **settings)`, which waits for the worker
+# to be ready unless given `ready=False`.
 StartWorker = Callable[..., Awaitable[InProcessWorker]]
 
 

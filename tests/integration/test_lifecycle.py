@@ -208,12 +208,12 @@ async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
     settings = make_settings(queue_name)
     await declare(connection, settings)
     await publish(channel, queue_name, json.dumps({"sleep_s": 4}), message_id="slow")
-    # Taken and given back unacked: the worker receives it redelivered, one at a time.
+    # Taken and given back unacked: the worker fetches it redelivered before it subscribes.
     held = await connection.channel()
     queue = await held.declare_queue(queue_name, passive=True)
     assert await queue.get(fail=False) is not None
     await held.close()
-    worker = await start_worker(recorder)
+    worker = await start_worker(recorder, ready=False)
     await wait_for(lambda: recorder.seen["slow"], 10, "the redelivered job to start")
     assert await asyncio.to_thread(close_connections, queue_name) == 1
     await wait_for(lambda: worker.lifecycle.ready, 20, "the worker to reconnect")

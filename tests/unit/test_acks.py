@@ -55,7 +55,7 @@ async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
     counts as running: the acks of the jobs around it never cover its delivery tag, so the job
     that failed is not settled as if it had succeeded."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), None, 131072)  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), None, 131072, 32, set())  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
         subscription.acks.delivered(delivery)  # type: ignore[arg-type]
@@ -94,7 +94,7 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     copies of other ids go out meanwhile."""
     acked: list[tuple[int, bool]] = []
     exchange = _Exchange()
-    subscription = Subscription(_Frames(), exchange, 131072)  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), exchange, 131072, 32, set())  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
         subscription.acks.delivered(delivery)  # type: ignore[arg-type]
@@ -134,7 +134,7 @@ async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
     original is not acked, so the broker hands it to the new channel whole, with one copy and
     one alert to come, not two."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), _ClosedExchange(), 131072)  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), _ClosedExchange(), 131072, 32, set())  # type: ignore[arg-type]
     delivery = _Delivery(1, acked)
     subscription.acks.delivered(delivery)  # type: ignore[arg-type]
     copied = await subscription.copy_then_ack(

@@ -44,19 +44,19 @@ def test_ready_is_read_at_each_scrape() -> None:
 
 
 def test_worker_state_is_read_at_each_scrape() -> None:
-    """ricochet_worker_consuming and ricochet_worker_paused follow the worker's state."""
+    """ricochet_worker_consuming, ricochet_worker_paused and ricochet_worker_recovering follow
+    the worker's state."""
     metrics = Metrics("q")
-    state = {"consuming": True, "paused": False}
-    metrics.worker_when(lambda: state["consuming"], lambda: state["paused"])
-    assert (
-        sample(metrics, "ricochet_worker_consuming"),
-        sample(metrics, "ricochet_worker_paused"),
-    ) == (1, 0)
+    state = {"consuming": True, "paused": False, "recovering": False}
+    metrics.worker_when(
+        lambda: state["consuming"], lambda: state["paused"], lambda: state["recovering"]
+    )
+    names = ["ricochet_worker_consuming", "ricochet_worker_paused", "ricochet_worker_recovering"]
+    assert [sample(metrics, name) for name in names] == [1, 0, 0]
     state.update(consuming=False, paused=True)
-    assert (
-        sample(metrics, "ricochet_worker_consuming"),
-        sample(metrics, "ricochet_worker_paused"),
-    ) == (0, 1)
+    assert [sample(metrics, name) for name in names] == [0, 1, 0]
+    state.update(paused=False, recovering=True)
+    assert [sample(metrics, name) for name in names] == [0, 0, 1]
 
 
 def test_attempts_count_by_number_and_outcome() -> None:

@@ -14,6 +14,7 @@ from app.retry import (
     decide,
     max_attempts,
     read_facts,
+    runs_alone,
     tier_delays_ms,
 )
 
@@ -230,6 +231,44 @@ def test_unreadable_properties_are_a_fact() -> None:
         type_max_retries=None,
         unreadable=True,
     ).unreadable
+
+
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "retries", "alone"),
+    [
+        ({}, False, 0, False),  # a first delivery
+        ({}, True, 0, False),  # no count (classic queues on RabbitMQ 3): nothing to judge by
+        ({"x-delivery-count": 1}, True, 0, False),  # returned once: cut off beside the others
+        ({"x-acquired-count": 1}, True, 0, False),
+        ({"x-delivery-count": 2}, True, 0, True),  # returned twice: it may be the poison
+        ({"x-acquired-count": 2}, True, 0, True),  # RabbitMQ 4.x counts returns here
+        ({"x-delivery-count": 0, "x-acquired-count": 3}, True, 0, True),
+        ({"x-delivery-count": 5}, True, 0, True),
+        ({"x-delivery-count": 6}, True, 0, False),  # poison: failed without running
+        ({"x-delivery-count": 2}, False, 0, False),  # a first delivery: a publisher wrote it
+        ({"x-delivery-count": "3"}, True, 0, False),
+        ({"x-delivery-count": True}, True, 0, False),
+        # RabbitMQ 4.0 carries the count through the tiers: rejections are not returns.
+        ({"x-delivery-count": 3}, True, 2, False),
+        ({"x-delivery-count": 4}, True, 2, True),
+        ({"x-acquired-count": 8}, True, 2, False),
+    ],
+)
+def test_runs_alone(
+    headers: dict[str, object], redelivered: bool, retries: int, alone: bool
+) -> None:
+    """A redelivery the broker counts returned more than once beyond the job's own retries, and
+    not yet poison, runs alone; one returned once, or with no count, runs beside others."""
+    if retries:
+        headers = {**headers, "x-death": [death(count=retries)]}
+    assert runs_alone(headers, redelivered=redelivered, from_tier=True, queue="jobs") is alone
+
+
+def test_forged_death_never_runs_alone() -> None:
+    """A delivery whose x-death a publisher forged is cleaned without running its handler: it
+    needs no room, whatever its count."""
+    forged = {"x-death": "not a list", "x-delivery-count": 3}
+    assert not runs_alone(forged, redelivered=True, from_tier=True, queue="jobs")
 
 
 FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")

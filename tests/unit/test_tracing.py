@@ -119,3 +119,28 @@ def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
     assert "hunter2" not in str(spans[0].status.description)
     assert "hunter2" not in str(dict(spans[0].events[0].attributes or {}))
     assert spans[1].status.description == "Unprintable: <exception str() failed>"
+
+
+def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error raised out of an attempt or its settling (a channel closing, say) is not
+    written into the span: its text may hold a password, or fail to print."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("tests"))
+
+    def settle_failing_with(error: Exception) -> None:
+        with (
+            tracing.attempt_span("q", a_job()) as span,
+            tracing.settle_span("q", span, Decision(Action.ACK)),
+        ):
+            raise error
+
+    for error in (ConnectionError("amqp://bob:hunter2@mq/ closed"), Unprintable()):
+        with pytest.raises(type(error)):
+            settle_failing_with(error)
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["q settle", "q process"] * 2
+    assert all(not s.events and s.status.description is None for s in spans)
