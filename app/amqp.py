@@ -101,13 +101,13 @@ def read_properties_leniently() -> None:
 
     pamqp (4.x) raises while it reads a content header whose short strings are not UTF-8 or
     whose timestamps no date can hold, and aiormq (7.x, the reader's FrameReceiver.get_frame
-    calls pamqp.frame.unmarshal) closes the whole connection on it. Such a header is read again here,
-    property by property: a short string with its undecodable bytes replaced (U+FFFD), a timestamp
-    out of range as None, and the frame, the body and the delivery as usual. The properties say
-    what was unreadable (LenientProperties.problems), so the consumer can fail the delivery.
-    A header that is readable reads exactly as before; one broken beyond its values (truncated,
-    an unknown field type) still closes the connection. The process has one pamqp, so this
-    holds for every connection; calling it again changes nothing.
+    calls pamqp.frame.unmarshal) closes the whole connection on it. Such a header is read again
+    here, property by property: a short string with its undecodable bytes replaced (U+FFFD), a
+    timestamp out of range as None, and the frame, the body and the delivery as usual. The
+    properties say what was unreadable (LenientProperties.problems), so the consumer can fail
+    the delivery. A header that is readable reads exactly as before; one broken beyond its
+    values (truncated, an unknown field type) still closes the connection. The process has one
+    pamqp, so this holds for every connection; calling it again changes nothing.
     """
     pamqp.frame._unmarshal_header_frame = _read_header
 
