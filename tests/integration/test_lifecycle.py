@@ -10,7 +10,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError
 from structlog.testing import capture_logs
 
-from app.management import read_state
+from app.doctor import read_state
 from app.service import Lifecycle, keep_connected
 from app.topology import Names, declare, plan
 from tests.broker import BROKER
