@@ -52,8 +52,9 @@ class _Slot:
 class ReasonLimiter:
     """At most one job.failed alert per failure reason per interval; the rest are counted.
 
-    Reasons are compared by reason_key(), so "order 17 not found" and "order 18 not found" are
-    one reason: an id in the message would otherwise let every failure through.
+    Failures are offered with the reason_key() of their reason, so "order 17 not found" and
+    "order 18 not found" are one reason: an id in the message would otherwise let every failure
+    through. The caller keeps the key, as the monitor does to find the event it holds back.
 
     A burst is reported on both edges: its first failure at once, and (once the interval has
     passed) its latest failure with the count of those not alerted, so no burst goes unreported.
@@ -63,9 +64,9 @@ class ReasonLimiter:
         self._interval_s = interval_s
         self._slots: dict[str, _Slot] = {}
 
-    def offer(self, failure: FailureInfo, now: float) -> int | None:
-        """The suppressed count to alert this failure with, or None to hold it back."""
-        key = reason_key(failure.reason)
+    def offer(self, key: str, failure: FailureInfo, now: float) -> int | None:
+        """The suppressed count to alert this failure (of reason_key() key) with, or None to
+        hold it back."""
         slot = self._slots.get(key)
         if slot is None or now - slot.sent_at >= self._interval_s:
             self._slots[key] = _Slot(now)
@@ -74,8 +75,9 @@ class ReasonLimiter:
         slot.latest = failure
         return None
 
-    def due(self, now: float) -> list[tuple[FailureInfo, int]]:
-        """Held-back failures whose interval has passed: (latest failure, others suppressed)."""
+    def due(self, now: float) -> list[tuple[str, FailureInfo, int]]:
+        """Held-back failures whose interval has passed: (key, latest failure, others
+        suppressed)."""
         out = []
         for key, slot in list(self._slots.items()):
             if now - slot.sent_at < self._interval_s:
@@ -83,7 +85,7 @@ class ReasonLimiter:
             if slot.latest is None:
                 del self._slots[key]  # quiet for a whole interval: forget the reason
             else:
-                out.append((slot.latest, slot.suppressed - 1))
+                out.append((key, slot.latest, slot.suppressed - 1))
                 self._slots[key] = _Slot(now)
         return out
 

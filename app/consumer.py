@@ -13,14 +13,14 @@ import structlog
 from aio_pika.abc import AbstractChannel
 
 from app.amqp import Delivery
-from app.failed import cleaned_copy, failed_copy, failure_reason
+from app.failed import Failure, cleaned_copy, failed_copy
 from app.handler import Invoker
 from app.job import bind_log_context, job_of, job_type
 from app.metrics import Metrics, QueueMetrics
 from app.retry import Action, Decision, Facts, Outcome, decide, read_facts
 from app.subscription import Gate, Subscription
 from app.topology import Plan
-from app.tracing import attempt_span, record_outcome
+from app.tracing import attempt_span, record_outcome, settle_span
 
 log = structlog.get_logger("ricochet.consumer")
 
@@ -119,19 +119,23 @@ class Consumer:
             type_max_retries=self._invoker.max_retries(kind),
         )
         decision = decide(facts, None)
-        error: BaseException | None = None
-        if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
-            job = job_of(delivery, facts, kind)
-            bind_log_context(job)
-            if decision.action is Action.RUN:
-                with attempt_span(self._queue, job) as span:
-                    started = time.perf_counter()
-                    outcome, error = await self._invoker(job)
-                    self._metrics.duration.observe(time.perf_counter() - started)
-                    self._ran(outcome)
-                    decision = decide(facts, outcome)
-                    record_outcome(span, decision, error)
-        await self._settle(subscription, delivery, facts, decision, error)
+        if decision.action is not Action.RUN:  # a forged x-death or a poison job: no attempt
+            if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
+                bind_log_context(job_of(delivery, facts, kind))
+            await self._settle(subscription, delivery, facts, decision, None)
+            return
+        job = job_of(delivery, facts, kind)
+        bind_log_context(job)
+        with attempt_span(self._queue, job) as span:  # the attempt's span covers its settling
+            started = time.perf_counter()
+            outcome, error = await self._invoker(job)
+            self._metrics.duration.observe(time.perf_counter() - started)
+            self._ran(outcome)
+            decision = decide(facts, outcome)
+            failure = None if error is None else Failure(error)
+            record_outcome(span, decision, failure)
+            with settle_span(self._queue, span, decision):
+                await self._settle(subscription, delivery, facts, decision, failure)
 
     async def _settle(
         self,
@@ -139,21 +143,23 @@ class Consumer:
         delivery: Delivery,
         facts: Facts,
         decision: Decision,
-        error: BaseException | None,
+        failure: Failure | None,
     ) -> None:
         if decision.action is Action.ACK:
             subscription.ack(delivery)
             self._metrics.succeeded_on(facts.attempt)
             log.info("job succeeded")
         elif decision.action is Action.RETRY:
-            assert error is not None
+            assert failure is not None
             assert decision.tier is not None
             if await subscription.dead_letter(delivery):
                 self._metrics.retried_in(decision.tier)
                 tier = self._plan.tiers[decision.tier - 1]
-                reason = failure_reason(error)
                 log.warning(
-                    "job failed, retrying", error=reason, tier=tier.name, delay_ms=tier.delay_ms
+                    "job failed, retrying",
+                    error=failure.reason,
+                    tier=tier.name,
+                    delay_ms=tier.delay_ms,
                 )
         elif decision.action is Action.SANITIZE:
             # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue
@@ -166,7 +172,7 @@ class Consumer:
             failed = failed_copy(
                 delivery,
                 facts,
-                error,
+                failure,
                 decision.kind,
                 queue=self._queue,
                 frame_max=subscription.frame_max,

@@ -3,6 +3,7 @@
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 import aio_pika
@@ -81,10 +82,23 @@ def failure_reason(exc: BaseException) -> str:
     return redact(text)[:REASON_MAX_CHARS]
 
 
-def failure_traceback(formatted_traceback: str) -> str:
-    """A formatted traceback without credentials, its last TRACEBACK_MAX_CHARS characters."""
-    # Its end: that is where the error was raised. Scrubbed before it is cut, as the reason.
-    return redact(formatted_traceback)[-TRACEBACK_MAX_CHARS:]
+class Failure:
+    """A job's exception as ricochet reports it, its reason and traceback each worked out on
+    first use and only once: the failed copy, its log line and the attempt's span share them."""
+
+    def __init__(self, exception: BaseException) -> None:
+        self.exception = exception
+
+    @cached_property
+    def reason(self) -> str:
+        """failure_reason() of the exception."""
+        return failure_reason(self.exception)
+
+    @cached_property
+    def traceback(self) -> str:
+        """The formatted traceback without credentials, its last TRACEBACK_MAX_CHARS characters."""
+        # Its end: that is where the error was raised. Scrubbed before it is cut, as the reason.
+        return redact(format_traceback(self.exception))[-TRACEBACK_MAX_CHARS:]
 
 
 def _message(exc: BaseException) -> str:
@@ -96,24 +110,20 @@ def _message(exc: BaseException) -> str:
 
 def failed_headers(
     headers: Mapping[str, Any],
-    exc: BaseException,
+    failure: Failure,
     kind: FailureKind,
     retry_count: int,
     queue: str,
     routing_key: str,
     now: dt.datetime,
-    formatted_traceback: str,
 ) -> dict[str, Any]:
-    """The failed copy's headers: the original's without x-death, plus the failure's.
-
-    formatted_traceback is app.tracebacks.format_traceback(exc).
-    """
+    """The failed copy's headers: the original's without x-death, plus the failure's."""
     return {
         **copied_headers(headers),
         "failed-at": now.astimezone(dt.UTC).isoformat(),
-        "failed-reason": failure_reason(exc),
-        "failed-exception": exception_name(exc),
-        "failed-traceback": failure_traceback(formatted_traceback),
+        "failed-reason": failure.reason,
+        "failed-exception": exception_name(failure.exception),
+        "failed-traceback": failure.traceback,
         "failed-kind": str(kind),
         "retry-count": retry_count,
         "original-queue": queue,
@@ -171,7 +181,7 @@ class FailedCopy:
 def failed_copy(
     delivery: Delivery,
     facts: Facts,
-    exc: BaseException | None,
+    failure: Failure | None,
     kind: FailureKind,
     *,
     queue: str,
@@ -179,19 +189,19 @@ def failed_copy(
     now: dt.datetime,
 ) -> FailedCopy:
     """The copy of a failed delivery for the failed exchange, its headers fitted to one frame,
-    and what to log of it; without an exception (a poison job, whose handler did not run) the
+    and what to log of it; without a failure (a poison job, whose handler did not run) the
     failure is a PoisonMessage."""
-    if exc is None:
-        exc = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+    if failure is None:
+        poison = PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+        failure = Failure(poison)
     headers = failed_headers(
         delivery.headers,
-        exc,
+        failure,
         kind,
         retry_count=facts.attempt - 1,
         queue=queue,
         routing_key=facts.original_routing_key,
         now=now,
-        formatted_traceback=format_traceback(exc),
     )
     fitted = fit_to_frame(headers, frame_max)
     log_fields = {

@@ -29,6 +29,17 @@ def redact(text: str) -> str:
     return text
 
 
+def url_host(url: str) -> str:
+    """The host and port of a URL, without its user part, path, query or fragment.
+
+    All that a log line or an error message shows of a URL whose credentials, or token in the
+    path or query (a webhook's), must stay out of them. Never raises, so it can show a URL that
+    failed validation: without a scheme, the text is read as starting with the host.
+    """
+    authority = url.partition("://")[2] if "://" in url else url
+    return re.split(r"[/?#]", authority, maxsplit=1)[0].rpartition("@")[2]
+
+
 def _redact_values(
     _logger: Any, _name: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:

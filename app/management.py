@@ -10,6 +10,7 @@ from urllib.parse import quote, unquote, urlsplit
 import aiohttp
 
 from app.errors import ManagementUnavailable
+from app.log import url_host
 
 PAGE_SIZE = 500  # the API's largest page
 TIMEOUT_S = 10
@@ -23,8 +24,7 @@ def vhost(amqp_url: str) -> str:
 def api_url(management_url: str) -> str:
     """The API's base URL without credentials: http://host:15672/api/."""
     parts = urlsplit(management_url)
-    host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}{parts.path.rstrip('/')}/api/"
+    return f"{parts.scheme}://{url_host(management_url)}{parts.path.rstrip('/')}/api/"
 
 
 def authorization(management_url: str, amqp_url: str) -> str:

@@ -19,7 +19,7 @@ from app.failed import read_failure
 from app.metrics import Metrics
 from app.service import Lifecycle, connection_name, keep_connected, run_service
 from app.settings import Settings
-from app.status import read_status
+from app.status import StatusReader
 from app.topology import EVENTS_MAX_LENGTH, Names, Plan, declare
 from app.webhook import Webhook
 
@@ -86,12 +86,12 @@ class Monitor:
         # The log line comes first and does not depend on the webhook.
         log.error("job failed", queue=self._names.queue, **failure.as_dict())
         self._backlog.failed(failed_at_s(failure.failed_at, time.time()))
-        suppressed = self._limiter.offer(failure, asyncio.get_running_loop().time())
+        key = reason_key(failure.reason)
+        suppressed = self._limiter.offer(key, failure, asyncio.get_running_loop().time())
         # An event is acked once its alert is out of the webhook's hands, so a crash before
         # that leaves it to the broker to deliver again. A held-back one waits for the alert
         # that counts it; when a later one of its reason takes its place, only its count
         # (kept in memory) is at stake, and it is acked.
-        key = reason_key(failure.reason)
         earlier = self._held.pop(key, None)
         if suppressed is None:
             self._held[key] = message
@@ -105,21 +105,23 @@ class Monitor:
         until done is set."""
         loop = asyncio.get_running_loop()
         next_depth_check = loop.time()
+        # One channel for every depth check, which goes with the connection.
+        status = StatusReader(connection)
         while not done.is_set():
             now = loop.time()
-            for failure, suppressed in self._limiter.due(now):
-                held = self._held.pop(reason_key(failure.reason), None)
+            for key, failure, suppressed in self._limiter.due(now):
+                held = self._held.pop(key, None)
                 alert = job_failed_alert(self._names.queue, failure, suppressed)
                 await self._webhook.send(alert, functools.partial(_ack, held))
             if now >= next_depth_check:
                 next_depth_check = now + self._settings.alert_interval_s
-                await self._check_depth(connection, plan)
+                await self._check_depth(status, plan)
             await asyncio.sleep(TICK_S)
 
-    async def _check_depth(self, connection: AbstractConnection, plan: Plan) -> None:
+    async def _check_depth(self, status: StatusReader, plan: Plan) -> None:
         """Read every queue's depth into the metrics, and alert on a failed-queue crossing."""
         try:
-            queues = await read_status(connection, plan)
+            queues = await status.read(plan)
         except CONNECTION_ERRORS as error:
             log.warning("queue depths unknown", queue=self._names.queue, error=str(error))
             return

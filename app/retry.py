@@ -72,24 +72,25 @@ def _is_death_entry(entry: Any) -> bool:
     )
 
 
-def _death_is_forged(headers: Mapping[str, Any], queue: str, from_tier: bool) -> bool:
-    """True when an x-death header is present but the broker did not write it for this ladder:
+def _read_death(
+    headers: Mapping[str, Any], queue: str, from_tier: bool
+) -> tuple[bool, Mapping[str, Any] | None]:
+    """(forged, the x-death entry of (queue, rejected)), the header scanned once.
+
+    Forged when an x-death header is present but the broker did not write it for this ladder:
     not what the broker writes, or a rejection from the main queue on a job that did not come
     back from a tier (a publisher wrote it; RabbitMQ 4 would restart that count at the next
-    dead-lettering, RabbitMQ 3 would go on from it)."""
+    dead-lettering, RabbitMQ 3 would go on from it). A forged header has no entry to count.
+    """
     if "x-death" not in headers:
-        return False
+        return False, None
     deaths = headers["x-death"]
     if not (isinstance(deaths, list) and deaths and all(map(_is_death_entry, deaths))):
-        return True
-    return not from_tier and _rejection(headers, queue) is not None
-
-
-def _rejection(headers: Mapping[str, Any], queue: str) -> Mapping[str, Any] | None:
-    for entry in headers.get("x-death") or ():
-        if entry["queue"] == queue and entry["reason"] == "rejected":
-            return entry  # type: ignore[no-any-return]
-    return None
+        return True, None
+    rejection = next((d for d in deaths if d["queue"] == queue and d["reason"] == "rejected"), None)
+    if rejection is not None and not from_tier:
+        return True, None
+    return False, rejection
 
 
 def _first_routing_key(rejection: Mapping[str, Any] | None) -> str | None:
@@ -148,8 +149,7 @@ def read_facts(
     was first published with, which the tiers replace on the way back. type_max_retries: the
     budget the handler of the job's type sets, if any.
     """
-    forged = _death_is_forged(headers, queue, from_tier)
-    rejection = None if forged else _rejection(headers, queue)
+    forged, rejection = _read_death(headers, queue, from_tier)
     retries = int(rejection["count"]) if rejection else 0
     return Facts(
         attempt=1 + retries,

@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import ConfigError
-from app.log import redact
+from app.log import redact, url_host
 
 ENV_PREFIX = "RICOCHET_"
 ENV_FILE_VARIABLE = "RICOCHET_ENV_FILE"
@@ -161,9 +161,8 @@ def _shown(name: str, value: str) -> str:
     """A value as the error message shows it: never with a URL's password or a webhook's token."""
     if name == "alert_webhook_url":
         # A webhook's path or query is often its token: only the host it points at is shown.
-        scheme, sep, rest = value.rpartition("://")
-        host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
-        return f"{scheme}{sep}{host}/***"
+        scheme = value.partition("://")[0] + "://" if "://" in value else ""
+        return f"{scheme}{url_host(value)}/***"
     shown = redact(value)
     if name.endswith("_url") and shown == value and "@" in value:
         # Not a URL that redact() recognises (no scheme, say): hide all of its user part.

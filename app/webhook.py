@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
@@ -22,6 +21,7 @@ from tenacity import (
 )
 
 from app.alerts import JOB_FAILED
+from app.log import url_host
 from app.metrics import Metrics
 
 log = structlog.get_logger("ricochet.webhook")
@@ -53,7 +53,7 @@ class Webhook:
     ) -> None:
         self._url = url
         # Only the host is ever logged: webhook URLs often carry a token in their path.
-        self._host = urlsplit(url).netloc.rpartition("@")[2] if url else None
+        self._host = url_host(url) if url else None
         self._metrics = metrics
         self._wait = wait_exponential_jitter(
             multiplier=first_retry_s, max=max_retry_s, jitter=first_retry_s

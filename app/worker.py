@@ -104,7 +104,7 @@ class Worker:
             return
         now = time.monotonic()
         self._failures.record(now, outcome is Outcome.TRANSIENT)
-        if self._paused or self._pause_due.is_set():
+        if self._pause_due.is_set():  # set from the request until the pause ends
             return
         ratio = pause_ratio(self._policy, *self._failures.counts(now))
         if ratio is not None:

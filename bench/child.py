@@ -161,7 +161,12 @@ def main() -> None:
     parser.add_argument("--ack-every", type=int, default=1, help="raw: multiple=True acks")
     parser.add_argument("--failed", default="", help="raw, fail mode: the failed exchange")
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
+    parser.add_argument("--no-otel", action="store_true", help="opentelemetry not importable")
     args = parser.parse_args()
+    if args.no_otel:
+        # As if ricochet[otel] were not installed: app.tracing's import of it fails. Set before
+        # anything imports app.
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]
     if args.uvloop:
         import uvloop
 

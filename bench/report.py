@@ -13,7 +13,10 @@ LABELS = {
     "raw-retry": "raw loop: nack, ack the retry",
     "raw-failure": "raw loop: confirmed copy, ack",
     **{k: v[0] for k, v in RATIO_TARGETS.items()},
+    "happy-no-otel": "happy path, opentelemetry absent",
 }
+# The happy path with opentelemetry installed and no tracer configured, against it not importable.
+TRACING_OFF_TARGET = 0.95
 DELAY_P99_TARGET_MS = 20.0
 RSS_GROWTH_TARGET_MB = 10.0
 
@@ -34,6 +37,16 @@ def evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
                             "met": tp[key] >= least,
                         }
                     )
+        off = r["throughput"]["happy"]["tracing_off_ratio"]
+        verdicts.append(
+            {
+                "queue_type": qt,
+                "target": "happy path, tracing installed but off, ratio to tracing absent"
+                f" >= {TRACING_OFF_TARGET}",
+                "value": off,
+                "met": off >= TRACING_OFF_TARGET,
+            }
+        )
         for tier, d in r["delay"]["ricochet"].items():
             verdicts.append(
                 {

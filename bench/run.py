@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -43,10 +44,14 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
 }
 # The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
 RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
-# A/B variants, only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
+# Variants: NAME-no-otel runs the worker with opentelemetry not importable (as without the
+# otel extra), which every full run measures beside the happy path (installed, no tracer
+# configured: the default). Only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
 # NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log line per successful job),
 # NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
 # deliveries prefetch/2 at a time with multiple=True.
+NO_OTEL = "-no-otel"
+FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}"]
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
@@ -64,7 +69,7 @@ class Config:
     load_per_s: float = 500.0
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
-    scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
+    scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
     parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage"])
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
@@ -202,6 +207,7 @@ async def throughput(
         else:
             args = ["ricochet", f"--outcome={outcome}"]
             args += ["--uvloop"] if scenario.endswith("-uvloop") else []
+            args += ["--no-otel"] if scenario.endswith(NO_OTEL) else []
             if scenario.endswith("-warnings"):
                 env["RICOCHET_LOG_LEVEL"] = "WARNING"
             if scenario.endswith("@base"):
@@ -211,8 +217,9 @@ async def throughput(
 
 
 def base_name(scenario: str) -> str:
-    """happy@base, happy-uvloop and happy-warnings are variants of happy."""
-    return scenario.split("@")[0].removesuffix("-uvloop").removesuffix("-warnings")
+    """happy@base, happy-uvloop, happy-warnings and happy-no-otel are variants of happy."""
+    name = scenario.split("@")[0]
+    return name.removesuffix("-uvloop").removesuffix("-warnings").removesuffix(NO_OTEL)
 
 
 def raw_twin(scenario: str) -> str:
@@ -362,6 +369,8 @@ async def throughputs(
             result[name].update(ratio_to(values, rates["raw"], "ratio"))
         if (twin := raw_twin(name)) != "raw":
             result[name].update(ratio_to(values, rates[twin], "same_work_ratio"))
+        if (untraced := name + NO_OTEL) in rates:  # tracing installed but off, against absent
+            result[name].update(ratio_to(values, rates[untraced], "tracing_off_ratio"))
     return result
 
 
@@ -403,9 +412,17 @@ def machine(connection: AbstractConnection) -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "aio_pika": aio_pika.__version__,
+        "opentelemetry_api": _version("opentelemetry-api"),
         "rabbitmq": version.decode() if isinstance(version, bytes) else str(version),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version; None when it is not installed."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version(distribution)
+    return None
 
 
 OUTAGE_JOBS = 500
@@ -568,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    if cfg.parts != Config().parts or cfg.scenarios != list(SCENARIOS):
+    if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
         return
     results["targets"] = evaluate(results["queue_types"])

@@ -6,10 +6,9 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel
 
-from app.failed import failed_headers
+from app.failed import Failure, failed_headers
 from app.retry import FailureKind
 from app.topology import Names
-from app.tracebacks import format_traceback
 
 
 async def publish_failed(
@@ -32,13 +31,12 @@ async def publish_failed(
             content_type="application/json",
             headers=failed_headers(
                 headers or {},
-                error,
+                Failure(error),
                 kind,
                 retry_count=0,
                 queue=queue,
                 routing_key=queue,
                 now=dt.datetime.now(dt.UTC),
-                formatted_traceback=format_traceback(error),
             ),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         ),

@@ -2,12 +2,14 @@
 
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aio_pika
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -401,3 +403,52 @@ async def test_monitor_exports_depths_and_the_oldest_failed_copy(
     assert sample("ricochet_queue_consumers", stage="failed_events") == 1
     await take(channel, Names(queue_name).failed, 1)  # as a replay does: the head
     await wait_for(lambda: oldest_is(failed_at[1]), 10, "the second failure as the oldest")
+
+
+async def test_depth_checks_keep_one_channel(
+    start_monitor: StartMonitor,
+    queue_name: str,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The depth checks read on one channel, opened again only after the broker closed it (a
+    missing queue): a tick costs no channel, and depths are read again once the failed queue is
+    back."""
+    opened: list[AbstractConnection] = []
+    open_channel = aio_pika.Connection.channel
+
+    def counted(self: aio_pika.Connection, *args: Any, **kwargs: Any) -> Any:
+        if self is not connection:  # the monitor's, not the test's own
+            opened.append(self)
+        return open_channel(self, *args, **kwargs)
+
+    monkeypatch.setattr(aio_pika.Connection, "channel", counted)
+    monitor = await start_monitor(alert_interval_s=1)
+    failed = Names(queue_name).failed
+
+    def failed_depth() -> float | None:
+        value: float | None = monitor.metrics.registry.get_sample_value(
+            "ricochet_queue_messages", {"queue": queue_name, "stage": "failed"}
+        )
+        return value
+
+    async def failed_copies_read(n: int) -> None:
+        """Add a failed copy, and wait for a depth check to read the failed queue's n copies."""
+        await publish_failed(channel, queue_name, f"m{n}", ValueError("no rows"))
+        await wait_for(lambda: failed_depth() == n, 10, f"a depth check to read {n} copies")
+
+    await wait_for(lambda: failed_depth() == 0, 10, "the first depth check")
+    opened_at_first_check = len(opened)
+    for n in (1, 2, 3):
+        await failed_copies_read(n)
+    assert len(opened) == opened_at_first_check, "a depth check opened a channel"
+
+    await channel.queue_delete(failed)
+    await wait_for(lambda: math.isnan(failed_depth() or 0), 10, "the failed queue read as missing")
+    await declare(connection, make_settings(queue_name))
+    await failed_copies_read(1)
+    opened_once_back = len(opened)
+    for n in (2, 3):
+        await failed_copies_read(n)
+    assert len(opened) == opened_once_back, "a depth check opened a channel"

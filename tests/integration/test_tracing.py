@@ -85,6 +85,53 @@ async def test_every_attempt_is_a_child_of_the_publisher(
     ]
 
 
+def attributes(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+def interval(span: ReadableSpan) -> tuple[int, int]:
+    assert span.start_time is not None
+    assert span.end_time is not None
+    return span.start_time, span.end_time
+
+
+async def test_each_attempt_shows_how_it_was_settled(
+    queue_name: str,
+    connection: AbstractConnection,
+    start_worker: StartWorker,
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A job retried then failed, and one that succeeds: each attempt span has a settle span
+    inside it saying what was done (the nack to tier 1, the failed copy, the ack)."""
+    await start_worker(Recorder(), max_retries=1, retry_delay_ms=100)
+    await publish_job(connection, queue_name, '{"fail": "always"}', message_id="fails")
+    await publish_job(connection, queue_name, "{}", message_id="works")
+    channel = await connection.channel()
+    await wait_for(lambda: depth(channel, Names(queue_name).failed), 20, "the failed copy")
+    await wait_for(lambda: len(consumer_spans(exporter)) == 3, 20, "three attempts")
+
+    settles = {
+        s.parent.span_id: s
+        for s in exporter.get_finished_spans()
+        if s.name == f"{queue_name} settle" and s.parent is not None
+    }
+    steps: dict[object, list[dict[str, object]]] = {"fails": [], "works": []}
+    for attempt in consumer_spans(exporter):
+        settle = settles[attempt.context.span_id]
+        assert trace_id(settle) == trace_id(attempt)
+        (began, ended), (settling, settled) = interval(attempt), interval(settle)
+        assert began <= settling <= settled <= ended
+        steps[attributes(attempt)["messaging.message.id"]].append(attributes(settle))
+    assert steps == {
+        "fails": [
+            {"ricochet.action": "retry", "ricochet.tier": 1},
+            {"ricochet.action": "fail", "ricochet.failed.kind": "exhausted"},
+        ],
+        "works": [{"ricochet.action": "ack"}],
+    }
+    await channel.close()
+
+
 async def test_a_replayed_job_stays_in_its_trace(
     queue_name: str,
     connection: AbstractConnection,

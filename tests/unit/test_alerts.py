@@ -45,7 +45,7 @@ def failure(reason: str, message_id: str = "m") -> FailureInfo:
 def test_offer(offers: list[tuple[float, str]], expected: list[int | None]) -> None:
     """One alert per reason per interval; the next one carries how many were held back."""
     limiter = ReasonLimiter(interval_s=10)
-    assert [limiter.offer(failure(r), t) for t, r in offers] == expected
+    assert [limiter.offer(reason_key(r), failure(r), t) for t, r in offers] == expected
 
 
 @pytest.mark.parametrize(
@@ -74,21 +74,22 @@ def test_due(
     """A burst's tail is reported once its interval has passed, so no burst goes unreported."""
     limiter = ReasonLimiter(interval_s=10)
     for t, reason, *mid in offers:
-        limiter.offer(failure(str(reason), str(mid[0]) if mid else "first"), float(t))
-    assert [(f.message_id, n) for f, n in limiter.due(due_at)] == expected
+        offered = failure(str(reason), str(mid[0]) if mid else "first")
+        limiter.offer(reason_key(offered.reason), offered, float(t))
+    assert [(f.message_id, n) for _, f, n in limiter.due(due_at)] == expected
 
 
 def test_due_starts_a_new_interval() -> None:
     """After a trailing alert the reason waits a full interval again before the next one."""
     limiter = ReasonLimiter(interval_s=10)
-    limiter.offer(failure("a"), 0)
-    limiter.offer(failure("a"), 1)
+    limiter.offer("a", failure("a"), 0)
+    limiter.offer("a", failure("a"), 1)
     assert len(limiter.due(10)) == 1
-    assert limiter.offer(failure("a"), 15) is None
+    assert limiter.offer("a", failure("a"), 15) is None
     assert limiter.due(15) == []
-    assert [n for _, n in limiter.due(20)] == [0]
+    assert [n for *_, n in limiter.due(20)] == [0]
     assert limiter.due(40) == []
-    assert limiter.offer(failure("a"), 41) == 0
+    assert limiter.offer("a", failure("a"), 41) == 0
 
 
 @pytest.mark.parametrize(

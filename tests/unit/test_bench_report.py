@@ -12,7 +12,8 @@ def results(happy: float, retry: float, retry_same: float, p99_ms: float) -> dic
         "raw": {"median": 3000, "cpu_us_per_job": 300},
         "raw-retry": {"median": 1200, "cpu_us_per_job": 650, "ratio": 0.4},
         "raw-failure": {"median": 1300, "cpu_us_per_job": 660, "ratio": 0.43},
-        "happy": {"median": 2800, "cpu_us_per_job": 320, "ratio": happy},
+        "happy": {"median": 2800, "cpu_us_per_job": 320, "ratio": happy, "tracing_off_ratio": 0.93},
+        "happy-no-otel": {"median": 3010, "cpu_us_per_job": 310, "ratio": 1.0},
         "retry": {"median": 900, "cpu_us_per_job": 900, "ratio": retry},
         "failure": {"median": 800, "cpu_us_per_job": 950, "ratio": 0.27},
     }
@@ -49,3 +50,13 @@ def test_the_table_shows_both_ratios_and_both_delays() -> None:
     text = table(results(0.95, 0.3, 0.85, 25.0))
     assert "| retry path | 900 | 0.30 | 0.85 | 900 |" in text
     assert "| 100 ms tier | +5.0 / +25.0 ms | +5.0 / +12.5 ms |" in text
+
+
+def test_tracing_installed_but_off_is_judged_against_tracing_absent() -> None:
+    """The happy path with opentelemetry importable and no tracer configured is held to the
+    happy path with it not importable, and both show in the table."""
+    verdicts = {v["target"]: v for v in evaluate(results(0.95, 0.3, 0.85, 25.0)["queue_types"])}
+    off = verdicts["happy path, tracing installed but off, ratio to tracing absent >= 0.95"]
+    assert (off["value"], off["met"]) == (0.93, False)
+    text = table(results(0.95, 0.3, 0.85, 25.0))
+    assert "| happy path, opentelemetry absent | 3,010 | 1.00 | 1.00 | 310 |" in text

@@ -14,6 +14,7 @@ from app.failed import (
     PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
+    Failure,
     copied_headers,
     exception_name,
     failed_copy,
@@ -23,7 +24,6 @@ from app.failed import (
     read_failure,
 )
 from app.retry import Facts, FailureKind
-from app.tracebacks import format_traceback
 from tests.unit.frames import HEADERS, delivered
 
 
@@ -49,9 +49,7 @@ def test_headers_replace_death_with_failure() -> None:
     }
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     exc = raised(ValueError("bad row 7"))
-    headers = failed_headers(
-        original, exc, FailureKind.EXHAUSTED, 3, "jobs", "jobs", now, format_traceback(exc)
-    )
+    headers = failed_headers(original, Failure(exc), FailureKind.EXHAUSTED, 3, "jobs", "jobs", now)
     assert headers["tenant"] == "acme"
     assert not any(k.startswith(("x-death", "x-first-death", "x-last-death")) for k in headers)
     assert headers["failed-at"] == "2026-01-02T03:04:05+00:00"
@@ -68,9 +66,7 @@ def test_reason_and_traceback_are_bounded() -> None:
     """failed-reason keeps at most 1000 characters, failed-traceback the last 4096."""
     exc = raised(RuntimeError("x" * 5000))
     now = dt.datetime.now(dt.UTC)
-    headers = failed_headers(
-        {}, exc, FailureKind.PERMANENT, 0, "q", "q", now, format_traceback(exc)
-    )
+    headers = failed_headers({}, Failure(exc), FailureKind.PERMANENT, 0, "q", "q", now)
     assert len(headers["failed-reason"]) == REASON_MAX_CHARS
     assert headers["failed-reason"].startswith("RuntimeError: xxx")
     assert len(headers["failed-traceback"]) == TRACEBACK_MAX_CHARS
@@ -112,13 +108,12 @@ def big_failure(application_bytes: int) -> dict[str, Any]:
     """Failure headers with a full-length reason and traceback, and one large application header."""
     headers = failed_headers(
         {"blob": "é" * (application_bytes // 2)},
-        raised(ValueError("x" * 2 * REASON_MAX_CHARS)),
+        Failure(raised(ValueError("x" * TRACEBACK_MAX_CHARS + "raise here"))),
         FailureKind.PERMANENT,
         0,
         "jobs",
         "jobs",
         dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
-        "t" * (TRACEBACK_MAX_CHARS - 10) + "raise here",
     )
     return headers
 
@@ -147,7 +142,7 @@ def test_large_copies_are_cut_to_the_frame(
     assert fitted["blob"] == headers["blob"]
     assert bool(fitted["failed-traceback"]) is traceback_kept
     if traceback_kept:
-        assert fitted["failed-traceback"].endswith("raise here")
+        assert fitted["failed-traceback"].endswith("raise here\n")
     assert bool(fitted["failed-reason"]) is reason_kept
     assert headers["failed-reason"].startswith(fitted["failed-reason"])
 
@@ -183,7 +178,7 @@ def test_failed_copy_carries_the_job_and_its_failure() -> None:
     failed = failed_copy(
         delivery_from_tier(),
         FACTS,
-        exc,
+        Failure(exc),
         FailureKind.EXHAUSTED,
         queue="jobs",
         frame_max=FRAME_MAX,
@@ -194,7 +189,7 @@ def test_failed_copy_carries_the_job_and_its_failure() -> None:
     assert (message.message_id, message.type, message.app_id) == ("m-1", "invoice.paid", "billing")
     assert message.delivery_mode is aio_pika.DeliveryMode.PERSISTENT
     headers = failed_headers(
-        HEADERS, exc, FailureKind.EXHAUSTED, 2, "jobs", "jobs.original", NOW, format_traceback(exc)
+        HEADERS, Failure(exc), FailureKind.EXHAUSTED, 2, "jobs", "jobs.original", NOW
     )
     assert message.headers == headers
     assert failed.log_fields == {
@@ -233,7 +228,7 @@ def test_failed_copy_logs_the_whole_traceback_its_frame_cut() -> None:
     failed = failed_copy(
         delivery_from_tier(),
         FACTS,
-        exc,
+        Failure(exc),
         FailureKind.PERMANENT,
         queue="jobs",
         frame_max=PROPERTIES_RESERVE_BYTES + 1000,
@@ -253,9 +248,7 @@ def test_reason_and_traceback_are_scrubbed() -> None:
     padding = "x" * (REASON_MAX_CHARS - 30)
     exc = raised(ConnectionError(f"{padding} cannot reach {url}"))
     now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
-    headers = failed_headers(
-        {}, exc, FailureKind.EXHAUSTED, 3, "jobs", "jobs", now, format_traceback(exc)
-    )
+    headers = failed_headers({}, Failure(exc), FailureKind.EXHAUSTED, 3, "jobs", "jobs", now)
     for key in ("failed-reason", "failed-traceback"):
         assert "hunter" not in headers[key]
         assert "k3y" not in headers[key]

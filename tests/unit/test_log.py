@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.log import redact
+from app.log import redact, url_host
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,23 @@ from app.log import redact
 def test_redact(text: str, expected: str) -> None:
     """Every URL's password becomes ***, up to the last @ before the host; the rest is kept."""
     assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://user:s3cret@hooks.example.com/services/T0", "hooks.example.com"),
+        ("amqps://u:p@ss@broker/vhost", "broker"),  # a raw @ in the password
+        ("http://hooks.example.com/alert", "hooks.example.com"),
+        ("http://admin:s3cret@broker:15672/", "broker:15672"),
+        ("http://[::1]:15672/api/", "[::1]:15672"),
+        ("https://u:s3cret@[2001:db8::7]/", "[2001:db8::7]"),
+        ("https://hooks.example.com?token=s3cret&next=http://other/", "hooks.example.com"),
+        ("https://hooks.example.com:8443#s3cret", "hooks.example.com:8443"),
+        ("hooks.example.com/services/s3cret", "hooks.example.com"),  # no scheme: host first
+        ("", ""),
+    ],
+)
+def test_url_host(url: str, host: str) -> None:
+    """Only the host and port of a URL are shown: never its credentials, path, query or fragment."""
+    assert url_host(url) == host

@@ -185,6 +185,7 @@ def test_settings_are_frozen() -> None:
     [
         ("https://hooks.example.com:x/services/T0/B0/s3cret", "https://hooks.example.com:x/***"),
         ("ftp://hooks.example.com/alert?token=s3cret", "ftp://hooks.example.com/***"),
+        ("ftp://hooks.example.com/?token=s3cret&to=http://x/", "ftp://hooks.example.com/***"),
         ("hooks.example.com/services/s3cret", "hooks.example.com/***"),
         ("https://user:s3cret@:x/", "https://:x/***"),
     ],

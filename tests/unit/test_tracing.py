@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from app import tracing
+from app.failed import Failure
 from app.job import Job
 from app.replay import replayed_headers
 from app.retry import Action, Decision
@@ -37,11 +38,32 @@ def test_ricochet_imports_and_runs_without_the_api() -> None:
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
 
 
+def test_without_a_tracer_provider_the_jobs_trace_is_passed_on() -> None:
+    """With the API and no provider (a fresh process), what a handler publishes carries its
+    job's trace on, and a job without one gives it none."""
+    script = (
+        "from app.job import Job\n"
+        "from app.tracing import attempt_span, inject_current\n"
+        f"traced = {{'traceparent': {TRACEPARENT!r}}}\n"
+        "for headers, expected in ((traced, '0af7651916cd43dd8448eb211c80319c'), ({}, None)):\n"
+        "    job = Job(b'{}', headers=headers, message_id='m1', amqp_type=None,\n"
+        "              attempt=1, max_attempts=3)\n"
+        "    published = {}\n"
+        "    with attempt_span('q', job):\n"
+        "        inject_current(published)\n"
+        "    trace_id = published['traceparent'][3:35] if published else None\n"
+        "    assert trace_id == expected, published\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
 def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "ENABLED", False)
     with tracing.attempt_span("q", a_job()) as span:
         assert span is None
-    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), ValueError("x"))
+    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
+    with tracing.settle_span("q", span, Decision(Action.RETRY, tier=1)):
+        pass
     headers: dict[str, object] = {"tenant": "acme"}
     with tracing.publish_span("q", "m1", headers):
         pass
@@ -90,10 +112,35 @@ def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
     errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
     for error in errors:
         with provider.get_tracer("tests").start_as_current_span("attempt") as span:
-            tracing.record_outcome(span, Decision(Action.FAIL), error)
+            tracing.record_outcome(span, Decision(Action.FAIL), Failure(error))
     spans = exporter.get_finished_spans()
     assert [s.status.status_code for s in spans] == [StatusCode.ERROR, StatusCode.ERROR]
     assert [dict(s.attributes or {})["ricochet.outcome"] for s in spans] == ["failed", "failed"]
     assert "hunter2" not in str(spans[0].status.description)
     assert "hunter2" not in str(dict(spans[0].events[0].attributes or {}))
     assert spans[1].status.description == "Unprintable: <exception str() failed>"
+
+
+def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error raised out of an attempt or its settling (a channel closing, say) is not
+    written into the span: its text may hold a password, or fail to print."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("tests"))
+
+    def settle_failing_with(error: Exception) -> None:
+        with (
+            tracing.attempt_span("q", a_job()) as span,
+            tracing.settle_span("q", span, Decision(Action.ACK)),
+        ):
+            raise error
+
+    for error in (ConnectionError("amqp://bob:hunter2@mq/ closed"), Unprintable()):
+        with pytest.raises(type(error)):
+            settle_failing_with(error)
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["q settle", "q process"] * 2
+    assert all(not s.events and s.status.description is None for s in spans)
