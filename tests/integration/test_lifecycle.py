@@ -197,7 +197,8 @@ async def test_a_tier_with_dead_letters_in_flight_is_kept(
 ) -> None:
     """A quorum tier whose expired jobs wait for their dead-letters to be confirmed (their route
     back to Q is gone, so they are neither ready nor unacked) is not deleted by a start that
-    retires it or changes its delay: it keeps them, and they reach Q once the route is back."""
+    retires it or changes its delay: each job is still in the tier, or back in Q once the start
+    has restored the route and the broker retried the dead-letter."""
     n = Names(queue_name)
     first: dict[str, Any] = {"queue_type": "quorum", "max_retries": 2}
     before = make_settings(queue_name, **first)
