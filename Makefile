@@ -20,8 +20,9 @@ $(VENV)/.bench: $(BIN)/ricochet
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-# Debian's prometheus: promtool checks and tests the alert rules, and an integration test scrapes
-# a worker with the server. scripts/tools.sh installs it only when promtool is missing.
+# Debian's prometheus: promtool checks and tests the alert rules, and integration tests see each
+# rule fire in the server, scraping real workers and monitors. scripts/tools.sh installs it only
+# when promtool is missing.
 tools:  ## the Debian packages the tests use besides the broker (prometheus)
 	scripts/tools.sh promtool prometheus
 
