@@ -12,7 +12,6 @@ from urllib.parse import quote
 from app.report import duration
 from app.topology import (
     DELIVERY_LIMIT,
-    MAX_TIERS,
     QUEUE_TYPE,
     TTL,
     Binding,
@@ -20,6 +19,7 @@ from app.topology import (
     QueueSpec,
     delivery_limit_policy_command,
     stale_bindings,
+    stale_tiers,
 )
 
 Status = Literal["ok", "warn", "fail"]
@@ -70,11 +70,6 @@ def count(queue: JSON | None, field: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def stale_tier_names(plan: Plan) -> list[str]:
-    """Tiers beyond the budget, which an earlier max-retries may have left."""
-    return [plan.names.tier(k) for k in range(len(plan.tiers) + 1, MAX_TIERS + 1)]
-
-
 def vhost_option(state: BrokerState) -> str:
     """The rabbitmqctl / rabbitmq-queues option naming the vhost ('' for the default one)."""
     return f" --vhost {state.vhost}" if state.vhost != "/" else ""
@@ -97,7 +92,7 @@ def _figure(check: str, name: str, field: str, state: BrokerState) -> int | Chec
 
 def queue_names(plan: Plan) -> list[str]:
     """Every queue doctor reads: the plan's and the stale tiers."""
-    return [spec.name for spec in [*plan.queues, *plan.tiers]] + stale_tier_names(plan)
+    return [spec.name for spec in [*plan.queues, *plan.tiers]] + [*stale_tiers(plan).values()]
 
 
 def exchange_names(plan: Plan) -> list[str]:
@@ -260,7 +255,7 @@ def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
     the main one (publishers may bind their own exchanges to that), unless the plan wants it."""
     wanted = {_key(b) for b in plan.bindings}
     stale = {_key(b) for b in stale_bindings(plan)}
-    stale_tiers = set(stale_tier_names(plan))
+    stale_queues = set(stale_tiers(plan).values())
     ours = {
         "exchange": set(exchange_names(plan)),
         "queue": set(queue_names(plan)) - {plan.names.queue},
@@ -276,7 +271,7 @@ def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
         ):
             continue
         line = _describe(key)
-        if key in stale or b["destination"] in stale_tiers:
+        if key in stale or b["destination"] in stale_queues:
             found.append(
                 f"{line} (left by an earlier RICOCHET_MAX_RETRIES: `ricochet topology` removes it)"
             )
@@ -300,7 +295,7 @@ def stale_tier_check(plan: Plan, state: BrokerState) -> Check:
     budget = len(plan.tiers)
     found = []
     status: Status = "ok"
-    for name in stale_tier_names(plan):
+    for name in stale_tiers(plan).values():
         queue = state.queues.get(name)
         if queue is None:
             continue

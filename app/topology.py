@@ -1,6 +1,8 @@
 """The broker topology: the only module that spells queue names and x-* queue arguments."""
 
+import asyncio
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +13,8 @@ from aio_pika.exceptions import ChannelPreconditionFailed
 
 from app.amqp import broker_version
 from app.depth import read_depth
-from app.errors import ConfigError
+from app.errors import ConfigError, ManagementUnavailable
+from app.management import open_api, vhost
 from app.retry import tier_delays_ms
 from app.settings import Settings
 
@@ -22,6 +25,12 @@ EVENTS_MAX_LENGTH = 10_000
 QUEUE_TYPE = "x-queue-type"
 TTL = "x-message-ttl"  # a tier's delay
 DELIVERY_LIMIT = "x-delivery-limit"
+# What the management API says a quorum tier holds. `messages` counts ready and unacked jobs and
+# those that expired but whose dead-letter its target has not confirmed yet (`messages_dlx`,
+# at-least-once): a passive declare counts the ready ones only.
+TIER_FIGURES = ("messages", "messages_ready", "messages_unacknowledged", "messages_dlx")
+# A new queue's figures reach the API within two statistics intervals (5 s each by default).
+FIGURES_WAIT_S = 15
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,11 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
     )
 
 
+def stale_tiers(p: Plan) -> dict[int, str]:
+    """The tiers beyond the budget, by number, which an earlier max-retries may have left."""
+    return {k: p.names.tier(k) for k in range(len(p.tiers) + 1, MAX_TIERS + 1)}
+
+
 def stale_bindings(p: Plan) -> list[Binding]:
     """Bindings an earlier max-retries may have made that this plan must not keep."""
     n, r = p.names, len(p.tiers)
@@ -207,11 +221,38 @@ def delivery_limit_policy_command(names: Names) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Kept:
+    """Why a tier that a start wanted gone was kept: the jobs it holds (None when not known)."""
+
+    messages: int | None
+    reason: str
+
+
+def quorum_tier_kept(figures: dict[str, Any] | None) -> Kept | None:
+    """Whether the management API's figures show an unbound quorum tier empty (None: it may go)
+    or why it stays (pure). Whatever is not known keeps it: deleting loses what it holds."""
+    if figures is None:
+        return Kept(None, "the management API does not list it")
+    counts = [figures.get(f) for f in TIER_FIGURES]
+    if not all(isinstance(c, int) for c in counts):
+        return Kept(None, "the management API has no figures for it yet")
+    total, ready, unacked, dead_lettering = counts
+    if not any(counts):
+        return None
+    return Kept(
+        total,
+        f"{ready} ready, {unacked} unacked, {dead_lettering} expired whose dead-letter the "
+        "broker has not delivered yet",
+    )
+
+
 class _Declarer:
     """Declares a plan on one connection, opening a fresh channel whenever the broker closes one."""
 
-    def __init__(self, connection: AbstractConnection, names: Names) -> None:
+    def __init__(self, connection: AbstractConnection, settings: Settings, names: Names) -> None:
         self._connection = connection
+        self._settings = settings
         self._names = names
         self._channel: AbstractChannel | None = None
 
@@ -248,19 +289,38 @@ class _Declarer:
         depth = await read_depth(await self.channel(), name)
         return None if depth is None else depth.messages
 
-    async def delete_if_empty(self, name: str, queue_type: str) -> bool:
+    async def delete_if_empty(self, name: str) -> Kept | None:
+        """Delete a tier that exists, is unbound and holds nothing; else say why it stays."""
         ch = await self.channel()
-        if queue_type == "classic":
+        if self._settings.queue_type == "classic":
             try:
                 await ch.queue_delete(name, if_empty=True)
             except ChannelPreconditionFailed:
-                return False
-            return True
-        # Quorum queues refuse if-empty; the tier is unbound first, so nothing new arrives.
-        if await self.message_count(name):
-            return False
-        await ch.queue_delete(name)
-        return True
+                return Kept(await self.message_count(name), "it holds jobs")
+            return None
+        # Quorum queues refuse if-empty. The tier is unbound, so nothing new arrives; the ready
+        # count is read now, after the unbinding, and the API tells the rest.
+        ready = await self.message_count(name)
+        if ready:
+            return Kept(ready, f"{ready} ready")
+        try:
+            kept = quorum_tier_kept(await self._figures(name))
+        except ManagementUnavailable as error:
+            kept = Kept(None, str(error))
+        if kept is None:
+            await (await self.channel()).queue_delete(name)
+        return kept
+
+    async def _figures(self, name: str) -> dict[str, Any] | None:
+        """The management API's figures for a queue, waiting for a new queue's to appear."""
+        s = self._settings
+        deadline = time.monotonic() + FIGURES_WAIT_S
+        async with open_api(s.management_url, s.amqp_url) as api:
+            while True:
+                figures = await api.queue(vhost(s.amqp_url), name, ",".join(TIER_FIGURES))
+                if figures is None or TIER_FIGURES[0] in figures or time.monotonic() > deadline:
+                    return figures
+                await asyncio.sleep(0.5)
 
     async def bind(self, b: Binding) -> None:
         ch = await self.channel()
@@ -272,21 +332,26 @@ class _Declarer:
             await queue.bind(b.source, routing_key=b.routing_key)
 
     async def unbind(self, b: Binding) -> None:
-        ch = await self.channel()
+        """Remove a binding; one into a queue only if the queue exists (the broker would close
+        the channel)."""
         if b.to_exchange:
-            dest = await ch.get_exchange(b.destination, ensure=False)
+            dest = await (await self.channel()).get_exchange(b.destination, ensure=False)
             await dest.unbind(b.source, routing_key=b.routing_key)
         elif await self.message_count(b.destination) is not None:
-            queue = await (await self.channel()).get_queue(b.destination, ensure=False)
-            await queue.unbind(b.source, routing_key=b.routing_key)
+            await self.unbind_queue(b)
+
+    async def unbind_queue(self, b: Binding) -> None:
+        """Remove a binding into a queue known to exist."""
+        queue = await (await self.channel()).get_queue(b.destination, ensure=False)
+        await queue.unbind(b.source, routing_key=b.routing_key)
 
 
 async def _unbind_tier_source(d: _Declarer, p: Plan, k: int) -> None:
-    """Stop routing to tier k; tier 1's dead-letters are held on Q until the plan's bindings
-    are back (a higher tier's fall through to tier 1 meanwhile)."""
+    """Stop routing to tier k, which exists; tier 1's dead-letters are held on Q until the
+    plan's bindings are back (a higher tier's fall through to tier 1 meanwhile)."""
     if k == 1:
         await d.bind(hold_binding(p.names))
-    await d.unbind(_tier_source(p, k))
+    await d.unbind_queue(_tier_source(p, k))
 
 
 def _tier_source(p: Plan, k: int) -> Binding:
@@ -298,7 +363,7 @@ def _tier_source(p: Plan, k: int) -> Binding:
     )
 
 
-async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: str) -> None:
+async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec) -> None:
     ch = await d.channel()
     try:
         await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
@@ -309,7 +374,8 @@ async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: s
     # The delay changed. TTLs are fixed per queue (messages expire from the head only), so an
     # empty tier is redeclared; one that still holds jobs keeps its old delay until it drains.
     await _unbind_tier_source(d, p, k)
-    if await d.delete_if_empty(spec.name, qtype):
+    kept = await d.delete_if_empty(spec.name)
+    if kept is None:
         await (await d.channel()).declare_queue(spec.name, durable=True, arguments=spec.arguments)
         log.info("tier redeclared", queue=spec.name, delay_ms=spec.delay_ms)
     else:
@@ -317,29 +383,33 @@ async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec, qtype: s
             "tier keeps its old delay until it drains",
             queue=spec.name,
             wanted_delay_ms=spec.delay_ms,
-            messages=await d.message_count(spec.name),
+            messages=kept.messages,
+            reason=kept.reason,
         )
 
 
-async def _retire_stale_tiers(d: _Declarer, p: Plan, qtype: str) -> None:
-    for k in range(len(p.tiers) + 1, MAX_TIERS + 1):
-        name = p.names.tier(k)
+async def _retire_stale_tiers(d: _Declarer, p: Plan) -> None:
+    for k, name in stale_tiers(p).items():
         if await d.message_count(name) is None:
             continue
         await _unbind_tier_source(d, p, k)
-        if await d.delete_if_empty(name, qtype):
+        kept = await d.delete_if_empty(name)
+        if kept is None:
             log.info("stale tier removed", queue=name)
         else:
             # Its jobs come back to the main queue when their TTL ends; the next start removes it.
             log.warning(
-                "stale tier still holds jobs", queue=name, messages=await d.message_count(name)
+                "stale tier still holds jobs",
+                queue=name,
+                messages=kept.messages,
+                reason=kept.reason,
             )
 
 
 async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
     p = plan(settings, broker_version(connection))
-    d = _Declarer(connection, p.names)
+    d = _Declarer(connection, settings, p.names)
     try:
         ch = await d.channel()
         for name, kind, arguments in p.exchanges:
@@ -347,8 +417,8 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
         for spec in p.queues:
             await d.queue(spec)
         for k, spec in enumerate(p.tiers, start=1):
-            await _declare_tier(d, p, k, spec, settings.queue_type)
-        await _retire_stale_tiers(d, p, settings.queue_type)
+            await _declare_tier(d, p, k, spec)
+        await _retire_stale_tiers(d, p)
         # Stale bindings go before new ones: a key with no binding falls through to tier 1,
         # while a key bound twice for a moment would copy the job. The first-tier exchange is
         # the exception: with no binding it drops the dead-letter, so its new route goes first

@@ -17,7 +17,7 @@ from typing import Any
 
 import aio_pika
 
-from app.management import read_state
+from app.doctor import read_state
 from app.settings import Settings
 from app.topology import TTL, declare, plan
 from app.versions import broker_version

@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 from structlog.typing import EventDict, WrappedLogger
 
 from app.handler import Invoker
+from app.management import open_api, vhost
 from app.metrics import Metrics
 from app.service import Lifecycle
 from app.settings import Settings
@@ -183,6 +184,23 @@ async def take(
             continue
         got.append(message)
     return got
+
+
+async def api_queue(queue: str, columns: str = "arguments,messages,messages_dlx") -> dict[str, Any]:
+    """The management API's object for a queue ({} when it does not exist)."""
+    async with open_api(BROKER.management_url, BROKER.amqp_url) as api:
+        found = await api.queue(vhost(BROKER.amqp_url), queue, columns)
+    return found or {}
+
+
+def figures_known(*queues: str) -> Callable[[], Awaitable[bool]]:
+    """For wait_for: the management API has figures for these queues (a new queue's appear
+    within some seconds)."""
+
+    async def known() -> bool:
+        return all(["messages" in await api_queue(q) for q in queues])
+
+    return known
 
 
 async def delete_topology(connection: AbstractConnection, queue: str) -> None:

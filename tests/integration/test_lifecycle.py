@@ -4,23 +4,28 @@ import asyncio
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import aio_pika
+import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError
 from structlog.testing import capture_logs
 
-from app.management import read_state
+from app.doctor import read_state
 from app.service import Lifecycle, keep_connected
 from app.topology import Names, declare, plan
+from tests.breakage import unbind
 from tests.broker import BROKER
 from tests.recorder import Recorder
 from tests.support import (
     StartWorker,
+    api_queue,
     close_connections,
     consumers,
     depth,
     exists,
+    figures_known,
     journal,
     make_settings,
     publish,
@@ -97,6 +102,8 @@ async def test_changed_retry_settings_between_restarts(
     queue exactly once."""
     n = Names(queue_name)
     first = await start_worker(Recorder(), max_retries=3, retry_delay_ms=1500)
+    # The next start deletes an empty tier once the management API shows it empty.
+    await wait_for(figures_known(n.tier(2), n.tier(3)), 30, "the API's figures for the tiers")
     ids = [f"m{i}" for i in range(20)]
     for message_id in ids:
         await publish(channel, queue_name, json.dumps({"fail": "always"}), message_id=message_id)
@@ -177,6 +184,45 @@ async def test_nacks_during_a_tier_change_are_never_dropped(
     state = await read_state(BROKER.management_url, BROKER.amqp_url, plan(settings))
     first = [b["destination"] for b in state.bindings if b["source"] == n.first_tier_exchange]
     assert first == [n.tier(1)]
+
+
+@pytest.mark.parametrize(
+    "change", [{"max_retries": 1}, {"retry_delay_ms": 70}], ids=["fewer-tiers", "other-delay"]
+)
+async def test_a_tier_with_dead_letters_in_flight_is_kept(
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
+    change: dict[str, int],
+) -> None:
+    """A quorum tier whose expired jobs wait for their dead-letters to be confirmed (their route
+    back to Q is gone, so they are neither ready nor unacked) is not deleted by a start that
+    retires it or changes its delay: each job is still in the tier, or back in Q once the start
+    has restored the route and the broker retried the dead-letter."""
+    n = Names(queue_name)
+    first: dict[str, Any] = {"queue_type": "quorum", "max_retries": 2}
+    before = make_settings(queue_name, **first)
+    await declare(connection, before)
+    await unbind(channel, n.return_exchange, n.queue)
+    ids = [f"m{i}" for i in range(3)]
+    for message_id in ids:
+        await publish(channel, n.tier(2), "{}", message_id=message_id)
+
+    async def stranded() -> bool:
+        return (await api_queue(n.tier(2))).get("messages_dlx") == len(ids)
+
+    await wait_for(stranded, 30, "the tier's jobs to wait for their dead-letters")
+    assert await depth(channel, n.tier(2)) == 0  # a passive declare counts ready jobs only
+
+    await declare(connection, make_settings(queue_name, **(first | change)))
+    # Neither deleted nor redeclared: the tier is there with its old arguments.
+    assert (await api_queue(n.tier(2))).get("arguments") == plan(before).tiers[1].arguments
+
+    async def accounted() -> bool:
+        in_tier = (await api_queue(n.tier(2))).get("messages", 0)
+        return bool(in_tier + await depth(channel, n.queue) == len(ids))
+
+    await wait_for(accounted, 30, "every job in the tier or back in Q")
 
 
 async def test_stuck_sync_handler_does_not_block_exit(

@@ -3,7 +3,7 @@
 import pytest
 
 from app.settings import Settings
-from app.topology import Binding, Names, plan, stale_bindings
+from app.topology import Binding, Kept, Names, plan, quorum_tier_kept, stale_bindings, stale_tiers
 
 
 def test_default_plan_matches_spec() -> None:
@@ -103,3 +103,48 @@ def test_consumed_queues_have_no_delivery_limit_on_rabbitmq_4(
     for spec in p.queues:
         assert {k: v for k, v in spec.arguments.items() if k == "x-delivery-limit"} == limit
     assert all("x-delivery-limit" not in t.arguments for t in p.tiers)
+
+
+def test_stale_tiers_are_those_beyond_the_budget() -> None:
+    """A start looks for tiers an earlier, larger RICOCHET_MAX_RETRIES left, up to the most."""
+    stale = stale_tiers(plan(Settings(queue="jobs", max_retries=23)))
+    assert stale == {24: "jobs.retry.24", 25: "jobs.retry.25"}
+
+
+# The management API's figures for a quorum tier, as RabbitMQ 3.10 to 4.3 give them: `messages`
+# is the sum of the other three.
+EMPTY = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0, "messages_dlx": 0}
+
+
+@pytest.mark.parametrize(
+    ("figures", "kept"),
+    [
+        (EMPTY, None),
+        (
+            {**EMPTY, "messages": 3, "messages_dlx": 3},
+            Kept(
+                3,
+                "0 ready, 0 unacked, 3 expired whose dead-letter the broker has not delivered yet",
+            ),
+        ),
+        (
+            {**EMPTY, "messages": 1, "messages_unacknowledged": 1},
+            Kept(
+                1,
+                "0 ready, 1 unacked, 0 expired whose dead-letter the broker has not delivered yet",
+            ),
+        ),
+        ({"name": "jobs.retry.3"}, Kept(None, "the management API has no figures for it yet")),
+        (
+            {**EMPTY, "messages_dlx": None},
+            Kept(None, "the management API has no figures for it yet"),
+        ),
+        (None, Kept(None, "the management API does not list it")),
+    ],
+)
+def test_a_quorum_tier_goes_only_when_the_api_shows_it_empty(
+    figures: dict[str, object] | None, kept: Kept | None
+) -> None:
+    """Dead-letters the broker has not delivered and unacked jobs keep a tier, as ready ones do;
+    figures that are missing keep it too."""
+    assert quorum_tier_kept(figures) == kept
