@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
 
@@ -22,3 +22,21 @@ async def read_depth(channel: AbstractChannel, queue: str) -> Depth | None:
         return None
     ok = declared.declaration_result
     return Depth(ok.message_count or 0, ok.consumer_count or 0)
+
+
+class KeptChannel:
+    """A channel kept from one use to the next, opened again only once the broker closed it (as
+    it does after a passive declare of a missing queue, or a refused declaration)."""
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+
+    async def get(self) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()

@@ -1,28 +1,24 @@
 """Reading the status of every queue of a plan (nothing is consumed)."""
 
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractConnection
 
-from app.depth import read_depth
+from app.depth import KeptChannel, read_depth
 from app.report import QueueStatus, roles
 from app.topology import Plan
 
 
 class StatusReader:
-    """Reads queue statuses on one channel, kept from one read to the next.
-
-    A passive declare of a missing queue makes the broker close the channel; only then is
-    another one opened, so a reader called every interval costs the broker no channel churn.
-    """
+    """Reads queue statuses on one channel, kept from one read to the next: a reader called every
+    interval costs the broker no channel churn."""
 
     def __init__(self, connection: AbstractConnection) -> None:
-        self._connection = connection
-        self._channel: AbstractChannel | None = None
+        self._channel = KeptChannel(connection)
 
     async def read(self, plan: Plan) -> list[QueueStatus]:
         """Depth and consumers of every queue of the plan (None for a missing queue)."""
         result = []
         for name, role, delay_ms in roles(plan):
-            depth = await read_depth(await self._open_channel(), name)
+            depth = await read_depth(await self._channel.get(), name)
             if depth is None:
                 result.append(QueueStatus(name, role, delay_ms, None, None))
             else:
@@ -30,13 +26,7 @@ class StatusReader:
         return result
 
     async def close(self) -> None:
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
-
-    async def _open_channel(self) -> AbstractChannel:
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel(publisher_confirms=False)
-        return self._channel
+        await self._channel.close()
 
 
 async def read_status(connection: AbstractConnection, plan: Plan) -> list[QueueStatus]:

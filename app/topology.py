@@ -12,7 +12,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelPreconditionFailed
 
 from app.amqp import broker_version
-from app.depth import read_depth
+from app.depth import KeptChannel, read_depth
 from app.errors import ConfigError, ManagementUnavailable
 from app.management import open_api, vhost
 from app.retry import tier_delays_ms
@@ -251,19 +251,15 @@ class _Declarer:
     """Declares a plan on one connection, opening a fresh channel whenever the broker closes one."""
 
     def __init__(self, connection: AbstractConnection, settings: Settings, names: Names) -> None:
-        self._connection = connection
         self._settings = settings
         self._names = names
-        self._channel: AbstractChannel | None = None
+        self._channel = KeptChannel(connection)
 
     async def channel(self) -> AbstractChannel:
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel(publisher_confirms=False)
-        return self._channel
+        return await self._channel.get()
 
     async def close(self) -> None:
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
+        await self._channel.close()
 
     async def queue(self, spec: QueueSpec) -> None:
         ch = await self.channel()
