@@ -396,6 +396,10 @@ async def test_monitor_exports_depths_and_the_oldest_failed_copy(
     def oldest_is(at_s: float) -> bool:
         return sample("ricochet_failed_oldest_timestamp_seconds") == at_s
 
+    # A depth check may have run while only the first copy was there: wait for one after all 3.
+    await wait_for(
+        lambda: sample("ricochet_queue_messages", stage="failed") == 3, 10, "a check after all 3"
+    )
     await wait_for(lambda: oldest_is(failed_at[0]), 10, "the first failure as the oldest")
     assert sample("ricochet_queue_messages", stage="failed") == 3
     assert sample("ricochet_queue_messages", stage="tier_3") == 0
