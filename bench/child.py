@@ -117,13 +117,14 @@ async def raw(
 
 
 async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
-    """The real worker (app.worker.Worker, as `ricochet worker` runs it), timed from outside."""
-    from app.handler import Invoker, load_handler
-    from app.log import configure_logging
-    from app.metrics import Metrics
-    from app.service import stop_signals
-    from app.settings import load_settings
-    from app.worker import Worker
+    """The real worker (ricochet.worker.worker.Worker, as `ricochet worker` runs it), timed from
+    outside."""
+    from ricochet.handlers.invoker import Invoker, load_handler
+    from ricochet.log import configure_logging
+    from ricochet.observe.metrics import Metrics
+    from ricochet.service.process import stop_signals
+    from ricochet.settings import load_settings
+    from ricochet.worker.worker import Worker
 
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format, log_stream)
@@ -164,7 +165,7 @@ def main() -> None:
     parser.add_argument("--no-otel", action="store_true", help="opentelemetry not importable")
     args = parser.parse_args()
     if args.no_otel:
-        # As if ricochet[otel] were not installed: app.tracing's import of it fails. Set before
+        # As if ricochet[otel] were not installed: ricochet.tracing's import of it fails. Set before
         # anything imports app.
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]
     if args.uvloop:

@@ -1,6 +1,7 @@
 """Handlers the benchmark runs in the real worker (RICOCHET_HANDLER=bench.handlers:...)."""
 
-from app import Job, PermanentError
+from ricochet import Job, PermanentError
+
 from bench.probe import PROBE_TYPE, probe_fails
 
 

@@ -20,15 +20,15 @@ from typing import Any
 import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.topology import Names, declare
+from ricochet.handlers.invoker import Invoker
+from ricochet.handlers.job import Job
+from ricochet.observe.metrics import Metrics
+from ricochet.service.process import Lifecycle
+from ricochet.settings import Settings
+from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
-from app.handler import Invoker
-from app.job import Job
-from app.metrics import Metrics
-from app.service import Lifecycle
-from app.settings import Settings
-from app.topology import Names, declare
-from app.worker import Worker
 from bench.report import evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 

@@ -6,7 +6,7 @@ import signal
 import time
 from pathlib import Path
 
-from app import Job, PermanentError
+from ricochet import Job, PermanentError
 
 
 def _mark(event: str, job: Job) -> None:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+from ricochet.broker.topology import TTL, declare, plan
+from ricochet.ops.doctor import read_state
+from ricochet.ops.versions import broker_version
+from ricochet.settings import Settings
 
-from app.doctor import read_state
-from app.settings import Settings
-from app.topology import TTL, declare, plan
-from app.versions import broker_version
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
 from tests.broker import BROKER
 from tests.support import delete_topology

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import Job, PermanentError
+from ricochet import Job, PermanentError
 
 
 @dataclass

@@ -19,16 +19,16 @@ import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelNotFoundEntity
 from aiohttp import web
+from ricochet.broker.management import open_api, vhost
+from ricochet.broker.topology import MAX_TIERS, Names
+from ricochet.handlers.invoker import Invoker
+from ricochet.observe.metrics import Metrics
+from ricochet.service.process import Lifecycle
+from ricochet.settings import Settings
+from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 from structlog.typing import EventDict, WrappedLogger
 
-from app.handler import Invoker
-from app.management import open_api, vhost
-from app.metrics import Metrics
-from app.service import Lifecycle
-from app.settings import Settings
-from app.topology import MAX_TIERS, Names
-from app.worker import Worker
 from tests.broker import BROKER, Broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,14 +283,14 @@ def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
 def spawn(
     args: list[str], env: dict[str, str], output: Path | None = None, **kwargs: Any
 ) -> "subprocess.Popen[str]":
-    """Start `python -m app ARGS` from the repository root (use it as a context manager).
+    """Start `python -m ricochet ARGS` from the repository root (use it as a context manager).
 
     Output goes to the file `output` when given (a busy worker would fill a pipe), else to pipes.
     """
     sink = output.open("a") if output is not None else None
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app", *args],
+            [sys.executable, "-m", "ricochet", *args],
             cwd=ROOT,
             env=env,
             stdout=sink or subprocess.PIPE,
@@ -324,9 +324,9 @@ def reap_spawned() -> None:
 def run_cli(
     args: list[str], env: dict[str, str], timeout_s: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m app ARGS` to completion."""
+    """Run `python -m ricochet ARGS` to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "app", *args],
+        [sys.executable, "-m", "ricochet", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

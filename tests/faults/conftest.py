@@ -10,8 +10,8 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractConnection
 from hypothesis import settings
+from ricochet.broker.connection import close_quietly
 
-from app.connection import close_quietly
 from tests.broker import BROKER, Broker
 from tests.faults.harness import TALLIES, FaultRun, fault_settings
 from tests.faults.node import Node, node_base

@@ -14,10 +14,10 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.connection import close_quietly
+from ricochet.broker.topology import Names, declare, plan
+from ricochet.settings import Settings
 
-from app.connection import close_quietly
-from app.settings import Settings
-from app.topology import Names, declare, plan
 from tests.support import consumers, depth, journal, make_settings, ricochet_env, spawn, wait_for
 
 PUBLISH_BATCH = 200  # confirms awaited together, so publishing N jobs takes a moment, not minutes
@@ -39,7 +39,7 @@ TALLIES: list[Tally] = []
 
 
 class WorkerProcess:
-    """`python -m app worker` with the run's settings; output appended to one log file."""
+    """`python -m ricochet worker` with the run's settings; output appended to one log file."""
 
     def __init__(self, env: dict[str, str], output: Path) -> None:
         self._env = env

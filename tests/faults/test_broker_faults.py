@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 from aio_pika.abc import AbstractConnection
+from ricochet.broker.topology import declare
 
-from app.topology import declare
 from tests.faults.harness import FaultRun, progress, publish_mixed
 from tests.faults.node import Node
 from tests.support import close_connections, depth, free_port, ricochet_env, spawn, wait_for

@@ -11,10 +11,10 @@ from pathlib import Path
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel
+from ricochet.broker.connection import close_quietly
+from ricochet.broker.topology import Names, declare, plan
 from structlog.typing import EventDict
 
-from app.connection import close_quietly
-from app.topology import Names, declare, plan
 from tests.faults.harness import FaultRun, fault_settings, progress, publish_mixed
 from tests.faults.node import Node, start_cluster
 from tests.recorder import Recorder

@@ -11,8 +11,8 @@ import aio_pika
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ricochet.broker.amqp import table_size
 
-from app.amqp import table_size
 from tests.faults.harness import FaultRun
 from tests.support import ForeignBytes
 

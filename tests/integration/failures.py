@@ -5,10 +5,9 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
-
-from app.failed import Failure, failed_headers
-from app.retry import FailureKind
-from app.topology import Names
+from ricochet.broker.topology import Names
+from ricochet.delivery.failed import Failure, failed_headers
+from ricochet.delivery.retry import FailureKind
 
 
 async def publish_failed(

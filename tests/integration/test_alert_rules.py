@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.settings import Settings
 
-from app.settings import Settings
 from tests.prometheus import CONFIG_DIR, Prometheus
 from tests.support import free_port, make_settings, publish, ricochet_env, spawn, wait_for
 

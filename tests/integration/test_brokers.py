@@ -6,11 +6,11 @@ import json
 import shlex
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.topology import Names, declare, plan
+from ricochet.ops.replay import Selection, replay
 from structlog.testing import capture_logs
 
-from app.amqp import broker_version
-from app.replay import Selection, replay
-from app.topology import Names, declare, plan
 from tests.broker import BROKER
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder

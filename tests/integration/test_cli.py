@@ -3,8 +3,8 @@
 import json
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.topology import Names
 
-from app.topology import Names
 from tests.support import exists, make_settings, ricochet_env, run_cli, take
 
 

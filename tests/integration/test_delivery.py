@@ -1,8 +1,8 @@
 """The handler's Job holds what the publisher sent (tests/unit/test_amqp.py reads the frames)."""
 
 from aio_pika.abc import AbstractChannel
+from ricochet import Job
 
-from app import Job
 from tests.support import StartWorker, publish, wait_for
 
 HEADERS = {"tenant": "acme", "n": 7, "raw": bytearray(b"\xff\x00"), "nested": {"k": [1, "two"]}}

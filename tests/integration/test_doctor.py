@@ -12,11 +12,11 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.management import api_url, authorization, vhost
+from ricochet.broker.topology import TTL, Names, declare
+from ricochet.handlers.job import Job
+from ricochet.settings import Settings
 
-from app.job import Job
-from app.management import api_url, authorization, vhost
-from app.settings import Settings
-from app.topology import TTL, Names, declare
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
 from tests.broker import BROKER
 from tests.support import StartWorker, exists, make_settings, ricochet_env, run_cli

@@ -10,11 +10,11 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError
+from ricochet.broker.topology import Names, declare, plan
+from ricochet.ops.doctor import read_state
+from ricochet.service.process import Lifecycle, keep_connected
 from structlog.testing import capture_logs
 
-from app.doctor import read_state
-from app.service import Lifecycle, keep_connected
-from app.topology import Names, declare, plan
 from tests.breakage import unbind
 from tests.broker import BROKER
 from tests.recorder import Recorder

@@ -6,8 +6,8 @@ import signal
 from pathlib import Path
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.delivery.failed import TRACEBACK_MAX_CHARS
 
-from app.failed import TRACEBACK_MAX_CHARS
 from tests.support import AMQP_URL, consumers, make_settings, publish, ricochet_env, spawn, wait_for
 
 

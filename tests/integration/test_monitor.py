@@ -13,15 +13,15 @@ import aio_pika
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.topology import Names, declare
+from ricochet.monitor.backlog import failed_at_s
+from ricochet.monitor.monitor import Monitor, run_monitor
+from ricochet.observe.metrics import Metrics
+from ricochet.observe.webhook import Webhook
+from ricochet.service.process import Lifecycle
+from ricochet.settings import Settings
 from structlog.testing import capture_logs
 
-from app.backlog import failed_at_s
-from app.metrics import Metrics
-from app.monitor import Monitor, run_monitor
-from app.service import Lifecycle
-from app.settings import Settings
-from app.topology import Names, declare
-from app.webhook import Webhook
 from tests.integration.failures import publish_failed
 from tests.support import (
     StartWebhook,

@@ -4,10 +4,10 @@ import json
 from collections import Counter
 
 from aio_pika.abc import AbstractChannel
+from ricochet.broker.topology import Names
+from ricochet.handlers.job import Job
 from structlog.typing import EventDict
 
-from app.job import Job
-from app.topology import Names
 from tests.support import (
     StartWebhook,
     StartWorker,

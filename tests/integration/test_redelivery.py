@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import Job
+from ricochet.broker.topology import declare
 
-from app import Job
-from app.topology import declare
 from tests.support import (
     StartWorker,
     close_connections,

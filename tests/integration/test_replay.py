@@ -5,10 +5,10 @@ import signal
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from ricochet.broker.topology import Names, declare
+from ricochet.delivery.failed import FAILURE_HEADERS
+from ricochet.ops.replay import Selection, replay
 
-from app.failed import FAILURE_HEADERS
-from app.replay import Selection, replay
-from app.topology import Names, declare
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder
 from tests.support import (

@@ -6,9 +6,9 @@ import time
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import Job
+from ricochet.broker.topology import Names
 
-from app import Job
-from app.topology import Names
 from tests.recorder import Recorder
 from tests.support import ForeignBytes, StartWorker, publish, take, wait_depth, wait_for
 
@@ -141,7 +141,7 @@ async def test_permanent_error_skips_retries(
     assert recorder.attempts("doomed") == [1]
     assert copy.headers["failed-kind"] == "permanent"
     assert copy.headers["retry-count"] == 0
-    assert copy.headers["failed-exception"] == "app.errors.PermanentError"
+    assert copy.headers["failed-exception"] == "ricochet.errors.PermanentError"
 
 
 async def test_max_retries_header_lowers_budget(
@@ -168,7 +168,7 @@ async def test_bad_bodies_and_unknown_types_fail_and_worker_keeps_going(
     start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
     """An undecodable body and an unknown type fail at once; later jobs still run."""
-    from app import Router
+    from ricochet import Router
 
     router = Router()
     handled: list[str | None] = []
@@ -189,9 +189,9 @@ async def test_bad_bodies_and_unknown_types_fail_and_worker_keeps_going(
 
     await wait_for(fine_done, 10, "the good job")
     assert copies["garbage"].headers["failed-kind"] == "permanent"
-    assert copies["garbage"].headers["failed-exception"] == "app.errors.InvalidPayload"
+    assert copies["garbage"].headers["failed-exception"] == "ricochet.errors.InvalidPayload"
     assert copies["garbage"].body == b"\xff\xfe not json"
-    assert copies["stranger"].headers["failed-exception"] == "app.errors.UnknownJobType"
+    assert copies["stranger"].headers["failed-exception"] == "ricochet.errors.UnknownJobType"
     reason = copies["stranger"].headers["failed-reason"]
     assert isinstance(reason, str)
     assert "unknown" in reason
@@ -247,7 +247,7 @@ async def test_handler_timeout_is_transient(
     [copy] = await take(channel, Names(queue_name).failed, 1)
     assert time.monotonic() - started < 4
     assert recorder.attempts("slow") == [1, 2]
-    assert copy.headers["failed-exception"] == "app.errors.HandlerTimeout"
+    assert copy.headers["failed-exception"] == "ricochet.errors.HandlerTimeout"
     assert copy.headers["failed-kind"] == "exhausted"
 
 
@@ -284,7 +284,8 @@ async def test_poison_delivery_goes_to_failed(
     queue_name: str,
 ) -> None:
     """A quorum-queue job returned unacked more than five times is failed as poison, unhandled."""
-    from app.topology import declare
+    from ricochet.broker.topology import declare
+
     from tests.support import make_settings
 
     settings = make_settings(queue_name)
@@ -301,7 +302,7 @@ async def test_poison_delivery_goes_to_failed(
     await start_worker(recorder)
     [copy] = await take(channel, Names(queue_name).failed, 1)
     assert copy.headers["failed-kind"] == "poison"
-    assert copy.headers["failed-exception"] == "app.errors.PoisonMessage"
+    assert copy.headers["failed-exception"] == "ricochet.errors.PoisonMessage"
     assert recorder.seen["poison"] == []
 
 
@@ -343,7 +344,8 @@ async def test_topology_declared_twice(
     """Declaring the same topology twice, even concurrently, changes nothing and raises nothing."""
     import asyncio
 
-    from app.topology import declare
+    from ricochet.broker.topology import declare
+
     from tests.support import make_settings
 
     settings = make_settings(queue_name, max_retries=2)

@@ -11,10 +11,10 @@ from aio_pika import DeliveryMode
 from aio_pika.abc import AbstractChannel
 from aiormq import spec
 from aiormq.exceptions import ChannelPreconditionFailed
+from ricochet import Job
+from ricochet.broker.topology import Names
+from ricochet.errors import PermanentError
 
-from app import Job
-from app.errors import PermanentError
-from app.topology import Names
 from tests.recorder import Recorder
 from tests.support import (
     ForeignBytes,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.topology import Names, declare
 
-from app.amqp import broker_version
-from app.topology import Names, declare
 from tests.broker import BROKER
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder

@@ -9,11 +9,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from ricochet import Job, tracing
+from ricochet.broker.publish import publish_job
+from ricochet.broker.topology import Names
+from ricochet.ops.replay import Selection, replay
 
-from app import Job, tracing
-from app.publish import publish_job
-from app.replay import Selection, replay
-from app.topology import Names
 from tests.recorder import Recorder
 from tests.support import StartWorker, depth, wait_for
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 from aio_pika.abc import AbstractChannel
+from ricochet import Job, Router
+from ricochet.broker.topology import Names
 
-from app import Job, Router
-from app.topology import Names
 from tests.recorder import Recorder
 from tests.support import StartWorker, depth, publish, take
 

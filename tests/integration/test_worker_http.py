@@ -8,13 +8,13 @@ import socket
 import aiohttp
 from aio_pika.abc import AbstractChannel
 from prometheus_client.parser import text_string_to_metric_families
+from ricochet.broker.topology import Names
+from ricochet.errors import PermanentError
+from ricochet.handlers.invoker import Invoker
+from ricochet.handlers.job import Job
+from ricochet.observe.metrics import Metrics
+from ricochet.worker.worker import run_worker
 
-from app.errors import PermanentError
-from app.handler import Invoker
-from app.job import Job
-from app.metrics import Metrics
-from app.topology import Names
-from app.worker import run_worker
 from tests.support import (
     answers,
     depth,

@@ -8,8 +8,7 @@ from aiormq.connection import FrameReceiver
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from pamqp.common import FieldTable
-
-from app.amqp import Delivery, read_properties_leniently
+from ricochet.broker.amqp import Delivery, read_properties_leniently
 
 HEADERS: FieldTable = {
     "tenant": "acme",

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.checks import BrokerState
-from app.settings import Settings
+from ricochet.ops.checks import BrokerState
+from ricochet.settings import Settings
 
 DATA = Path(__file__).parent / "data"
 

@@ -5,9 +5,8 @@ import asyncio
 import aio_pika
 import pytest
 from aio_pika.exceptions import ChannelInvalidStateError
-
-from app.acks import plan_acks
-from app.subscription import Subscription
+from ricochet.worker.acks import plan_acks
+from ricochet.worker.subscription import Subscription
 
 
 @pytest.mark.parametrize(

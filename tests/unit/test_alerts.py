@@ -1,8 +1,8 @@
 """The alert decisions: rate limiting per failure reason and the failed-queue threshold."""
 
 import pytest
-
-from app.alerts import (
+from ricochet.delivery.failed import FailureInfo
+from ricochet.observe.alerts import (
     RECOVERED,
     THRESHOLD,
     DepthWatch,
@@ -11,7 +11,6 @@ from app.alerts import (
     job_failed_alert,
     reason_key,
 )
-from app.failed import FailureInfo
 
 
 def failure(reason: str, message_id: str = "m") -> FailureInfo:

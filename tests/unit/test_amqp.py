@@ -8,8 +8,8 @@ import pytest
 from aio_pika.message import IncomingMessage
 from aiormq.exceptions import InvalidFrameError
 from pamqp import commands, header
+from ricochet.broker.amqp import Delivery, read_properties_leniently, table_size
 
-from app.amqp import Delivery, read_properties_leniently, table_size
 from tests.support import ForeignBytes, ForeignTimestamp
 from tests.unit.frames import HEADERS, PROPERTIES, delivered, read_by_aiormq, read_leniently
 

@@ -1,8 +1,7 @@
 """The oldest failed copy's failure time, known from the failures seen and the queue's depth."""
 
 import pytest
-
-from app.backlog import FailedBacklog, failed_at_s
+from ricochet.monitor.backlog import FailedBacklog, failed_at_s
 
 STARTED_S = 1000.0
 

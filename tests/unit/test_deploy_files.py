@@ -11,10 +11,10 @@ import yaml
 from aiohttp import web
 from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry
+from ricochet.cli import main
+from ricochet.service.http import routes
+from ricochet.settings import ENV_PREFIX, Settings, load_settings
 
-from app.cli import main
-from app.http import routes
-from app.settings import ENV_PREFIX, Settings, load_settings
 from tests.deploy_files import (
     COMPOSE,
     VARIABLE,
@@ -52,7 +52,7 @@ def test_env_file_names_every_setting_and_nothing_else() -> None:
     """config/ricochet.env sets (or, for the URL, documents) each setting, and only settings."""
     env = env_file()
     named = set(env.values) | set(env.commented)
-    assert named - SETTINGS == set(), "not settings of app.settings.Settings"
+    assert named - SETTINGS == set(), "not settings of ricochet.settings.Settings"
     assert SETTINGS - named == set(), "settings missing from config/ricochet.env"
 
 

@@ -10,12 +10,12 @@ worker and no monitor.
 from typing import Any
 
 import pytest
+from ricochet.broker.topology import plan
+from ricochet.ops.checks import BrokerState, Check
+from ricochet.ops.doctor import diagnose
+from ricochet.ops.report import checks_table
+from ricochet.settings import Settings
 
-from app.checks import BrokerState, Check
-from app.doctor import diagnose
-from app.report import checks_table
-from app.settings import Settings
-from app.topology import plan
 from tests.unit.recorded import edited, recorded
 
 # The brokers the answers were recorded from (tests/unit/data/doctor_*_VERSION.json).

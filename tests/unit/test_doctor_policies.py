@@ -3,9 +3,9 @@
 from typing import Any
 
 import pytest
+from ricochet.broker.topology import plan
+from ricochet.ops.policies import policy_check, takes_effect
 
-from app.policies import policy_check, takes_effect
-from app.topology import plan
 from tests.unit.recorded import edited
 
 

@@ -1,9 +1,8 @@
 """The broker version check: supported versions and what each implies (SPEC section 9)."""
 
 import pytest
-
-from app.amqp import parse_version
-from app.versions import version_check
+from ricochet.broker.amqp import parse_version
+from ricochet.ops.versions import version_check
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,8 @@ from typing import Any
 import aio_pika
 import pytest
 from pamqp import commands
-
-from app.amqp import Delivery, table_size
-from app.errors import PermanentError
-from app.failed import (
+from ricochet.broker.amqp import Delivery, table_size
+from ricochet.delivery.failed import (
     FAILURE_HEADERS,
     PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
@@ -23,7 +21,9 @@ from app.failed import (
     fit_to_frame,
     read_failure,
 )
-from app.retry import Facts, FailureKind
+from ricochet.delivery.retry import Facts, FailureKind
+from ricochet.errors import PermanentError
+
 from tests.support import ForeignBytes
 from tests.unit.frames import HEADERS, delivered, read_leniently
 
@@ -77,7 +77,7 @@ def test_reason_and_traceback_are_bounded() -> None:
 def test_exception_names() -> None:
     """Builtins are named bare; everything else with its module."""
     assert exception_name(ValueError()) == "ValueError"
-    assert exception_name(PermanentError()) == "app.errors.PermanentError"
+    assert exception_name(PermanentError()) == "ricochet.errors.PermanentError"
     assert exception_name(CustomError()) == f"{__name__}.CustomError"
     assert failure_reason(CustomError()) == "CustomError"
     assert failure_reason(CustomError("boom")) == "CustomError: boom"
@@ -213,12 +213,12 @@ def test_failed_copy_without_an_exception_is_poison() -> None:
         now=NOW,
     )
     reason = "PoisonMessage: delivered more than 5 times without an ack"
-    assert failed.message.headers["failed-exception"] == "app.errors.PoisonMessage"
+    assert failed.message.headers["failed-exception"] == "ricochet.errors.PoisonMessage"
     assert failed.message.headers["failed-reason"] == reason
     assert failed.log_fields == {
         "kind": "poison",
         "error": reason,
-        "exception": f"app.errors.{reason}",  # never raised: no stack, only its last line
+        "exception": f"ricochet.errors.{reason}",  # never raised: no stack, only its last line
     }
 
 
@@ -239,7 +239,7 @@ async def test_failed_copy_of_unreadable_properties_says_so() -> None:
         "InvalidProperties: properties could not be decoded: message_id: "
         "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"
     )
-    assert failed.message.headers["failed-exception"] == "app.errors.InvalidProperties"
+    assert failed.message.headers["failed-exception"] == "ricochet.errors.InvalidProperties"
     assert failed.message.headers["failed-reason"] == failed.log_fields["error"] == reason
     assert (failed.message.body, failed.message.message_id) == (b"\x00\xff", "m-\ufffd")
     assert failed.message.app_id == "billing"

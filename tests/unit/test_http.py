@@ -8,9 +8,9 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
+from ricochet.errors import RicochetError
+from ricochet.service.http import serve_http
 
-from app.errors import RicochetError
-from app.http import serve_http
 from tests.support import free_port
 
 LOOPBACK = "127.0.0.1"
@@ -87,7 +87,7 @@ async def test_a_client_slow_to_send_its_request_is_cut_off(
 ) -> None:
     """A connection that sends half a request line and stalls is closed by the server after
     REQUEST_TIMEOUT_S, so slow clients cannot hold sockets and memory for ever."""
-    monkeypatch.setattr("app.http.REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("ricochet.service.http.REQUEST_TIMEOUT_S", 0.5)
     port = free_port()
     async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
         reader, writer = await asyncio.open_connection(LOOPBACK, port)
@@ -100,7 +100,7 @@ async def test_a_client_slow_to_send_its_request_is_cut_off(
 async def test_connections_beyond_the_cap_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """With MAX_CONNECTIONS open, a further connection is closed at once; once one closes,
     requests are served again."""
-    monkeypatch.setattr("app.http.MAX_CONNECTIONS", 3)
+    monkeypatch.setattr("ricochet.service.http.MAX_CONNECTIONS", 3)
     port = free_port()
     async with serve_http(LOOPBACK, port, CollectorRegistry(), lambda: True):
         held = [await asyncio.open_connection(LOOPBACK, port) for _ in range(3)]

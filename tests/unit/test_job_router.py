@@ -7,12 +7,11 @@ import threading
 import pytest
 import structlog
 from pydantic import BaseModel
-
-from app import Job, PermanentError, Router
-from app.errors import HandlerTimeout, InvalidPayload, UnknownJobType
-from app.handler import Invoker
-from app.job import bind_log_context
-from app.retry import Outcome
+from ricochet import Job, PermanentError, Router
+from ricochet.delivery.retry import Outcome
+from ricochet.errors import HandlerTimeout, InvalidPayload, UnknownJobType
+from ricochet.handlers.invoker import Invoker
+from ricochet.handlers.job import bind_log_context
 
 
 def job(body: bytes, amqp_type: str | None = None) -> Job:

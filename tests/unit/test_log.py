@@ -1,8 +1,7 @@
 """Secret scrubbing: the password of any URL, and credential query values, are replaced."""
 
 import pytest
-
-from app.log import redact, url_host
+from ricochet.log import redact, url_host
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,7 @@
 import base64
 
 import pytest
-
-from app.management import api_url, authorization, vhost
+from ricochet.broker.management import api_url, authorization, vhost
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import math
 
-from app.metrics import Metrics
+from ricochet.observe.metrics import Metrics
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
+from ricochet.observe.metrics import Metrics
 
-from app.metrics import Metrics
 from tests.support import ROOT
 
 PROMETHEUS_DIR = ROOT / "config" / "prometheus"

@@ -1,8 +1,7 @@
 """The pause decision: a sliding window of finished jobs, a ratio and a minimum count."""
 
 import pytest
-
-from app.pause import FailureWindow, PausePolicy, pause_ratio
+from ricochet.worker.pause import FailureWindow, PausePolicy, pause_ratio
 
 POLICY = PausePolicy(failure_ratio=0.8, min_jobs=10, window_s=30, pause_s=30)
 

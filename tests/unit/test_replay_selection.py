@@ -1,9 +1,8 @@
 """Replay's pure parts: which copies match, and the headers a replayed job carries."""
 
 import pytest
-
-from app.failed import FAILURE_HEADERS, FailureInfo, read_failure
-from app.replay import Selection, replayed_headers
+from ricochet.delivery.failed import FAILURE_HEADERS, FailureInfo, read_failure
+from ricochet.ops.replay import Selection, replayed_headers
 
 COPY = FailureInfo("m1", "report", "ValueError: bad input", "permanent", 0, "2024-01-01T00:00:00")
 

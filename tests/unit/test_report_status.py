@@ -1,8 +1,7 @@
 """The status table points to the way of reading failure reasons when Q.failed is not empty."""
 
 import pytest
-
-from app.report import QueueStatus, status_table
+from ricochet.ops.report import QueueStatus, status_table
 
 
 @pytest.mark.parametrize(("failed", "hint"), [(0, False), (None, False), (3, True)])

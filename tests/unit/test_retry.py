@@ -4,8 +4,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-
-from app.retry import (
+from ricochet.broker.topology import tier_delays_ms
+from ricochet.delivery.retry import (
     Action,
     Decision,
     Facts,
@@ -15,7 +15,6 @@ from app.retry import (
     max_attempts,
     read_facts,
     runs_alone,
-    tier_delays_ms,
 )
 
 

@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import pytest
-
-from app.errors import ConfigError
-from app.settings import Settings, load_settings
+from ricochet.errors import ConfigError
+from ricochet.settings import Settings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +58,7 @@ def test_defaults() -> None:
         ("RICOCHET_QUEUE_TYPE", "stream", "allowed one of quorum, classic"),
         ("RICOCHET_LOG_FORMAT", "xml", "allowed one of json, console"),
         ("RICOCHET_LOG_LEVEL", "LOUD", "allowed one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
-        ("RICOCHET_HANDLER", "app.example", "allowed module.path:attribute"),
+        ("RICOCHET_HANDLER", "ricochet.handlers.example", "allowed module.path:attribute"),
         ("RICOCHET_AMQP_URL", "http://broker/", "allowed an amqp:// or amqps:// URL"),
         ("RICOCHET_ALERT_WEBHOOK_URL", "ftp://x/", "allowed an http:// or https:// URL"),
         ("RICOCHET_MANAGEMENT_URL", "amqp://x/", "allowed an http:// or https:// URL"),

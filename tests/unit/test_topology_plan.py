@@ -1,9 +1,16 @@
 """The topology plan: names, arguments and bindings for a set of settings."""
 
 import pytest
-
-from app.settings import Settings
-from app.topology import Binding, Kept, Names, plan, quorum_tier_kept, stale_bindings, stale_tiers
+from ricochet.broker.topology import (
+    Binding,
+    Kept,
+    Names,
+    plan,
+    quorum_tier_kept,
+    stale_bindings,
+    stale_tiers,
+)
+from ricochet.settings import Settings
 
 
 def test_default_plan_matches_spec() -> None:

@@ -4,9 +4,8 @@ import traceback
 from collections.abc import Callable
 
 import pytest
-
-from app import tracebacks
-from app.tracebacks import format_traceback
+from ricochet.delivery import tracebacks
+from ricochet.delivery.tracebacks import format_traceback
 
 
 def fails_with(message: str) -> None:

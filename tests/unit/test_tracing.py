@@ -1,4 +1,4 @@
-"""app.tracing: no-ops without OpenTelemetry, and a replay's trace context rules."""
+"""ricochet.tracing: no-ops without OpenTelemetry, and a replay's trace context rules."""
 
 import subprocess
 import sys
@@ -8,12 +8,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from ricochet import tracing
+from ricochet.delivery.failed import Failure
+from ricochet.delivery.retry import Action, Decision
+from ricochet.handlers.job import Job
+from ricochet.observe import spans
+from ricochet.ops.replay import replayed_headers
 
-from app import tracing
-from app.failed import Failure
-from app.job import Job
-from app.replay import replayed_headers
-from app.retry import Action, Decision
 from tests.support import ROOT
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -25,14 +26,15 @@ def a_job() -> Job:
 
 
 def test_ricochet_imports_and_runs_without_the_api() -> None:
-    """With opentelemetry not importable, app.tracing says so and everything else imports."""
+    """With opentelemetry not importable, ricochet.tracing says so and everything else imports."""
     script = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "import app.cli, app.consumer, app.publish, app.replay, app.tracing\n"
-        "assert not app.tracing.ENABLED\n"
+        "import ricochet.cli, ricochet.worker.consumer, ricochet.broker.publish\n"
+        "import ricochet.ops.replay, ricochet.tracing\n"
+        "assert not ricochet.tracing.ENABLED\n"
         "headers = {}\n"
-        "with app.tracing.publish_span('q', 'm1', headers): pass\n"
-        "app.tracing.inject_current(headers)\n"
+        "with ricochet.tracing.publish_span('q', 'm1', headers): pass\n"
+        "ricochet.tracing.inject_current(headers)\n"
         "assert headers == {}, headers\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
@@ -42,8 +44,9 @@ def test_without_a_tracer_provider_the_jobs_trace_is_passed_on() -> None:
     """With the API and no provider (a fresh process), what a handler publishes carries its
     job's trace on, and a job without one gives it none."""
     script = (
-        "from app.job import Job\n"
-        "from app.tracing import attempt_span, inject_current\n"
+        "from ricochet.handlers.job import Job\n"
+        "from ricochet.observe.spans import attempt_span\n"
+        "from ricochet.tracing import inject_current\n"
         f"traced = {{'traceparent': {TRACEPARENT!r}}}\n"
         "for headers, expected in ((traced, '0af7651916cd43dd8448eb211c80319c'), ({}, None)):\n"
         "    job = Job(b'{}', headers=headers, message_id='m1', amqp_type=None,\n"
@@ -59,10 +62,10 @@ def test_without_a_tracer_provider_the_jobs_trace_is_passed_on() -> None:
 
 def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "ENABLED", False)
-    with tracing.attempt_span("q", a_job()) as span:
+    with spans.attempt_span("q", a_job()) as span:
         assert span is None
-    tracing.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
-    with tracing.settle_span("q", span, Decision(Action.RETRY, tier=1)):
+    spans.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
+    with spans.settle_span("q", span, Decision(Action.RETRY, tier=1)):
         pass
     headers: dict[str, object] = {"tenant": "acme"}
     with tracing.publish_span("q", "m1", headers):
@@ -112,13 +115,13 @@ def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
     errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
     for error in errors:
         with provider.get_tracer("tests").start_as_current_span("attempt") as span:
-            tracing.record_outcome(span, Decision(Action.FAIL), Failure(error))
-    spans = exporter.get_finished_spans()
-    assert [s.status.status_code for s in spans] == [StatusCode.ERROR, StatusCode.ERROR]
-    assert [dict(s.attributes or {})["ricochet.outcome"] for s in spans] == ["failed", "failed"]
-    assert "hunter2" not in str(spans[0].status.description)
-    assert "hunter2" not in str(dict(spans[0].events[0].attributes or {}))
-    assert spans[1].status.description == "Unprintable: <exception str() failed>"
+            spans.record_outcome(span, Decision(Action.FAIL), Failure(error))
+    finished = exporter.get_finished_spans()
+    assert [s.status.status_code for s in finished] == [StatusCode.ERROR, StatusCode.ERROR]
+    assert [dict(s.attributes or {})["ricochet.outcome"] for s in finished] == ["failed", "failed"]
+    assert "hunter2" not in str(finished[0].status.description)
+    assert "hunter2" not in str(dict(finished[0].events[0].attributes or {}))
+    assert finished[1].status.description == "Unprintable: <exception str() failed>"
 
 
 def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
@@ -129,18 +132,18 @@ def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
     provider = TracerProvider()
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("tests"))
+    monkeypatch.setattr(tracing, "TRACER", provider.get_tracer("tests"))
 
     def settle_failing_with(error: Exception) -> None:
         with (
-            tracing.attempt_span("q", a_job()) as span,
-            tracing.settle_span("q", span, Decision(Action.ACK)),
+            spans.attempt_span("q", a_job()) as span,
+            spans.settle_span("q", span, Decision(Action.ACK)),
         ):
             raise error
 
     for error in (ConnectionError("amqp://bob:hunter2@mq/ closed"), Unprintable()):
         with pytest.raises(type(error)):
             settle_failing_with(error)
-    spans = exporter.get_finished_spans()
-    assert [s.name for s in spans] == ["q settle", "q process"] * 2
-    assert all(not s.events and s.status.description is None for s in spans)
+    finished = exporter.get_finished_spans()
+    assert [s.name for s in finished] == ["q settle", "q process"] * 2
+    assert all(not s.events and s.status.description is None for s in finished)

@@ -4,10 +4,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+from ricochet.observe.metrics import Metrics
+from ricochet.observe.webhook import Webhook
 from structlog.testing import capture_logs
-
-from app.metrics import Metrics
-from app.webhook import Webhook
 
 
 @pytest.fixture

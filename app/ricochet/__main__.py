@@ -1,0 +1,3 @@
+from ricochet.cli import main
+
+main()

@@ -1,0 +1,68 @@
+"""Connecting to the broker, waiting for it with exponential backoff."""
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractConnection
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_exponential_jitter,
+)
+
+from ricochet.broker.amqp import read_properties_leniently
+from ricochet.errors import BrokerUnavailable
+from ricochet.log import redact
+
+log = structlog.get_logger("ricochet.connection")
+
+# What connecting raises while the broker is down, refusing or slow: aio-pika's connection
+# errors (AMQPConnectionError) are ConnectionErrors, and TimeoutError is an OSError too.
+_UNREACHABLE = OSError
+
+
+def _log_attempt(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    log.warning(
+        "broker unreachable, retrying",
+        attempt=state.attempt_number,
+        error=redact(str(error)),
+        next_try_s=round(state.upcoming_sleep, 2),
+    )
+
+
+async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConnection:
+    """Connect, retrying with backoff for timeout_s (forever when None); BrokerUnavailable after.
+
+    Every delivery on it is read, whatever its properties' bytes: one that could kill the
+    connection would come back to every worker, forever.
+    """
+    read_properties_leniently()
+    retrying = AsyncRetrying(
+        stop=stop_never if timeout_s is None else stop_after_delay(timeout_s),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
+        retry=retry_if_exception_type(_UNREACHABLE),
+        before_sleep=_log_attempt,
+        reraise=True,
+    )
+    try:
+        connection: AbstractConnection = await retrying(
+            aio_pika.connect, url, client_properties={"connection_name": name}, timeout=10
+        )
+    except _UNREACHABLE as error:
+        raise BrokerUnavailable(
+            f"broker {redact(url)} unreachable after {timeout_s:g} s: {redact(str(error))}"
+        ) from None
+    log.info("connected", broker=redact(url), connection_name=name)
+    return connection
+
+
+async def close_quietly(connection: AbstractConnection) -> None:
+    """Close a connection that may already be broken."""
+    if not connection.is_closed:
+        try:
+            await connection.close()
+        except Exception as error:  # closing a broken connection may fail in many ways
+            log.debug("close failed", error=str(error))

@@ -1,0 +1,198 @@
+"""The command line: a thin wrapper that builds the settings and runs one command."""
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+
+from ricochet.broker.connection import connect
+from ricochet.broker.publish import header_value, publish_job
+from ricochet.broker.topology import Names, declare, plan
+from ricochet.errors import BrokerUnavailable, ConfigError, RicochetError
+from ricochet.handlers.invoker import Invoker, load_handler
+from ricochet.log import configure_logging
+from ricochet.monitor.monitor import run_monitor
+from ricochet.observe.metrics import Metrics
+from ricochet.ops.doctor import run_doctor
+from ricochet.ops.replay import Selection, run_replay
+from ricochet.ops.report import checks_table, plan_table, replay_report, status_table
+from ricochet.ops.status import read_status
+from ricochet.service.process import connection_name
+from ricochet.settings import Settings, load_settings
+from ricochet.worker.worker import run_worker
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+
+
+def _settings(service: bool = False) -> Settings:
+    """Settings, and logging configured: services log to stdout, one-shot commands to stderr."""
+    try:
+        settings = load_settings()
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    configure_logging(
+        settings.log_level, settings.log_format, sys.stdout if service else sys.stderr
+    )
+    return settings
+
+
+def _run(main: Awaitable[Any]) -> Any:
+    """Run a command's coroutine, turning ricochet's errors into exit codes."""
+    try:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except (BrokerUnavailable, RicochetError) as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_RUNTIME)
+
+
+async def _with_connection(settings: Settings, role: str, fn: Callable[..., Awaitable[Any]]) -> Any:
+    connection = await connect(
+        settings.amqp_url, connection_name(role, settings.queue), settings.connect_timeout_s
+    )
+    try:
+        return await fn(connection)
+    finally:
+        await connection.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ricochet")
+def main() -> None:
+    """ricochet: background jobs from RabbitMQ, retried with backoff by the broker itself.
+
+    Settings come from RICOCHET_* environment variables (see the README).
+    """
+
+
+@main.command()
+def worker() -> None:
+    """Declare the topology, then consume the main queue and run the handler."""
+    settings = _settings(service=True)
+    try:
+        invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
+    _run(run_worker(settings, invoker, Metrics(settings.queue)))
+
+
+@main.command()
+def monitor() -> None:
+    """Log and alert on every failed job; never takes anything out of the failed queue."""
+    settings = _settings(service=True)
+    _run(run_monitor(settings, Metrics(settings.queue)))
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(min=1), help="Move at most N copies.")
+@click.option("--reason", help="Only copies whose failed-reason contains TEXT.")
+@click.option("--type", "job_type", help="Only copies of this job type.")
+@click.option("--message-id", help="Only the copy (or copies) with this message id.")
+@click.option("--dry-run", is_flag=True, help="List what would move; move nothing.")
+@click.option(
+    "--group-by",
+    type=click.Choice(["reason", "type", "kind"]),
+    help="Print counts per reason, type or kind instead of one line per copy.",
+)
+def replay(
+    limit: int | None,
+    reason: str | None,
+    job_type: str | None,
+    message_id: str | None,
+    dry_run: bool,
+    group_by: str | None,
+) -> None:
+    """Move failed copies back to the main queue with a fresh retry budget."""
+    settings = _settings()
+    names = Names(settings.queue)
+    selection = Selection(reason=reason, type=job_type, message_id=message_id)
+    result = _run(
+        _with_connection(
+            settings,
+            "replay",
+            lambda c: run_replay(c, names, selection, limit=limit, dry_run=dry_run),
+        )
+    )
+    click.echo(replay_report(result, dry_run, group_by, names.queue))
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Print the plan without touching the broker.")
+def topology(dry_run: bool) -> None:
+    """Declare the queues, exchanges and bindings, and print them."""
+    settings = _settings()
+    if dry_run:
+        click.echo(plan_table(plan(settings)))
+        if settings.queue_type == "quorum":
+            click.echo(
+                "\nOn RabbitMQ 4.0 and later, the queues ricochet consumes from (the main and the "
+                "failed queues) also get x-delivery-limit=-1: no delivery limit drops a job."
+            )
+        return
+    declared = _run(_with_connection(settings, "topology", lambda c: declare(c, settings)))
+    click.echo(plan_table(declared))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(as_json: bool) -> None:
+    """Depth and consumers of the main queue, each tier, and the failed queues."""
+    settings = _settings()
+    rows = _run(_with_connection(settings, "status", lambda c: read_status(c, plan(settings))))
+    if as_json:
+        click.echo(json.dumps({"queues": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        click.echo(status_table(rows))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def doctor(as_json: bool) -> None:
+    """Check the broker's queues, exchanges, bindings and policies against the settings.
+
+    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Exit 1 when a check fails.
+    """
+    settings = _settings()
+    checks = _run(run_doctor(settings))
+    ok = all(c.status != "fail" for c in checks)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        click.echo(checks_table([(c.check, c.status, c.detail) for c in checks]))
+    sys.exit(0 if ok else EXIT_RUNTIME)
+
+
+@main.command()
+@click.option("--type", "job_type", help="AMQP type property (Router dispatch).")
+@click.option("--message-id", help="Message id (default: a new UUID).")
+@click.option("--header", "headers", multiple=True, metavar="K=V", help="Application header.")
+@click.argument("payload")
+def publish(
+    job_type: str | None, message_id: str | None, headers: tuple[str, ...], payload: str
+) -> None:
+    """Publish one persistent job with PAYLOAD as its body."""
+    parsed: dict[str, Any] = {}
+    for item in headers:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--header")
+        parsed[key] = header_value(value)
+    settings = _settings()
+    sent = _run(
+        _with_connection(
+            settings,
+            "publish",
+            lambda c: publish_job(
+                c, settings.queue, payload, job_type=job_type, message_id=message_id, headers=parsed
+            ),
+        )
+    )
+    click.echo(sent)

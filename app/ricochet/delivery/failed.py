@@ -1,0 +1,262 @@
+"""The failed copy: what a job looks like in the failed queue, and what it says of a failure."""
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractMessage
+
+from ricochet.broker.amqp import Delivery, table_size
+from ricochet.delivery.retry import POISON_DELIVERIES, Facts, FailureKind, job_type
+from ricochet.delivery.tracebacks import format_traceback
+from ricochet.errors import InvalidProperties, PoisonMessage, RicochetError
+from ricochet.log import redact
+
+REASON_MAX_CHARS = 1000
+TRACEBACK_MAX_CHARS = 4096
+# A message's properties and headers travel in one frame; this much of it is left to the
+# properties other than the headers (at most eight short strings and a few numbers).
+PROPERTIES_RESERVE_BYTES = 4096
+
+# Headers the broker writes while dead-lettering; a failed copy starts its history afresh.
+DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
+FAILURE_HEADERS = (
+    "failed-at",
+    "failed-reason",
+    "failed-exception",
+    "failed-traceback",
+    "failed-kind",
+    "retry-count",
+    "original-queue",
+    "original-routing-key",
+    "failed-dropped-headers",
+)
+# Message properties carried over to the failed copy and back on replay.
+COPIED_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "message_id",
+    "correlation_id",
+    "type",
+    "timestamp",
+    "app_id",
+    "priority",
+)
+
+
+def copied_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The application headers as a copy carries them: without the broker's dead-letter
+    bookkeeping, and with long strings that are not UTF-8 as byte arrays of the same bytes."""
+    return {k: _sendable(v) for k, v in headers.items() if not k.startswith(DEATH_HEADERS)}
+
+
+def _sendable(value: Any) -> Any:
+    # The client reads a long string that is not UTF-8 (as other languages' clients may send)
+    # as bytes, which it cannot send back as a string; a copy would never be published.
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sendable(v) for v in value]
+    return value
+
+
+def exception_name(exc: BaseException) -> str:
+    """Qualified type name: module.Class, builtins without their module."""
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """'ExceptionType: message' without credentials, at most REASON_MAX_CHARS characters."""
+    message = _message(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    # Scrubbed before it is cut: a cut through a URL would leave a password the scrub misses.
+    return redact(text)[:REASON_MAX_CHARS]
+
+
+class Failure:
+    """A job's exception as ricochet reports it, its reason and traceback each worked out on
+    first use and only once: the failed copy, its log line and the attempt's span share them."""
+
+    def __init__(self, exception: BaseException) -> None:
+        self.exception = exception
+
+    @cached_property
+    def reason(self) -> str:
+        """failure_reason() of the exception."""
+        return failure_reason(self.exception)
+
+    @cached_property
+    def traceback(self) -> str:
+        """The formatted traceback without credentials, its last TRACEBACK_MAX_CHARS characters."""
+        # Its end: that is where the error was raised. Scrubbed before it is cut, as the reason.
+        return redact(format_traceback(self.exception))[-TRACEBACK_MAX_CHARS:]
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a handler's exception may break in its own __str__; the job must still fail
+        return "<exception str() failed>"  # what the traceback module prints for it
+
+
+def failed_headers(
+    headers: Mapping[str, Any],
+    failure: Failure,
+    kind: FailureKind,
+    retry_count: int,
+    queue: str,
+    routing_key: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The failed copy's headers: the original's without x-death, plus the failure's."""
+    return {
+        **copied_headers(headers),
+        "failed-at": now.astimezone(dt.UTC).isoformat(),
+        "failed-reason": failure.reason,
+        "failed-exception": exception_name(failure.exception),
+        "failed-traceback": failure.traceback,
+        "failed-kind": str(kind),
+        "retry-count": retry_count,
+        "original-queue": queue,
+        "original-routing-key": routing_key,
+    }
+
+
+def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
+    """The headers, with the traceback and then the reason shortened until they fit one frame,
+    and then, if they still do not, the job's own largest headers dropped.
+
+    A header frame larger than the connection's frame_max makes the broker close the whole
+    connection, so a failed copy that does not fit would send its job round forever.
+    """
+    fitted = dict(headers)
+    limit = frame_max - PROPERTIES_RESERVE_BYTES
+    for key, keep_end in (("failed-traceback", True), ("failed-reason", False)):
+        excess = table_size(fitted) - limit
+        if excess <= 0:
+            return fitted
+        text = fitted[key]
+        # Cutting n characters removes at least n bytes of UTF-8.
+        fitted[key] = text[excess:] if keep_end else text[: max(len(text) - excess, 0)]
+    # The job's own headers nearly fill the frame by themselves: the largest go, and the copy
+    # names them, so that the job itself (its body and the rest) still reaches the failed queue.
+    own = [key for key in fitted if key not in FAILURE_HEADERS]
+    dropped: list[str] = []
+    for key in sorted(own, key=lambda k: table_size({k: fitted[k]}), reverse=True):
+        if table_size(fitted) <= limit:
+            break
+        del fitted[key]
+        dropped.append(key)
+        fitted["failed-dropped-headers"] = ",".join(dropped)
+    return fitted
+
+
+def copy_of(message: AbstractMessage, headers: dict[str, Any]) -> aio_pika.Message:
+    """A persistent copy of a message: its body and the properties a copy keeps, these headers."""
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        **{name: getattr(message, name) for name in COPIED_PROPERTIES},
+    )
+
+
+@dataclass(frozen=True)
+class FailedCopy:
+    """A failed delivery's copy for the failed queue, and the fields of its "job failed" line."""
+
+    message: aio_pika.Message
+    log_fields: dict[str, str]
+
+
+def not_run_failure(delivery: Delivery) -> RicochetError:
+    """Why a delivery failed without its handler running: properties that could not be decoded,
+    else deliveries that kept coming back unacked (a poison job)."""
+    if delivery.unreadable is not None:
+        return InvalidProperties(f"properties could not be decoded: {delivery.unreadable}")
+    return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+
+
+def failed_copy(
+    delivery: Delivery,
+    facts: Facts,
+    failure: Failure | None,
+    kind: FailureKind,
+    *,
+    queue: str,
+    frame_max: int,
+    now: dt.datetime,
+) -> FailedCopy:
+    """The copy of a failed delivery for the failed exchange, its headers fitted to one frame,
+    and what to log of it; without a failure (the handler did not run) the failure is the
+    delivery's own (not_run_failure)."""
+    if failure is None:
+        failure = Failure(not_run_failure(delivery))
+    headers = failed_headers(
+        delivery.headers,
+        failure,
+        kind,
+        retry_count=facts.attempt - 1,
+        queue=queue,
+        routing_key=facts.original_routing_key,
+        now=now,
+    )
+    fitted = fit_to_frame(headers, frame_max)
+    log_fields = {
+        "kind": str(kind),
+        "error": fitted["failed-reason"],
+        # The header's traceback as it was before fitting: a log line has no frame to fit.
+        "exception": headers["failed-traceback"].removesuffix("\n"),
+    }
+    return FailedCopy(copy_of(delivery.decoded(), fitted), log_fields)
+
+
+def cleaned_copy(delivery: Delivery) -> aio_pika.Message:
+    """The copy of a delivery without the broker's dead-letter headers (a forged x-death)."""
+    return copy_of(delivery.decoded(), copied_headers(delivery.headers))
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    """What an operator needs to know about one failed copy (read from its headers)."""
+
+    message_id: str | None
+    type: str | None
+    reason: str
+    kind: str | None
+    retry_count: int | None
+    failed_at: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None if value is None else str(value)
+
+
+def read_failure(
+    headers: Mapping[str, Any], message_id: str | None, amqp_type: str | None, body: bytes
+) -> FailureInfo:
+    """The failure a copy describes; tolerant of copies that lack some headers."""
+    count = headers.get("retry-count")
+    return FailureInfo(
+        message_id=message_id,
+        type=job_type(amqp_type, body),
+        # Scrubbed again: copies written by other clients or older versions reach replay's output,
+        # the monitor's log and the webhook through here.
+        reason=redact(_text(headers.get("failed-reason")) or "unknown"),
+        kind=_text(headers.get("failed-kind")),
+        retry_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        failed_at=_text(headers.get("failed-at")),
+    )

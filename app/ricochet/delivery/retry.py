@@ -1,0 +1,235 @@
+"""The decision: a delivery's facts read once from its headers, and what happens to it (pure)."""
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+# More unacked deliveries than this means the job keeps killing its worker.
+POISON_DELIVERIES = 5
+# A redelivery returned more often than this may be the job that cut its worker off: it runs
+# with nothing else unacked beside it (see runs_alone).
+SUSPECT_RETURNS = 1
+
+
+class Outcome(enum.Enum):
+    """What a handler call came to."""
+
+    SUCCEEDED = "succeeded"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
+class Action(enum.Enum):
+    """What the consumer does with the delivery."""
+
+    RUN = "run"  # the handler has not run yet: run it
+    ACK = "ack"
+    RETRY = "retry"
+    FAIL = "fail"
+    SANITIZE = "sanitize"  # republish without the forged x-death, then ack
+
+
+class FailureKind(enum.StrEnum):
+    """Why a job went to the failed queue (the failed-kind header)."""
+
+    EXHAUSTED = "exhausted"
+    PERMANENT = "permanent"
+    POISON = "poison"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The action; for RETRY the tier the nack sends it to, for FAIL the kind of failure."""
+
+    action: Action
+    kind: FailureKind | None = None
+    tier: int | None = None
+
+
+class Facts(NamedTuple):
+    """What a delivery says about its job, read once from its headers."""
+
+    attempt: int
+    max_attempts: int
+    original_routing_key: str
+    forged: bool = False
+    poison: bool = False
+    unreadable: bool = False
+
+
+def job_type(amqp_type: str | None, body: bytes) -> str | None:
+    """The AMQP type property, else a top-level "type" field of a JSON object body."""
+    if amqp_type:
+        return amqp_type
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    value = payload.get("type") if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_death_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, Mapping)
+        and isinstance(entry.get("queue"), str)
+        and isinstance(entry.get("reason"), str)
+        and _is_count(entry.get("count"))
+    )
+
+
+def _read_death(
+    headers: Mapping[str, Any], queue: str, from_tier: bool
+) -> tuple[bool, Mapping[str, Any] | None]:
+    """(forged, the x-death entry of (queue, rejected)), the header scanned once.
+
+    Forged when an x-death header is present but the broker did not write it for this ladder:
+    not what the broker writes, or a rejection from the main queue on a job that did not come
+    back from a tier (a publisher wrote it; RabbitMQ 4 would restart that count at the next
+    dead-lettering, RabbitMQ 3 would go on from it). A forged header has no entry to count.
+    """
+    if "x-death" not in headers:
+        return False, None
+    deaths = headers["x-death"]
+    if not (isinstance(deaths, list) and deaths and all(map(_is_death_entry, deaths))):
+        return True, None
+    rejection = next((d for d in deaths if d["queue"] == queue and d["reason"] == "rejected"), None)
+    if rejection is not None and not from_tier:
+        return True, None
+    return False, rejection
+
+
+def _first_routing_key(rejection: Mapping[str, Any] | None) -> str | None:
+    keys = rejection.get("routing-keys") if rejection else None
+    return keys[0] if isinstance(keys, list) and keys and isinstance(keys[0], str) else None
+
+
+def _header_retries(headers: Mapping[str, Any]) -> int | None:
+    """The max-retries header when it is an integer >= 0 (a digit string counts), else None."""
+    wanted = headers.get("max-retries")
+    if isinstance(wanted, str) and wanted.isascii() and wanted.isdigit():  # not "²", int() fails
+        return int(wanted)
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
+        return wanted
+    return None
+
+
+def max_attempts(max_retries: int, type_max_retries: int | None, header_retries: int | None) -> int:
+    """1 + the smallest retry budget of the settings, the job's type and its header (if set).
+
+    Each can only lower the budget: a publisher or a handler cannot buy a job more retries
+    than the topology has tiers for.
+    """
+    return 1 + min(r for r in (max_retries, type_max_retries, header_retries) if r is not None)
+
+
+def _returns(headers: Mapping[str, Any], redelivered: bool, retries: int) -> int | None:
+    """How often the broker counts the job returned unacked, its own retries taken off; None on a
+    first delivery or when the broker keeps no count (classic queues on RabbitMQ 3).
+
+    The broker sets its counts only on a message it delivers again, so a count on a first
+    delivery was written by a publisher and says nothing. RabbitMQ 4.0 carries the count across
+    dead-lettering, so a job's own retries are taken off it: on a broker that restarts the count,
+    that only lets a job that crashes its worker run a few more times.
+    """
+    counts = [
+        c
+        for c in (headers.get("x-delivery-count"), headers.get("x-acquired-count"))
+        if isinstance(c, int) and not isinstance(c, bool)
+    ]
+    return max(counts) - retries if redelivered and counts else None
+
+
+def _retries(rejection: Mapping[str, Any] | None) -> int:
+    return int(rejection["count"]) if rejection else 0
+
+
+def runs_alone(
+    headers: Mapping[str, Any], *, redelivered: bool, from_tier: bool, queue: str
+) -> bool:
+    """Whether a delivery must run with no other delivery of its worker unacked beside it.
+
+    The broker counts a return against every delivery that is unacked when a worker dies, so a
+    job that crashes its worker raises the count of every job held beside it. A job returned
+    once was most likely cut off with the others (a dropped connection, a redeploy) and runs
+    beside them. One returned more often may be the job that crashes its worker: it runs alone,
+    each time, until it succeeds or the poison limit fails it. A poison or forged delivery is
+    settled without running its handler, and without a count nothing can be judged poison: none
+    of those is held back.
+    """
+    forged, rejection = _read_death(headers, queue, from_tier)
+    returns = _returns(headers, redelivered, _retries(rejection))
+    return not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES
+
+
+def read_facts(
+    headers: Mapping[str, Any],
+    *,
+    redelivered: bool,
+    routing_key: str,
+    from_tier: bool,
+    queue: str,
+    max_retries: int,
+    type_max_retries: int | None,
+    unreadable: bool = False,
+) -> Facts:
+    """The facts of a delivery from the main queue; a forged one counts as a first attempt.
+
+    from_tier: whether its routing key says it came back from a retry tier. Retries so far are
+    the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
+    was first published with, which the tiers replace on the way back. type_max_retries: the
+    budget the handler of the job's type sets, if any. unreadable: whether some of its message
+    properties could not be decoded.
+    """
+    forged, rejection = _read_death(headers, queue, from_tier)
+    retries = _retries(rejection)
+    returns = _returns(headers, redelivered, retries)
+    return Facts(
+        attempt=1 + retries,
+        max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),
+        original_routing_key=_first_routing_key(rejection) or routing_key,
+        forged=forged,
+        poison=not forged and returns is not None and returns > POISON_DELIVERIES,
+        unreadable=unreadable,
+    )
+
+
+# The decisions that carry no tier, made once: one of them is taken twice for every job.
+RUN = Decision(Action.RUN)
+ACK = Decision(Action.ACK)
+SANITIZE = Decision(Action.SANITIZE)
+FAIL_POISON = Decision(Action.FAIL, FailureKind.POISON)
+FAIL_PERMANENT = Decision(Action.FAIL, FailureKind.PERMANENT)
+FAIL_EXHAUSTED = Decision(Action.FAIL, FailureKind.EXHAUSTED)
+
+
+def decide(facts: Facts, outcome: Outcome | None) -> Decision:
+    """What happens to a delivery: before its handler ran (outcome None), then after.
+
+    A delivery with unreadable properties fails for good, a forged x-death is cleaned and a
+    poison job failed, all without running the handler; a success is acked; a permanent failure
+    fails at once; a transient one retries in the tier of its attempt while attempts remain
+    (tier k sends it back as attempt k + 1), else it fails.
+    """
+    if facts.unreadable:
+        # Before the clean copy of a forged x-death, which would read as a readable job.
+        return FAIL_PERMANENT
+    if facts.forged:
+        return SANITIZE
+    if facts.poison:
+        return FAIL_POISON
+    if outcome is None:
+        return RUN
+    if outcome is Outcome.SUCCEEDED:
+        return ACK
+    if outcome is Outcome.PERMANENT:
+        return FAIL_PERMANENT
+    if facts.attempt < facts.max_attempts:
+        return Decision(Action.RETRY, tier=facts.attempt)
+    return FAIL_EXHAUSTED

@@ -1,0 +1,95 @@
+"""The Job a handler receives."""
+
+import json
+from functools import cached_property
+from typing import Any
+
+import structlog
+
+from ricochet.broker.amqp import Delivery
+from ricochet.delivery.retry import Facts, job_type
+from ricochet.errors import InvalidPayload
+
+
+class Job:
+    """One delivery of a job, as the handler sees it."""
+
+    def __init__(
+        self,
+        body: bytes,
+        *,
+        headers: dict[str, Any],
+        message_id: str | None,
+        amqp_type: str | None,
+        attempt: int,
+        max_attempts: int,
+        routing_key: str = "",
+        correlation_id: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.body = body
+        self.headers = headers
+        self.message_id = message_id
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.routing_key = routing_key
+        self.correlation_id = correlation_id
+        self.content_type = content_type
+        self._amqp_type = amqp_type
+
+    @cached_property
+    def payload(self) -> Any:
+        """The body decoded as JSON; InvalidPayload (a PermanentError) when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise InvalidPayload(f"body is not valid JSON: {error}") from None
+
+    @cached_property
+    def type(self) -> str | None:
+        """The AMQP type property, else a top-level "type" field of a JSON object body."""
+        return job_type(self._amqp_type, self.body)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a transient failure now sends the job to the failed queue."""
+        return self.attempt >= self.max_attempts
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(message_id={self.message_id!r}, type={self.type!r}, "
+            f"attempt={self.attempt}/{self.max_attempts})"
+        )
+
+
+def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
+    """The Job a handler receives for a delivery, with the attempt its facts give and the type
+    job_type() already read (so a type from the body is not parsed out of it again)."""
+    job = Job(
+        delivery.body,
+        headers=delivery.headers,
+        message_id=delivery.message_id,
+        amqp_type=resolved_type,
+        attempt=facts.attempt,
+        max_attempts=facts.max_attempts,
+        routing_key=delivery.routing_key,
+        correlation_id=delivery.correlation_id,
+        content_type=delivery.content_type,
+    )
+    job.__dict__["type"] = resolved_type  # Job.type's cache: None, once read, is the answer too
+    return job
+
+
+def bind_log_context(job: Job) -> None:
+    """Tag every line logged from now on in the current context with the job's message id,
+    type and attempt.
+
+    Each job runs in a task of its own, with its own copy of the context: binding there tags
+    every line logged for this job (an async handler's too) and leaks into no other.
+    """
+    structlog.contextvars.bind_contextvars(
+        message_id=job.message_id,
+        type=job.type,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+    )

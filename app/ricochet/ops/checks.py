@@ -1,0 +1,394 @@
+"""What doctor finds in the topology: pure functions of the management API's answers and the plan.
+
+Each check compares the broker with the same plan that `topology` declares, so no name or argument
+is spelled here; each finding says what to run to fix it.
+"""
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from ricochet.broker.topology import (
+    DELIVERY_LIMIT,
+    QUEUE_TYPE,
+    TTL,
+    Binding,
+    Plan,
+    QueueSpec,
+    delivery_limit_policy_command,
+    stale_bindings,
+    stale_tiers,
+)
+from ricochet.ops.report import duration
+
+Status = Literal["ok", "warn", "fail"]
+JSON = dict[str, Any]
+
+DECLARE = "`ricochet topology` declares it (so does any worker or monitor start)"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: what was checked, ok / warn / fail, and what to do about it."""
+
+    check: str
+    status: Status
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    """The management API's answers about one main queue's topology, as the API spelled them.
+
+    queues and exchanges map the names that exist to the API's objects; bindings are those whose
+    source or destination is one of them. api_url (no credentials) and vhost are where they came
+    from, for the commands the findings suggest.
+    """
+
+    api_url: str
+    vhost: str
+    overview: JSON
+    queues: dict[str, JSON]
+    exchanges: dict[str, JSON]
+    bindings: list[JSON]
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """fail over warn over ok."""
+    found = set(statuses)
+    return "fail" if "fail" in found else "warn" if "warn" in found else "ok"
+
+
+def count(queue: JSON | None, field: str) -> int | None:
+    """A queue's figure; None when the queue is missing or the API has no figures yet (a queue's
+    statistics appear a few seconds after it is declared)."""
+    value = None if queue is None else queue.get(field)
+    return value if isinstance(value, int) else None
+
+
+def vhost_option(state: BrokerState) -> str:
+    """The rabbitmqctl / rabbitmq-queues option naming the vhost ('' for the default one)."""
+    return f" --vhost {state.vhost}" if state.vhost != "/" else ""
+
+
+def _figure(check: str, name: str, field: str, state: BrokerState) -> int | Check:
+    """A queue's figure, or the finding when the queue is missing or has no figures yet."""
+    if name not in state.queues:
+        return Check(check, "fail", f"{name} does not exist (see its queue check)")
+    value = count(state.queues[name], field)
+    if value is None:
+        return Check(
+            check,
+            "warn",
+            f"the API has no figures for {name} yet (a new queue gets them within seconds): "
+            "run doctor again",
+        )
+    return value
+
+
+def queue_names(plan: Plan) -> list[str]:
+    """Every queue doctor reads: the plan's and the stale tiers."""
+    return [spec.name for spec in [*plan.queues, *plan.tiers]] + [*stale_tiers(plan).values()]
+
+
+def exchange_names(plan: Plan) -> list[str]:
+    return [name for name, _, _ in plan.exchanges]
+
+
+def _argument_differences(wanted: JSON, actual: JSON) -> list[str]:
+    # The queue type is compared on its own (the API's `type`), whichever way it was declared.
+    keys = sorted((set(wanted) | set(actual)) - {QUEUE_TYPE})
+    differences = []
+    for key in keys:
+        if key not in actual:
+            differences.append(f"{key} missing (wants {wanted[key]})")
+        elif key not in wanted:
+            differences.append(f"{key}={actual[key]} (not wanted)")
+        elif actual[key] != wanted[key]:
+            differences.append(f"{key}={actual[key]} (wants {wanted[key]})")
+    return differences
+
+
+def _tier_delay_check(name: str, spec: QueueSpec, queue: JSON) -> Check:
+    old = queue.get("arguments", {}).get(TTL)
+    waits = f"waits {duration(old)}, the settings say {duration(spec.delay_ms)}"
+    messages = count(queue, "messages")
+    if messages:
+        return Check(
+            name,
+            "warn",
+            f"{waits}; it keeps its old delay until its {messages} jobs drain (within "
+            f"{duration(old)}), then `ricochet topology` (or a worker start) redeclares it",
+        )
+    return Check(name, "fail", f"{waits} and it is empty: `ricochet topology` redeclares it")
+
+
+def _delivery_limit_check(name: str, queue: JSON, lift: str) -> Check:
+    """A queue declared before ricochet lifted RabbitMQ 4's delivery limit: its arguments cannot
+    change, so a policy lifts it."""
+    definition = queue.get("effective_policy_definition")
+    limit = (
+        definition.get(DELIVERY_LIMIT.removeprefix("x-")) if isinstance(definition, dict) else None
+    )
+    if isinstance(limit, int) and limit < 0:
+        return Check(name, "ok", f"{queue.get('type')}, its delivery limit lifted by a policy")
+    return Check(
+        name,
+        "fail",
+        "keeps RabbitMQ 4's delivery limit of 20 (declared before ricochet lifted it), so a job "
+        f"or failed copy handed back 20 times is dropped; lift it by a policy: `{lift}`",
+    )
+
+
+def _queue_check(spec: QueueSpec, queue_type: str, queue: JSON | None, lift: str) -> Check:
+    name = f"queue {spec.name}"
+    if queue is None:
+        return Check(name, "fail", f"missing: {DECLARE}")
+    rebuild = (
+        "ricochet refuses to start on it: let it drain (or move its jobs away), delete it, "
+        "then run `ricochet topology`"
+    )
+    if queue.get("type") != queue_type:
+        return Check(
+            name,
+            "fail",
+            f"is a {queue.get('type')} queue, RICOCHET_QUEUE_TYPE wants {queue_type}; {rebuild}",
+        )
+    actual = queue.get("arguments", {})
+    wanted = dict(spec.arguments)
+    unlifted = DELIVERY_LIMIT in wanted and DELIVERY_LIMIT not in actual
+    if unlifted:
+        del wanted[DELIVERY_LIMIT]
+    differences = _argument_differences(wanted, actual)
+    if (
+        spec.delay_ms is not None
+        and differences
+        and all(d.startswith(f"{TTL}=") for d in differences)
+    ):
+        return _tier_delay_check(name, spec, queue)
+    if differences:
+        return Check(name, "fail", f"arguments differ: {', '.join(differences)}; {rebuild}")
+    if unlifted:
+        return _delivery_limit_check(name, queue, lift)
+    delay = f", waits {duration(spec.delay_ms)}" if spec.delay_ms is not None else ""
+    return Check(name, "ok", f"{queue_type}{delay}, as the settings declare it")
+
+
+def queue_checks(plan: Plan, queue_type: str, state: BrokerState) -> list[Check]:
+    """Every queue of the plan exists with the type and arguments (a tier's TTL) it declares."""
+    lift = delivery_limit_policy_command(plan.names)
+    return [
+        _queue_check(spec, queue_type, state.queues.get(spec.name), lift)
+        for spec in [*plan.queues, *plan.tiers]
+    ]
+
+
+def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
+    """Every exchange of the plan exists with its type and arguments."""
+    checks = []
+    for name, kind, arguments in plan.exchanges:
+        found = state.exchanges.get(name)
+        label = f"exchange {name}"
+        if found is None:
+            checks.append(Check(label, "fail", f"missing: {DECLARE}"))
+            continue
+        differences = _argument_differences(arguments, found.get("arguments", {}))
+        if found.get("type") != kind.value:
+            differences.insert(0, f"type {found.get('type')} (wants {kind.value})")
+        if differences:
+            delete = _curl_delete(state, f"exchanges/{_q(state.vhost)}/{_q(name)}")
+            checks.append(
+                Check(
+                    label,
+                    "fail",
+                    f"differs: {', '.join(differences)}; delete it ({delete}), "
+                    "then run `ricochet topology`",
+                )
+            )
+        else:
+            checks.append(Check(label, "ok", f"{kind.value}, as the settings declare it"))
+    return checks
+
+
+def _key(b: Binding) -> tuple[str, str, str, str]:
+    """A planned binding as the API names it: source, destination, its type, routing key."""
+    return (b.source, b.destination, "exchange" if b.to_exchange else "queue", b.routing_key)
+
+
+def _api_key(b: JSON) -> tuple[str, str, str, str]:
+    return (b["source"], b["destination"], b["destination_type"], b["routing_key"])
+
+
+def _describe(key: tuple[str, str, str, str]) -> str:
+    source, destination, kind, routing_key = key
+    return f"{source} -> {kind} {destination}" + (f" with key {routing_key}" if routing_key else "")
+
+
+def binding_check(plan: Plan, state: BrokerState) -> Check:
+    """Every binding of the plan exists."""
+    present = {_api_key(b) for b in state.bindings}
+    missing = [_key(b) for b in plan.bindings if _key(b) not in present]
+    if not missing:
+        return Check("bindings", "ok", f"all {len(plan.bindings)} bindings of the settings exist")
+    return Check(
+        "bindings",
+        "fail",
+        f"{len(missing)} missing; {'; '.join(_describe(k) for k in missing)}; "
+        "`ricochet topology` adds them",
+    )
+
+
+def _q(part: str) -> str:
+    return quote(part, safe="")
+
+
+def _curl_delete(state: BrokerState, path: str) -> str:
+    return f"curl -u USER:PASSWORD -X DELETE '{state.api_url}{path}'"
+
+
+def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
+    """No binding leads out of ricochet's exchanges, or into its exchanges and queues other than
+    the main one (publishers may bind their own exchanges to that), unless the plan wants it."""
+    wanted = {_key(b) for b in plan.bindings}
+    stale = {_key(b) for b in stale_bindings(plan)}
+    stale_queues = set(stale_tiers(plan).values())
+    ours = {
+        "exchange": set(exchange_names(plan)),
+        "queue": set(queue_names(plan)) - {plan.names.queue},
+    }
+    found = []
+    for b in state.bindings:
+        key = _api_key(b)
+        if b["source"] == "" or key in wanted:
+            continue  # the default exchange's implicit binding, or one the plan declares
+        if (
+            b["source"] not in ours["exchange"]
+            and b["destination"] not in ours[b["destination_type"]]
+        ):
+            continue
+        line = _describe(key)
+        if key in stale or b["destination"] in stale_queues:
+            found.append(
+                f"{line} (left by an earlier RICOCHET_MAX_RETRIES: `ricochet topology` removes it)"
+            )
+        else:
+            path = (
+                f"bindings/{_q(state.vhost)}/e/{_q(b['source'])}/{b['destination_type'][0]}/"
+                f"{_q(b['destination'])}/{_q(b['properties_key'])}"
+            )
+            found.append(f"{line} (remove it: {_curl_delete(state, path)})")
+    if not found:
+        return Check("unwanted bindings", "ok", "none")
+    return Check(
+        "unwanted bindings",
+        "fail",
+        f"jobs also flow where ricochet does not send them; {'; '.join(found)}",
+    )
+
+
+def stale_tier_check(plan: Plan, state: BrokerState) -> Check:
+    """Tiers beyond the retry budget that still exist, and the jobs they hold."""
+    budget = len(plan.tiers)
+    found = []
+    status: Status = "ok"
+    for name in stale_tiers(plan).values():
+        queue = state.queues.get(name)
+        if queue is None:
+            continue
+        status = "warn"
+        messages = count(queue, "messages")
+        delay = queue.get("arguments", {}).get(TTL)
+        if messages:
+            found.append(
+                f"{name} holds {messages} jobs: they come back to {plan.names.queue} within "
+                f"{duration(delay)} with the current budget, then `ricochet topology` removes it"
+            )
+        else:
+            found.append(f"{name} is no longer used: `ricochet topology` removes it")
+    if not found:
+        return Check("stale tiers", "ok", f"no tier beyond RICOCHET_MAX_RETRIES={budget}")
+    return Check("stale tiers", status, f"beyond RICOCHET_MAX_RETRIES={budget}; {'; '.join(found)}")
+
+
+def _consumer_check(check: str, name: str, state: BrokerState, unread: Check) -> Check:
+    consumers = _figure(check, name, "consumers", state)
+    if isinstance(consumers, Check):
+        return consumers
+    return unread if consumers == 0 else Check(check, "ok", f"{consumers} consumers on {name}")
+
+
+def consumer_check(plan: Plan, state: BrokerState) -> Check:
+    """Some worker consumes the main queue."""
+    name = plan.names.queue
+    waiting = count(state.queues.get(name), "messages")
+    unread = Check(
+        "consumers",
+        "fail",
+        f"no worker consumes {name}"
+        + (f", where {waiting} jobs wait" if waiting else "")
+        + "; start one (`ricochet worker`), or if workers run, read their logs and /readyz",
+    )
+    return _consumer_check("consumers", name, state, unread)
+
+
+def monitor_check(plan: Plan, state: BrokerState) -> Check:
+    """Some monitor reads the failure events."""
+    name = plan.names.events
+    unread = Check(
+        "monitor",
+        "warn",
+        f"no monitor reads {name}, so failed jobs are neither logged nor alerted on; "
+        "start one (`ricochet monitor`)",
+    )
+    return _consumer_check("monitor", name, state, unread)
+
+
+def failed_check(plan: Plan, threshold: int, state: BrokerState) -> Check:
+    """The failed queue's depth against the monitor's alert threshold."""
+    name = plan.names.failed
+    depth = _figure("failed jobs", name, "messages", state)
+    if isinstance(depth, Check):
+        return depth
+    see = (
+        "; `ricochet replay --dry-run --group-by reason` counts them by reason, "
+        "`ricochet replay` retries them once the cause is fixed"
+    )
+    text = f"{depth} in {name} (RICOCHET_ALERT_FAILED_THRESHOLD={threshold})"
+    if depth >= threshold:
+        return Check("failed jobs", "fail", text + see)
+    return Check("failed jobs", "ok", text + (see if depth else ""))
+
+
+def stranded_check(plan: Plan, state: BrokerState) -> Check:
+    """Queues whose messages are neither ready nor unacked: dead-letters that do not move."""
+    found = []
+    for name in queue_names(plan):
+        queue = state.queues.get(name, {})
+        total, ready, unacked = (count(queue, f) for f in _STRANDED_FIELDS)
+        if total is None or ready is None or unacked is None or total <= ready + unacked:
+            continue
+        leader = queue.get("leader") or queue.get("node")
+        vhost = vhost_option(state)
+        found.append(
+            f"{name} holds {total - ready - unacked}: "
+            f"`rabbitmq-queues delete_member{vhost} {name} {leader}`, then "
+            f"`rabbitmq-queues add_member{vhost} {name} {leader}`"
+        )
+    if not found:
+        return Check("stranded dead-letters", "ok", "every message is ready or unacked")
+    return Check(
+        "stranded dead-letters",
+        "warn",
+        "messages neither ready nor unacked: being dead-lettered right now, or stranded by a "
+        "leader change (RabbitMQ before 3.10.20, docs/operations.md: A quorum queue that stops "
+        "dead-lettering); if doctor shows the "
+        "same in a minute, give the queue a new leader, with every node running; "
+        + "; ".join(found),
+    )
+
+
+_STRANDED_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")

@@ -1,0 +1,95 @@
+"""ricochet doctor: read the broker through the management API, then check it against the plan."""
+
+import asyncio
+import re
+from urllib.parse import quote
+
+from ricochet.broker.management import open_api, vhost
+from ricochet.broker.topology import Plan, plan
+from ricochet.ops.checks import (
+    BrokerState,
+    Check,
+    binding_check,
+    consumer_check,
+    exchange_checks,
+    exchange_names,
+    failed_check,
+    monitor_check,
+    queue_checks,
+    queue_names,
+    stale_tier_check,
+    stranded_check,
+    unwanted_binding_check,
+)
+from ricochet.ops.policies import policy_check
+from ricochet.ops.versions import broker_version, version_check
+from ricochet.settings import Settings
+
+# Only what the checks read, so the answers stay small on a broker with many queues.
+OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
+QUEUE_COLUMNS = (
+    "name,type,arguments,messages,messages_ready,messages_unacknowledged,consumers,"
+    "policy,operator_policy,effective_policy_definition,leader,node"
+)
+EXCHANGE_COLUMNS = "name,type,arguments"
+BINDING_COLUMNS = "source,destination,destination_type,routing_key,properties_key"
+
+
+async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerState:
+    """The overview, and the queues, exchanges and bindings of the plan's names as they are."""
+    vh = vhost(amqp_url)
+    # The main queue's name and every name under it; the checks pick theirs.
+    names = f"^{re.escape(plan.names.queue)}(\\..*)?$"
+    async with open_api(management_url, amqp_url) as api:
+        overview, queues, exchanges = await asyncio.gather(
+            api.get("overview", columns=OVERVIEW_COLUMNS),
+            api.listing("queues", vh, names, QUEUE_COLUMNS),
+            api.listing("exchanges", vh, names, EXCHANGE_COLUMNS),
+        )
+        wanted_queues, wanted_exchanges = set(queue_names(plan)), set(exchange_names(plan))
+        ours_q = {q["name"]: q for q in queues if q["name"] in wanted_queues}
+        ours_x = {x["name"]: x for x in exchanges if x["name"] in wanted_exchanges}
+        v = quote(vh, safe="")
+        paths = [
+            *(
+                f"exchanges/{v}/{quote(x, safe='')}/bindings/{side}"
+                for x in ours_x
+                for side in ("source", "destination")
+            ),
+            *(f"queues/{v}/{quote(q, safe='')}/bindings" for q in ours_q),
+        ]
+        answers = await asyncio.gather(*(api.get(p, columns=BINDING_COLUMNS) for p in paths))
+    # A binding between two of ricochet's names is listed at both ends.
+    unique = {
+        (b["source"], b["destination"], b["destination_type"], b["properties_key"]): b
+        for answer in answers
+        for b in answer or []
+    }
+    return BrokerState(api.base, vh, overview or {}, ours_q, ours_x, list(unique.values()))
+
+
+def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
+    """Every check, in the order an operator reads them, against the plan for the broker's
+    version (pure)."""
+    version = broker_version(state.overview)
+    p = plan(settings, version)
+    return [
+        version_check(state.overview, settings.queue_type),
+        *exchange_checks(p, state),
+        *queue_checks(p, settings.queue_type, state),
+        binding_check(p, state),
+        unwanted_binding_check(p, state),
+        stale_tier_check(p, state),
+        consumer_check(p, state),
+        monitor_check(p, state),
+        failed_check(p, settings.alert_failed_threshold, state),
+        policy_check(p, settings.queue_type, version, state),
+        stranded_check(p, state),
+    ]
+
+
+async def run_doctor(settings: Settings) -> list[Check]:
+    """Read the broker (GETs only) and check it; ManagementUnavailable when the API cannot be."""
+    # The names to read do not depend on the broker's version; the arguments to expect do.
+    state = await read_state(settings.management_url, settings.amqp_url, plan(settings))
+    return diagnose(settings, state)

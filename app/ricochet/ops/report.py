@@ -1,0 +1,139 @@
+"""What the commands print: the rows of their tables, and the tables as plain text."""
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ricochet.broker.topology import Plan
+from ricochet.delivery.failed import FailureInfo
+from ricochet.ops.replay import ReplayResult
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    cells = [[str(c) for c in header], *([("-" if c is None else str(c)) for c in r] for r in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def duration(delay_ms: int | None) -> str:
+    """30000 -> '30s', 1500 -> '1.5s', 90 -> '90ms'."""
+    if delay_ms is None:
+        return ""
+    if delay_ms < 1000:
+        return f"{delay_ms}ms"
+    return f"{delay_ms / 1000:g}s"
+
+
+def plan_table(plan: Plan) -> str:
+    """The queues (with arguments) and the bindings of a plan."""
+    queues = table(
+        ["queue", "delay", "arguments"],
+        [
+            (q.name, duration(q.delay_ms), ", ".join(f"{k}={v}" for k, v in q.arguments.items()))
+            for q in [plan.queues[0], *plan.tiers, *plan.queues[1:]]
+        ],
+    )
+    exchanges = table(
+        ["exchange", "type", "arguments"],
+        [
+            (name, kind.value, ", ".join(f"{k}={v}" for k, v in args.items()))
+            for name, kind, args in plan.exchanges
+        ],
+    )
+    bindings = table(
+        ["from exchange", "routing key", "to"],
+        [
+            (
+                b.source,
+                b.routing_key or "(any)",
+                f"exchange {b.destination}" if b.to_exchange else b.destination,
+            )
+            for b in plan.bindings
+        ],
+    )
+    return f"{queues}\n\n{exchanges}\n\n{bindings}"
+
+
+def checks_table(checks: Sequence[tuple[str, str, str]]) -> str:
+    """(check, status, detail) rows; each part of a detail ('; ' between) on a line of its own."""
+    rows: list[tuple[str, str, str]] = []
+    for check, status, detail in checks:
+        first, *rest = detail.split("; ")
+        rows += [(check, status, first), *(("", "", f"  {part}") for part in rest)]
+    return table(["check", "status", "detail"], rows)
+
+
+REASON_COLUMN_CHARS = 80
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One queue as the broker reports it; messages is None when the queue does not exist."""
+
+    name: str
+    role: str
+    delay_ms: int | None
+    messages: int | None
+    consumers: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
+    """(name, role, delay_ms) of every queue in the plan, in the order a job meets them."""
+    n = plan.names
+    return [
+        (n.queue, "main", None),
+        *((spec.name, f"tier {k}", spec.delay_ms) for k, spec in enumerate(plan.tiers, start=1)),
+        (n.failed, "failed", None),
+        (n.events, "failed events", None),
+    ]
+
+
+def status_table(rows: Sequence[QueueStatus]) -> str:
+    """Depth and consumers per queue; missing queues show as '-'."""
+    text = table(
+        ["queue", "role", "delay", "messages", "consumers"],
+        [(s.name, s.role, duration(s.delay_ms), s.messages, s.consumers) for s in rows],
+    )
+    failed = sum(s.messages or 0 for s in rows if s.role == "failed")
+    if failed:
+        # Reading reasons means taking every copy off the queue; status stays read-only.
+        text += (
+            f"\n\n{failed} failed jobs: 'ricochet replay --dry-run --group-by reason' "
+            "counts them by reason without moving any"
+        )
+    return text
+
+
+def _short(text: str | None) -> str | None:
+    if text is None or len(text) <= REASON_COLUMN_CHARS:
+        return text
+    return text[: REASON_COLUMN_CHARS - 3] + "..."
+
+
+def failures_table(failures: Sequence[FailureInfo]) -> str:
+    """One line per failed copy: message_id, type, reason (shortened), failed_at."""
+    return table(
+        ["message_id", "type", "reason", "failed_at"],
+        [(f.message_id, f.type, _short(f.reason), f.failed_at) for f in failures],
+    )
+
+
+def replay_report(result: ReplayResult, dry_run: bool, group_by: str | None, queue: str) -> str:
+    """What replay moved (or would move), optionally counted by a field, and the summary."""
+    parts = []
+    if group_by:
+        counts = result.count_by(group_by).most_common()
+        parts.append(table(["count", group_by], [(n, _short(v)) for v, n in counts]))
+    elif result.selected:
+        parts.append(failures_table(result.selected))
+    verb = "would move" if dry_run else "moved"
+    summary = f"{verb} {len(result.selected)} to {queue}, kept {result.kept} (of {result.depth})"
+    if result.interrupted:
+        summary += "; stopped early by a signal"
+    parts.append(summary)
+    return "\n\n".join(parts)
