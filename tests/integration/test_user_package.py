@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from tests.support import SPAWNED, consumers, make_settings, publish, ricochet_env, wait_for
 
-HANDLERS = '''
+HANDLERS = """
 from pathlib import Path
 
 from ricochet import Job, PermanentError, Router
@@ -24,7 +24,21 @@ def note(job: Job) -> None:
     if not job.payload.get("ok"):
         raise PermanentError("not ok")
     Path(__file__).with_name("done.txt").open("a").write(f"{job.message_id}\\n")
-'''
+"""
+
+
+def start_worker_in(folder: Path, env: dict[str, str]) -> "subprocess.Popen[str]":
+    """`ricochet worker`, the installed console script, started in the user's folder."""
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ricochet")), "worker"],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    SPAWNED.append(worker)
+    return worker
 
 
 def test_ricochet_is_importable_and_app_is_not(tmp_path: Path) -> None:
@@ -49,16 +63,7 @@ async def test_a_user_package_named_app_runs_under_the_worker(
     (package / "jobs.py").write_text(HANDLERS)
     env = ricochet_env(make_settings(queue_name, handler="app.jobs:router", http_port=0))
     env["PYTHONPATH"] = str(tmp_path)
-    ricochet = Path(sys.executable).with_name("ricochet")
-    worker = subprocess.Popen(
-        [str(ricochet), "worker"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    SPAWNED.append(worker)
+    worker = start_worker_in(tmp_path, env)
     await wait_for(lambda: consumers(connection, queue_name), what="the worker's consumer")
     await publish(channel, queue_name, b'{"ok": true}', type="note", message_id="job-1")
     done = package / "done.txt"
