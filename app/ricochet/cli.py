@@ -17,8 +17,19 @@ from ricochet.log import configure_logging
 from ricochet.monitor.monitor import run_monitor
 from ricochet.observe.metrics import Metrics
 from ricochet.ops.doctor import run_doctor
-from ricochet.ops.replay import Selection, run_replay
-from ricochet.ops.report import checks_table, plan_table, replay_report, status_table
+from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.ops.replay import run_replay
+from ricochet.ops.report import (
+    checks_table,
+    copy_text,
+    discard_report,
+    failed_list_table,
+    plan_table,
+    replay_report,
+    status_table,
+)
+from ricochet.ops.scan import under_signals
+from ricochet.ops.selection import Selection
 from ricochet.ops.status import read_status
 from ricochet.service.process import connection_name
 from ricochet.settings import Settings, load_settings
@@ -122,6 +133,126 @@ def replay(
         )
     )
     click.echo(replay_report(result, dry_run, group_by, names.queue))
+
+
+def _filters(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that select failed copies, shared by failed list and failed discard."""
+    options = [
+        click.option("--reason", help="Only copies whose failed-reason contains TEXT."),
+        click.option("--type", "job_type", help="Only copies of this job type."),
+        click.option(
+            "--kind",
+            type=click.Choice(["exhausted", "permanent", "poison"]),
+            help="Only copies that failed this way.",
+        ),
+        click.option("--message-id", help="Only the copy (or copies) with this message id."),
+        click.option("--limit", type=click.IntRange(min=1), help="At most N copies."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@main.group()
+def failed() -> None:
+    """Look at the failed queue's copies, and discard the ones that must never run.
+
+    list and show take nothing from the queue: every copy they read goes back, in its order.
+    """
+
+
+@failed.command("list")
+@_filters
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead.")
+def failed_list(
+    reason: str | None,
+    job_type: str | None,
+    kind: str | None,
+    message_id: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """One line per failed copy: message_id, type, kind, retry_count, failed_at, reason."""
+    settings = _settings()
+    names = Names(settings.queue)
+    selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
+    result = _run(
+        _with_connection(
+            settings, "failed", lambda c: list_failed(c, names, selection, limit=limit)
+        )
+    )
+    if as_json:
+        for failure in result.selected:
+            click.echo(json.dumps(failure.as_dict()))
+    else:
+        click.echo(failed_list_table(result.selected))
+    click.echo(f"{len(result.selected)} of {result.depth} copies in {names.failed}", err=True)
+
+
+@failed.command("show")
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def failed_show(message_id: str, as_json: bool) -> None:
+    """Everything about one failed copy: properties, headers, traceback and body."""
+    settings = _settings()
+    names = Names(settings.queue)
+    found = _run(_with_connection(settings, "failed", lambda c: show_failed(c, names, message_id)))
+    if not found:
+        click.echo(f"ricochet: no copy with message_id {message_id!r} in {names.failed}", err=True)
+        sys.exit(EXIT_RUNTIME)
+    if as_json:
+        for details in found:
+            click.echo(json.dumps(details.as_dict(), indent=2))
+    else:
+        click.echo("\n\n".join(copy_text(d) for d in found))
+    if len(found) > 1:
+        click.echo(f"{len(found)} copies have this message_id", err=True)
+
+
+@failed.command("discard")
+@_filters
+@click.option("--dry-run", is_flag=True, help="List what would be discarded; remove nothing.")
+@click.option("--yes", is_flag=True, help="Really remove the matching copies, for good.")
+@click.option(
+    "--group-by",
+    type=click.Choice(["reason", "type", "kind"]),
+    help="Print counts per reason, type or kind instead of one line per copy.",
+)
+def failed_discard(
+    reason: str | None,
+    job_type: str | None,
+    kind: str | None,
+    message_id: str | None,
+    limit: int | None,
+    dry_run: bool,
+    yes: bool,
+    group_by: str | None,
+) -> None:
+    """Remove the matching failed copies for good; the others stay, in their order."""
+    if not (yes or dry_run):
+        click.echo(
+            "ricochet: failed discard removes copies for good and removed nothing: add --yes "
+            "to remove them, or --dry-run to list them first",
+            err=True,
+        )
+        sys.exit(EXIT_CONFIG)
+    settings = _settings()
+    names = Names(settings.queue)
+    selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
+    result = _run(
+        _with_connection(
+            settings,
+            "failed",
+            lambda c: under_signals(
+                lambda stop: discard_failed(
+                    c, names, selection, limit=limit, dry_run=dry_run, stop=stop
+                ),
+                names,
+                "failed discard",
+            ),
+        )
+    )
+    click.echo(discard_report(result, dry_run, group_by))
 
 
 @main.command()

@@ -8,7 +8,8 @@ import shlex
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.amqp import broker_version
 from ricochet.broker.topology import Names, declare, plan
-from ricochet.ops.replay import Selection, replay
+from ricochet.ops.replay import replay
+from ricochet.ops.selection import Selection
 from structlog.testing import capture_logs
 
 from tests.broker import BROKER

@@ -7,7 +7,8 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet.broker.topology import Names, declare
 from ricochet.delivery.failed import FAILURE_HEADERS
-from ricochet.ops.replay import Selection, replay
+from ricochet.ops.replay import replay
+from ricochet.ops.selection import Selection
 
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder

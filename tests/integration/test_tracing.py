@@ -12,7 +12,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from ricochet import Job, tracing
 from ricochet.broker.publish import publish_job
 from ricochet.broker.topology import Names
-from ricochet.ops.replay import Selection, replay
+from ricochet.ops.replay import replay
+from ricochet.ops.selection import Selection
 
 from tests.recorder import Recorder
 from tests.support import StartWorker, depth, wait_for

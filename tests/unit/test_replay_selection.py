@@ -2,7 +2,8 @@
 
 import pytest
 from ricochet.delivery.failed import FAILURE_HEADERS, FailureInfo, read_failure
-from ricochet.ops.replay import Selection, replayed_headers
+from ricochet.ops.replay import replayed_headers
+from ricochet.ops.selection import Selection
 
 COPY = FailureInfo("m1", "report", "ValueError: bad input", "permanent", 0, "2024-01-01T00:00:00")
 

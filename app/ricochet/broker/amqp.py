@@ -286,3 +286,10 @@ def refusal(error: BaseException | None) -> str:
     """What the broker said when it did not confirm a publish (returned or nacked)."""
     frame = getattr(error, "frame", None)
     return getattr(frame, "reply_text", None) or type(frame).__name__
+
+
+async def requeue_all(channel: AbstractChannel) -> None:
+    """Hand every delivery the channel still holds back to its queue, in one basic.nack
+    (delivery tag 0 with multiple: all of them, including any the client has not seen yet)."""
+    underlay = await channel.get_underlay_channel()
+    await underlay.basic_nack(delivery_tag=0, multiple=True, requeue=True)

@@ -5,7 +5,8 @@ from dataclasses import asdict, dataclass
 
 from ricochet.broker.topology import Plan
 from ricochet.delivery.failed import FailureInfo
-from ricochet.ops.replay import ReplayResult
+from ricochet.ops.failed_queue import CopyDetails
+from ricochet.ops.selection import Outcome
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -123,17 +124,60 @@ def failures_table(failures: Sequence[FailureInfo]) -> str:
     )
 
 
-def replay_report(result: ReplayResult, dry_run: bool, group_by: str | None, queue: str) -> str:
-    """What replay moved (or would move), optionally counted by a field, and the summary."""
+def selection_report(result: Outcome, group_by: str | None, summary: str) -> str:
+    """The selected copies, one line each or counted by a field, then the summary."""
     parts = []
     if group_by:
         counts = result.count_by(group_by).most_common()
         parts.append(table(["count", group_by], [(n, _short(v)) for v, n in counts]))
     elif result.selected:
         parts.append(failures_table(result.selected))
-    verb = "would move" if dry_run else "moved"
-    summary = f"{verb} {len(result.selected)} to {queue}, kept {result.kept} (of {result.depth})"
     if result.interrupted:
         summary += "; stopped early by a signal"
     parts.append(summary)
     return "\n\n".join(parts)
+
+
+def replay_report(result: Outcome, dry_run: bool, group_by: str | None, queue: str) -> str:
+    """What replay moved (or would move), optionally counted by a field, and the summary."""
+    verb = "would move" if dry_run else "moved"
+    summary = f"{verb} {len(result.selected)} to {queue}, kept {result.kept} (of {result.depth})"
+    return selection_report(result, group_by, summary)
+
+
+def discard_report(result: Outcome, dry_run: bool, group_by: str | None) -> str:
+    """What failed discard removed (or would remove), and the summary."""
+    verb = "would discard" if dry_run else "discarded"
+    summary = f"{verb} {len(result.selected)}, kept {result.kept} (of {result.depth})"
+    return selection_report(result, group_by, summary)
+
+
+def failed_list_table(failures: Sequence[FailureInfo]) -> str:
+    """failed list: one line per copy."""
+    return table(
+        ["message_id", "type", "kind", "retry_count", "failed_at", "reason"],
+        [(f.message_id, f.type, f.kind, f.retry_count, f.failed_at, f.reason) for f in failures],
+    )
+
+
+def copy_text(details: CopyDetails) -> str:
+    """failed show: one copy, its failure first, then properties, headers, traceback and body."""
+    f = details.failure
+    lines = [
+        f"message_id:  {f.message_id}",
+        f"type:        {f.type}",
+        f"kind:        {f.kind}",
+        f"retry_count: {f.retry_count}",
+        f"failed_at:   {f.failed_at}",
+        f"reason:      {f.reason}",
+        "",
+        "properties:",
+        *(f"  {k}: {v}" for k, v in details.properties.items()),
+        "",
+        "headers:",
+        *(f"  {k}: {v}" for k, v in details.headers.items() if k != "failed-traceback"),
+    ]
+    if details.traceback is not None:
+        lines += ["", "traceback:", *(f"  {line}" for line in details.traceback.splitlines())]
+    lines += ["", f"body ({details.body_encoding}):", details.body]
+    return "\n".join(lines)

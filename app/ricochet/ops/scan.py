@@ -1,0 +1,237 @@
+"""Reading the failed queue: the one loop that failed list, show, discard, replay and the
+console share.
+
+A scan reads the copies Q.failed holds when it starts, once each, on a channel of its own in
+AMQP transaction mode, and holds every copy it reads unacked. A copy leaves Q.failed only by
+take(): its ack, with its replay's publish to Q when there is one, goes in a transaction that is
+committed in batches. The broker applies a commit whole or not at all, and answers it only once
+Q has confirmed the publishes, so a scan killed or cut off midway leaves each copy either in
+Q.failed or (taken) out of it, its replay in Q: never in both, never in neither.
+
+The copies a scan only read go back at its end with one basic.nack(requeue=true), which keeps
+their order; if the process dies first, the broker hands them back when the channel goes. Read
+copies are never rejected one by one: RabbitMQ 4.3 counts a basic.reject, and a return by a
+closed channel, in a quorum copy's x-delivery-count, but not a basic.nack (3.10 and 4.0 count
+every return; 4.x lifts the delivery limit on Q.failed, docs/design.md).
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aio_pika
+import structlog
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractTransaction,
+)
+
+from ricochet.broker.amqp import requeue_all
+from ricochet.broker.depth import read_depth
+from ricochet.broker.topology import Names
+from ricochet.delivery.failed import FailureInfo, read_failure
+from ricochet.errors import MissingQueue, RicochetError
+from ricochet.ops.selection import Outcome, Selection
+from ricochet.service.process import stop_signals
+
+log = structlog.get_logger("ricochet.scan")
+
+# Copies taken per transaction at most; a batch is also committed whenever no copy is waiting.
+COMMIT_EVERY = 500
+# With no delivery for this long, the scan asks the broker whether any copy is still ready for it.
+IDLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One failed copy as a scan read it."""
+
+    message: AbstractIncomingMessage
+    failure: FailureInfo
+
+
+class Scan:
+    """The copies of Q.failed, read once each; see the module's docstring."""
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        transaction: AbstractTransaction,
+        names: Names,
+        depth: int,
+        on_taken: Callable[[list[Copy]], None],
+    ) -> None:
+        self.depth = depth
+        self.read = 0
+        self._channel = channel
+        self._tx = transaction
+        self._names = names
+        self._on_taken = on_taken
+        self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._pending: list[Copy] = []
+        self._replays = 0  # publishes to Q in the current batch
+        self._returned: list[str | None] = []
+        channel.return_callbacks.add(self._on_return)
+
+    async def receive(self, message: AbstractIncomingMessage) -> None:
+        """The consumer's callback: a delivery waits for copies() in the order it came."""
+        await self._inbox.put(message)
+
+    def _on_return(self, _: object, message: AbstractIncomingMessage) -> None:
+        self._returned.append(message.message_id)
+
+    async def copies(self) -> AsyncIterator[Copy]:
+        """The copies Q.failed held at the start (fewer if someone else takes some meanwhile)."""
+        while self.read < self.depth:
+            if self._inbox.empty() and self._pending:
+                await self.commit()  # nothing waiting: the batch so far becomes final now
+            try:
+                message = await asyncio.wait_for(self._inbox.get(), IDLE_S)
+            except TimeoutError:
+                left = await read_depth(self._channel, self._names.failed)
+                if left is None or left.messages == 0:
+                    return  # another reader or a purge took the rest
+                continue
+            self.read += 1
+            headers = dict(message.headers or {})
+            yield Copy(
+                message, read_failure(headers, message.message_id, message.type, message.body)
+            )
+
+    async def take(self, copy: Copy, replay: aio_pika.Message | None = None) -> None:
+        """Remove a copy from Q.failed (publishing replay to Q with it), in the current batch."""
+        if replay is not None:
+            await self._channel.default_exchange.publish(
+                replay, routing_key=self._names.queue, mandatory=True
+            )
+            self._replays += 1
+        await copy.message.ack()
+        self._pending.append(copy)
+        if len(self._pending) >= COMMIT_EVERY:
+            await self.commit()
+
+    async def commit(self) -> None:
+        """Make the current batch final, then report it to on_taken."""
+        if not self._pending:
+            return
+        # A publish to a queue that is gone would be returned while its copy's ack applies.
+        if self._replays and await read_depth(self._channel, self._names.queue) is None:
+            raise MissingQueue(self._names.queue)
+        await self._tx.commit()
+        batch, self._pending, self._replays = self._pending, [], 0
+        if self._returned:
+            returned, self._returned = self._returned, []
+            raise RicochetError(
+                f"{self._names.queue} refused {len(returned)} replayed jobs as they were "
+                f"committed (deleted meanwhile?): {returned[:10]}"
+            )
+        self._on_taken(batch)
+
+    async def finish(self, consumer: str, queue: AbstractQueue) -> None:
+        """Commit the last batch and hand back, in one nack, every copy only read."""
+        await self.commit()
+        await queue.cancel(consumer)
+        await requeue_all(self._channel)
+        await self._tx.commit()
+
+
+@asynccontextmanager
+async def scanning(
+    connection: AbstractConnection,
+    names: Names,
+    on_taken: Callable[[list[Copy]], None] = lambda _: None,
+) -> AsyncIterator[Scan]:
+    """A scan of Q.failed for the block; MissingQueue when there is no failed queue.
+
+    When the block ends normally the last batch is committed and the copies only read are handed
+    back; when it raises, nothing uncommitted applies and the channel's close hands every copy
+    back.
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        depth = await read_depth(channel, names.failed)
+        if depth is None:
+            raise MissingQueue(names.failed)
+        transaction = channel.transaction()
+        await transaction.select()
+        scan = Scan(channel, transaction, names, depth.messages, on_taken)
+        queue = await channel.get_queue(names.failed, ensure=False)
+        # No prefetch limit: a scan settles nothing until its end, so a limit would stall it.
+        consumer = await queue.consume(scan.receive, no_ack=False)
+        yield scan
+        await scan.finish(consumer, queue)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What taking a selected copy means: the event logged for it, and the job it puts back in
+    the main queue (none: the copy is discarded)."""
+
+    event: str
+    replay: Callable[[Copy], aio_pika.Message] | None = None
+
+
+async def select(
+    connection: AbstractConnection,
+    names: Names,
+    selection: Selection,
+    *,
+    removal: Removal | None = None,
+    limit: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> Outcome:
+    """The copies that match (at most limit), removed as removal says (none: only read).
+
+    Each removal is logged, with the copy's message_id, type and reason (never its body), once
+    its batch is committed. Stops early, committing what it took, when stop is set.
+    """
+    removed: list[FailureInfo] = []
+
+    def log_removed(batch: list[Copy]) -> None:
+        assert removal is not None
+        for copy in batch:
+            f = copy.failure
+            log.info(removal.event, message_id=f.message_id, type=f.type, reason=f.reason)
+            removed.append(f)
+
+    async with scanning(connection, names, log_removed) as scan:
+        outcome = Outcome(depth=scan.depth)
+        matched = 0
+        async for copy in scan.copies():
+            if stop is not None and stop.is_set():
+                outcome.interrupted = True
+                break
+            if not selection.matches(copy.failure):
+                continue  # handed back at the end of the scan
+            if removal is None:
+                outcome.selected.append(copy.failure)
+            else:
+                await scan.take(copy, removal.replay(copy) if removal.replay else None)
+            matched += 1
+            if limit is not None and matched >= limit:
+                break
+    if removal is not None:
+        outcome.selected = removed
+    return outcome
+
+
+async def under_signals(
+    work: Callable[[asyncio.Event], Awaitable[Outcome]], names: Names, what: str
+) -> Outcome:
+    """work(stop) under Ctrl-C: a first signal sets stop, so it ends after the copy in hand and
+    commits what it took; a second abandons it, and what it had not committed stays put."""
+    with stop_signals() as lifecycle:
+        outcome = await lifecycle.unless_forced(work(lifecycle.stopping))
+    if outcome is None:
+        raise RicochetError(
+            f"{what} abandoned by a second signal: the copies taken since its last commit are "
+            f"back in {names.failed}, none was lost or doubled"
+        )
+    return outcome
