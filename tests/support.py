@@ -19,6 +19,7 @@ import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelNotFoundEntity
 from aiohttp import web
+from pydantic import SecretStr
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.topology import MAX_TIERS, Names
 from ricochet.handlers.invoker import Invoker
@@ -272,6 +273,8 @@ def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment for a ricochet process with these settings (and nothing else RICOCHET_*)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
     for name, value in settings.model_dump().items():
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         if value is not None:
             env[f"RICOCHET_{name.upper()}"] = str(value)
     env.update(extra)

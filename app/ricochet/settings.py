@@ -14,6 +14,7 @@ from pydantic import (
     AnyUrl,
     BeforeValidator,
     Field,
+    SecretStr,
     TypeAdapter,
     UrlConstraints,
     ValidationError,
@@ -28,6 +29,8 @@ from ricochet.log import redact, url_host
 ENV_PREFIX = "RICOCHET_"
 ENV_FILE_VARIABLE = "RICOCHET_ENV_FILE"
 MAX_DELAY_MS = 86_400_000
+# A console token is typed or pasted by people; this many characters make guessing it hopeless.
+TOKEN_MIN_CHARS = 16
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
@@ -57,6 +60,14 @@ def _check_handler(ref: str) -> str:
 def _check_address(host: str) -> str:
     ipaddress.ip_address(host)  # ValueError when it is not an IPv4 or IPv6 address
     return host
+
+
+def _check_token(token: SecretStr | None) -> SecretStr | None:
+    if token is not None and not re.fullmatch(
+        rf"[!-~]{{{TOKEN_MIN_CHARS},}}", token.get_secret_value()
+    ):
+        raise ValueError("too short, or not printable ASCII without spaces")
+    return token
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -115,6 +126,16 @@ class Settings(BaseSettings):
     pause_min_jobs: int = Field(20, ge=1)
     pause_window_s: float = Field(30.0, ge=1, le=3600)
     pause_s: float = Field(30.0, ge=1, le=3600)
+    # The failed-jobs console's replay and discard forms work only when it is set, and only for a
+    # request that carries it in the form; unset, the console is read-only.
+    console_token: Annotated[
+        SecretStr | None, BeforeValidator(_empty_is_none), AfterValidator(_check_token)
+    ] = Field(
+        None,
+        json_schema_extra={
+            "allowed": f"at least {TOKEN_MIN_CHARS} printable characters, no spaces"
+        },
+    )
 
     @model_validator(mode="after")
     def _max_delay_not_below_first(self) -> "Settings":
@@ -159,6 +180,8 @@ def _describe(error: ValidationError) -> str:
 
 def _shown(name: str, value: str) -> str:
     """A value as the error message shows it: never with a URL's password or a webhook's token."""
+    if name == "console_token":
+        return "***"  # a secret: not a character of it in any message
     if name == "alert_webhook_url":
         # A webhook's path or query is often its token: only the host it points at is shown.
         scheme = value.partition("://")[0] + "://" if "://" in value else ""

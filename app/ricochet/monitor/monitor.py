@@ -16,6 +16,7 @@ from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.topology import EVENTS_MAX_LENGTH, Names, Plan, declare
 from ricochet.delivery.failed import read_failure
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
+from ricochet.monitor.console import Console
 from ricochet.observe.alerts import (
     DepthWatch,
     ReasonLimiter,
@@ -156,8 +157,11 @@ async def _ack(*messages: AbstractIncomingMessage | None) -> None:
 
 
 async def run_monitor(settings: Settings, metrics: Metrics) -> None:
-    """Run the monitor with its HTTP endpoints until SIGTERM/SIGINT."""
+    """Run the monitor with its HTTP endpoints and the failed-jobs console until SIGTERM/SIGINT."""
     webhook = Webhook(settings.alert_webhook_url, metrics)
     await run_service(
-        settings, metrics, lambda lifecycle: Monitor(settings, metrics, lifecycle, webhook).serve()
+        settings,
+        metrics,
+        lambda lifecycle: Monitor(settings, metrics, lifecycle, webhook).serve(),
+        Console(settings).routes(),
     )

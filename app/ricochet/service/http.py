@@ -1,7 +1,7 @@
 """The HTTP side of a service process: /metrics, /healthz and /readyz on one port."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import structlog
@@ -49,9 +49,14 @@ def routes(registry: CollectorRegistry, ready: Callable[[], bool]) -> web.RouteT
 
 @asynccontextmanager
 async def serve_http(
-    host: str, port: int, registry: CollectorRegistry, ready: Callable[[], bool]
+    host: str,
+    port: int,
+    registry: CollectorRegistry,
+    ready: Callable[[], bool],
+    pages: Iterable[web.AbstractRouteDef] = (),
 ) -> AsyncIterator[None]:
-    """Serve the endpoints on host:port for the duration of the block (nothing when port is 0).
+    """Serve the endpoints, and a service's own pages, on host:port for the duration of the
+    block (nothing when port is 0).
 
     Raises RicochetError when the port cannot be bound (in use, or not allowed).
     """
@@ -60,6 +65,8 @@ async def serve_http(
         return
     app = web.Application()
     app.add_routes(routes(registry, ready))
+    pages = list(pages)
+    app.add_routes(pages)
     # aiohttp's keep-alive timer runs from the connection's start, also while a request's
     # headers are still arriving: it is the header-read timeout too.
     runner = web.AppRunner(
@@ -81,7 +88,13 @@ async def serve_http(
             f"RICOCHET_HTTP_PORT={port}: cannot listen on {host}:{port} ({error.strerror}); "
             "choose a free port, or 0 to turn HTTP off"
         ) from None
-    log.info("http serving", host=host, port=port, paths=["/metrics", "/healthz", "/readyz"])
+    paths = [
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        *sorted({p.path for p in pages if isinstance(p, web.RouteDef) and p.method == "GET"}),
+    ]
+    log.info("http serving", host=host, port=port, paths=paths)
     try:
         yield
     finally:

@@ -9,11 +9,12 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiohttp import web
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import close_quietly, connect
@@ -146,13 +147,20 @@ async def keep_connected(
 
 
 async def run_service(
-    settings: Settings, metrics: Metrics, serve: Callable[[Lifecycle], Awaitable[None]]
+    settings: Settings,
+    metrics: Metrics,
+    serve: Callable[[Lifecycle], Awaitable[None]],
+    pages: Iterable[web.AbstractRouteDef] = (),
 ) -> None:
-    """Run serve(lifecycle) with its HTTP endpoints until SIGTERM/SIGINT."""
+    """Run serve(lifecycle) with its HTTP endpoints (and pages) until SIGTERM/SIGINT."""
     with stop_signals() as lifecycle:
         metrics.ready_when(lambda: lifecycle.ready)
         # HTTP first: /healthz answers (and /readyz says 503) while the broker is awaited.
         async with serve_http(
-            settings.http_host, settings.http_port, metrics.registry, lambda: lifecycle.ready
+            settings.http_host,
+            settings.http_port,
+            metrics.registry,
+            lambda: lifecycle.ready,
+            pages,
         ):
             await serve(lifecycle)

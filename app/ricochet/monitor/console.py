@@ -1,0 +1,173 @@
+"""The failed-jobs console: the failed queue as HTML pages, on the monitor's HTTP server.
+
+GET /failed groups the copies by reason; GET /failed/<message_id> shows one. Replay and discard
+are forms that POST, and work only when RICOCHET_CONSOLE_TOKEN is set and the form carries it:
+a token in the form, not a cookie, so another site cannot make a browser send it (CSRF). Pages
+are rendered by Jinja2 with autoescaping, and served with a policy that runs no script at all,
+so nothing a job carries can run in the page.
+"""
+
+import asyncio
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import jinja2
+import structlog
+from aio_pika.abc import AbstractConnection
+from aiohttp import web
+
+from ricochet.broker.connection import close_quietly, connect
+from ricochet.broker.topology import Names
+from ricochet.errors import BrokerUnavailable, RicochetError
+from ricochet.monitor.groups import group_by_reason
+from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.ops.replay import replay
+from ricochet.ops.selection import Outcome, Selection
+from ricochet.service.process import connection_name
+from ricochet.settings import Settings
+
+log = structlog.get_logger("ricochet.console")
+T = TypeVar("T")
+
+# A page waits this long for the broker before it says it cannot reach it.
+CONNECT_TIMEOUT_S = 5.0
+HEADERS = {
+    # No script, no frames, forms only to this server: escaping is the first guard, this the second.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",  # pages hold payloads
+}
+ACTIONS = ("replay", "discard")
+
+
+def templates() -> jinja2.Environment:
+    """The console's templates (package data), every value escaped unless marked safe."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("ricochet.monitor", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["url"] = lambda text: quote(str(text), safe="")
+    env.filters["pretty"] = _pretty
+    return env
+
+
+def _pretty(value: Any) -> str:
+    """A header value as text: strings as they are, tables and arrays as indented JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def token_matches(expected: str | None, given: str | None) -> bool:
+    """Whether a form's token is the configured one (constant time); never without one."""
+    if expected is None or given is None:
+        return False
+    return hmac.compare_digest(expected.encode(), given.encode())
+
+
+class Console:
+    """The console's request handlers, over one lock: one scan of the failed queue at a time,
+    since two at once would each see only the copies the other does not hold."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._names = Names(settings.queue)
+        token = settings.console_token
+        self._token = None if token is None else token.get_secret_value()
+        self._env = templates()
+        self._lock = asyncio.Lock()
+
+    def routes(self) -> web.RouteTableDef:
+        table = web.RouteTableDef()
+        table.get("/failed")(self.index)
+        table.post("/failed/actions/{action}")(self.act)
+        table.get("/failed/{message_id:.+}")(self.job)
+        return table
+
+    async def _with_broker(self, work: Callable[[AbstractConnection], Awaitable[T]]) -> T:
+        async with self._lock:
+            name = connection_name("console", self._settings.queue)
+            connection = await connect(self._settings.amqp_url, name, CONNECT_TIMEOUT_S)
+            try:
+                return await work(connection)
+            finally:
+                await close_quietly(connection)
+
+    def _page(self, template: str, status: int = 200, **values: Any) -> web.Response:
+        html = self._env.get_template(template).render(
+            queue=self._names.queue,
+            failed_queue=self._names.failed,
+            writable=self._token is not None,
+            **values,
+        )
+        return web.Response(
+            text=html, status=status, content_type="text/html", charset="utf-8", headers=HEADERS
+        )
+
+    async def index(self, request: web.Request) -> web.Response:
+        try:
+            outcome = await self._with_broker(lambda c: list_failed(c, self._names, Selection()))
+        except (BrokerUnavailable, RicochetError) as error:
+            return self._page("error.html", 503, message=str(error))
+        done = {a: request.query.get(a) for a in ("replayed", "discarded")}
+        return self._page(
+            "failed.html",
+            total=len(outcome.selected),
+            groups=group_by_reason(outcome.selected),
+            done={k: int(v) for k, v in done.items() if v is not None and v.isdigit()},
+        )
+
+    async def job(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        try:
+            found = await self._with_broker(lambda c: show_failed(c, self._names, message_id))
+        except (BrokerUnavailable, RicochetError) as error:
+            return self._page("error.html", 503, message=str(error))
+        if not found:
+            return self._page("error.html", 404, message=f"no failed job {message_id!r}")
+        return self._page("job.html", message_id=message_id, copies=found)
+
+    async def act(self, request: web.Request) -> web.Response:
+        action = request.match_info["action"]
+        form = await request.post()
+        if self._token is None:
+            return self._refused("the console is read-only: RICOCHET_CONSOLE_TOKEN is not set")
+        given = form.get("token")
+        if not token_matches(self._token, given if isinstance(given, str) else None):
+            return self._refused("missing or wrong console token")
+        message_id, reason = form.get("message_id"), form.get("reason")
+        if action not in ACTIONS or not isinstance(message_id or reason, str):
+            raise web.HTTPBadRequest(text="an action needs a message_id or a reason")
+        if isinstance(message_id, str):
+            selection = Selection(message_id=message_id)
+        else:
+            selection = Selection(reason_is=str(reason))
+        try:
+            outcome = await self._with_broker(lambda c: self._do(c, action, selection))
+        except (BrokerUnavailable, RicochetError) as error:
+            return self._page("error.html", 503, message=str(error))
+        log.info(
+            f"console {action}",
+            message_id=selection.message_id,
+            reason=selection.reason_is,
+            jobs=len(outcome.selected),
+            peer=request.remote,
+        )
+        past = "replayed" if action == "replay" else "discarded"
+        raise web.HTTPSeeOther(f"/failed?{past}={len(outcome.selected)}")
+
+    async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
+        if action == "replay":
+            return await replay(connection, self._names, s)
+        return await discard_failed(connection, self._names, s)
+
+    def _refused(self, why: str) -> web.Response:
+        return self._page("error.html", 403, message=why)
