@@ -97,3 +97,18 @@ def test_read_failure(
 ) -> None:
     """A copy's failure is read from its headers; the type as Job.type resolves it."""
     assert read_failure(headers, "m", amqp_type, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("selection", "matches"),
+    [
+        (Selection(kind="permanent"), True),
+        (Selection(kind="exhausted"), False),
+        (Selection(reason_is="ValueError: bad input"), True),
+        (Selection(reason_is="ValueError: bad"), False),
+        (Selection(kind="permanent", reason_is="ValueError: bad input", type="report"), True),
+    ],
+)
+def test_selection_by_kind_and_whole_reason(selection: Selection, matches: bool) -> None:
+    """--kind matches exactly; a console group matches its whole reason, not a part of it."""
+    assert selection.matches(COPY) is matches

@@ -228,3 +228,31 @@ def test_http_host_is_not_a_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RICOCHET_HTTP_HOST", "localhost")
     with pytest.raises(ConfigError, match=r"^RICOCHET_HTTP_HOST='localhost' is invalid"):
         load_settings()
+
+
+@pytest.mark.parametrize("token", ["short", "sixteen chars ok", "é" * 20, "x" * 15])
+def test_console_token_is_checked_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    """A console token too short, or with spaces or characters a person cannot type reliably,
+    stops the process; the message names the variable and the rule, never the token."""
+    monkeypatch.setenv("RICOCHET_CONSOLE_TOKEN", token)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value) == (
+        "RICOCHET_CONSOLE_TOKEN='***' is invalid: allowed at least 16 printable characters, "
+        "no spaces"
+    )
+
+
+def test_console_token_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A good token is kept, and prints as stars in a repr or a dump of the settings; unset or
+    empty, the console is read-only."""
+    monkeypatch.setenv("RICOCHET_CONSOLE_TOKEN", "s3cret-s3cret-s3cret")
+    s = load_settings()
+    assert s.console_token is not None
+    assert s.console_token.get_secret_value() == "s3cret-s3cret-s3cret"
+    assert "s3cret" not in repr(s)
+    assert "s3cret" not in str(s.model_dump())
+    monkeypatch.setenv("RICOCHET_CONSOLE_TOKEN", "")
+    assert load_settings().console_token is None

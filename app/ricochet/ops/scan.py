@@ -44,6 +44,8 @@ log = structlog.get_logger("ricochet.scan")
 COMMIT_EVERY = 500
 # With no delivery for this long, the scan asks the broker whether any copy is still ready for it.
 IDLE_S = 1.0
+# How long a scan's end waits for the broker to count the copies it handed back.
+RETURN_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Scan:
     ) -> None:
         self.depth = depth
         self.read = 0
+        self.taken = 0
         self._channel = channel
         self._tx = transaction
         self._names = names
@@ -123,6 +126,7 @@ class Scan:
             raise MissingQueue(self._names.queue)
         await self._tx.commit()
         batch, self._pending, self._replays = self._pending, [], 0
+        self.taken += len(batch)
         if self._returned:
             returned, self._returned = self._returned, []
             raise RicochetError(
@@ -135,8 +139,21 @@ class Scan:
         """Commit the last batch and hand back, in one nack, every copy only read."""
         await self.commit()
         await queue.cancel(consumer)
+        held = self.read - self.taken + self._inbox.qsize()
         await requeue_all(self._channel)
         await self._tx.commit()
+        await self._returned_to_queue(held)
+
+    async def _returned_to_queue(self, held: int) -> None:
+        """Wait (a little at most) until the queue counts the copies handed back as ready again:
+        a quorum queue applies the nack a moment after the commit, and a scan started meanwhile
+        would take the failed queue for emptier than it is."""
+        deadline = asyncio.get_running_loop().time() + RETURN_WAIT_S
+        while held and asyncio.get_running_loop().time() < deadline:
+            depth = await read_depth(self._channel, self._names.failed)
+            if depth is None or depth.messages >= held:
+                return
+            await asyncio.sleep(0.01)
 
 
 @asynccontextmanager

@@ -1,0 +1,170 @@
+"""`ricochet failed list|show|discard` against the real broker: what they print, what they take
+(only what discard is told to), and what reading costs a copy."""
+
+import json
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.topology import Names, declare
+from ricochet.delivery.retry import FailureKind
+from ricochet.ops.failed_queue import list_failed
+from ricochet.ops.selection import Selection
+
+from tests.integration.failures import publish_failed
+from tests.support import depth, make_settings, ricochet_env, run_cli, take
+
+# message_id -> (type, error, kind)
+COPIES = {
+    "m1": ("report", ValueError("no rows"), FailureKind.PERMANENT),
+    "m2": ("mail", KeyError("address"), FailureKind.EXHAUSTED),
+    "m3": ("report", KeyError("address"), FailureKind.PERMANENT),
+    "m4": ("mail", TimeoutError("smtp"), FailureKind.EXHAUSTED),
+}
+
+
+async def make_copies(connection: AbstractConnection, channel: AbstractChannel, queue: str) -> None:
+    await declare(connection, make_settings(queue))
+    for message_id, (job_type, error, kind) in COPIES.items():
+        await publish_failed(channel, queue, message_id, error, job_type=job_type, kind=kind)
+
+
+async def failed_ids(channel: AbstractChannel, queue: str) -> list[str]:
+    """Take every copy off the failed queue (at the end of a test) and give their ids in order."""
+    failed = Names(queue).failed
+    return [str(m.message_id) for m in await take(channel, failed, await depth(channel, failed))]
+
+
+async def test_list_prints_every_copy_and_takes_none(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """One line per copy (message_id, type, kind, retry_count, failed_at, reason), or one JSON
+    object per line; filters as replay's plus --kind; the queue keeps every copy, in order."""
+    await make_copies(connection, channel, queue_name)
+    env = ricochet_env(make_settings(queue_name))
+    text = run_cli(["failed", "list"], env)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].split() == ["message_id", "type", "kind", "retry_count", "failed_at", "reason"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["m1", "report", "permanent", "0"],
+        ["m2", "mail", "exhausted", "0"],
+        ["m3", "report", "permanent", "0"],
+        ["m4", "mail", "exhausted", "0"],
+    ]
+    assert lines[1].endswith("ValueError: no rows")
+    assert "4 of 4 copies" in text.stderr
+
+    as_json = run_cli(["failed", "list", "--json", "--kind", "exhausted"], env)
+    assert as_json.returncode == 0, as_json.stderr
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["message_id"] for r in rows] == ["m2", "m4"]
+    assert set(rows[0]) == {"message_id", "type", "kind", "retry_count", "failed_at", "reason"}
+    assert rows[0]["reason"] == "KeyError: 'address'"
+
+    for args, expected in [
+        (["--reason", "KeyError"], ["m2", "m3"]),
+        (["--type", "report"], ["m1", "m3"]),
+        (["--message-id", "m4"], ["m4"]),
+        (["--limit", "3"], ["m1", "m2", "m3"]),
+        (["--reason", "KeyError", "--kind", "permanent"], ["m3"]),
+        (["--reason", "nothing like it"], []),
+    ]:
+        done = run_cli(["failed", "list", "--json", *args], env)
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["message_id"] for line in done.stdout.splitlines()] == expected
+    assert await failed_ids(channel, queue_name) == list(COPIES)
+
+
+async def test_show_prints_everything_about_one_copy(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """show: properties, every header, the traceback and the body (text when UTF-8, else
+    base64, saying which); exit 1 when there is no such copy; the queue keeps its copies."""
+    await make_copies(connection, channel, queue_name)
+    exchange = await channel.get_exchange(Names(queue_name).failed, ensure=False)
+    await exchange.publish(
+        aio_pika.Message(
+            b"\xff\xfe binary",
+            message_id="raw",
+            headers={"failed-reason": "E: raw", "tenant": "acme"},
+            delivery_mode=2,
+        ),
+        routing_key="",
+    )
+    env = ricochet_env(make_settings(queue_name))
+    shown = run_cli(["failed", "show", "m2", "--json"], env)
+    assert shown.returncode == 0, shown.stderr
+    copy = json.loads(shown.stdout)
+    assert copy["message_id"] == "m2"
+    assert copy["reason"] == "KeyError: 'address'"
+    assert copy["body"] == '{"id": "m2"}'
+    assert copy["body_encoding"] == "utf-8"
+    assert copy["properties"]["type"] == "mail"
+    assert copy["properties"]["content_type"] == "application/json"
+    assert copy["headers"]["failed-kind"] == "exhausted"
+    assert "KeyError: 'address'" in copy["headers"]["failed-traceback"]
+
+    raw = json.loads(run_cli(["failed", "show", "raw", "--json"], env).stdout)
+    assert (raw["body"], raw["body_encoding"]) == ("//4gYmluYXJ5", "base64")
+    assert raw["headers"]["tenant"] == "acme"
+
+    text = run_cli(["failed", "show", "m1"], env)
+    assert text.returncode == 0, text.stderr
+    for part in ["reason:      ValueError: no rows", "traceback:", "body (utf-8):", '{"id": "m1"}']:
+        assert part in text.stdout
+
+    missing = run_cli(["failed", "show", "nope"], env)
+    assert missing.returncode == 1
+    assert "no copy with message_id 'nope'" in missing.stderr
+    assert await failed_ids(channel, queue_name) == [*COPIES, "raw"]
+
+
+async def test_discard_removes_only_what_it_is_told_to(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Without --yes (and not --dry-run) discard removes nothing and exits 2 saying so;
+    --dry-run lists; --yes removes the matching copies and logs each (message_id, reason, never
+    the body); the others stay, in order."""
+    await make_copies(connection, channel, queue_name)
+    env = ricochet_env(make_settings(queue_name))
+    refused = run_cli(["failed", "discard", "--reason", "KeyError"], env)
+    assert refused.returncode == 2
+    assert "--yes" in refused.stderr
+    assert "removed nothing" in refused.stderr
+
+    dry = run_cli(["failed", "discard", "--reason", "KeyError", "--dry-run"], env)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == "would discard 2, kept 2 (of 4)"
+    assert await depth(channel, Names(queue_name).failed) == 4
+
+    done = run_cli(["failed", "discard", "--reason", "KeyError", "--yes"], env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "discarded 2, kept 2 (of 4)"
+    logged = [json.loads(line) for line in done.stderr.splitlines() if "discarded" in line]
+    assert [(e["message_id"], e["reason"]) for e in logged] == [
+        ("m2", "KeyError: 'address'"),
+        ("m3", "KeyError: 'address'"),
+    ]
+    assert '"id": "m2"' not in done.stderr  # no body in the log
+    assert await failed_ids(channel, queue_name) == ["m1", "m4"]
+
+
+async def test_reading_spends_no_copy(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Listing the failed queue more times than RabbitMQ 4.0's default quorum delivery limit (20)
+    loses no copy and keeps their order; on a broker that counts only failed deliveries (4.3),
+    reading leaves a copy's x-delivery-count where it was."""
+    await make_copies(connection, channel, queue_name)
+    names = Names(queue_name)
+    for _ in range(25):
+        outcome = await list_failed(connection, names, Selection())
+        assert [f.message_id for f in outcome.selected] == list(COPIES)
+    copies = await take(channel, names.failed, 4)
+    assert [m.message_id for m in copies] == list(COPIES)
+    counts = {(m.headers or {}).get("x-delivery-count") for m in copies}
+    # 4.3 counts only failed deliveries (a basic.reject, a closed channel), not a basic.nack;
+    # 3.10 and 4.0 count every return, and 4.0 has no limit on Q.failed (x-delivery-limit=-1).
+    version = broker_version(connection)
+    assert counts == ({None} if version and version >= (4, 3) else {25})
