@@ -21,10 +21,11 @@ $(VENV)/.bench: $(BIN)/ricochet
 	touch $@
 
 # Debian's prometheus: promtool checks and tests the alert rules, and integration tests see each
-# rule fire in the server, scraping real workers and monitors. scripts/tools.sh installs it only
-# when promtool is missing.
-tools:  ## the Debian packages the tests use besides the broker (prometheus)
-	scripts/tools.sh promtool prometheus
+# rule fire in the server, scraping real workers and monitors. Debian's chromium: the console's
+# browser test drives it headless (never a browser build of Playwright's own). scripts/tools.sh
+# installs each only when its command is missing.
+tools:  ## the Debian packages the tests use besides the broker (prometheus, chromium)
+	scripts/tools.sh promtool prometheus chromium chromium
 
 test: install tools lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
