@@ -40,12 +40,19 @@ from ricochet.service.process import stop_signals
 
 log = structlog.get_logger("ricochet.scan")
 
-# Copies taken per transaction at most; a batch is also committed whenever no copy is waiting.
+# Copies taken per transaction at most; a batch is also committed when no copy came for
+# COMMIT_IDLE_S, so that what a slow scan took becomes final soon.
 COMMIT_EVERY = 500
+COMMIT_IDLE_S = 0.1
 # With no delivery for this long, the scan asks the broker whether any copy is still ready for it.
 IDLE_S = 1.0
 # How long a scan's end waits for the broker to count the copies it handed back.
 RETURN_WAIT_S = 2.0
+# Unacked deliveries per consumer. A scan holds every copy it reads, and a quorum queue hands a
+# consumer without a limit no more than 2,000, so a scan adds a consumer whenever less than one
+# consumer's worth of room is left. Far larger credits make RabbitMQ 3.10's quorum queues read
+# the whole batch at once, busy for minutes at 100,000 copies (docs/performance.md).
+PER_CONSUMER = 2_000
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,23 @@ class Scan:
         self._pending: list[Copy] = []
         self._replays = 0  # publishes to Q in the current batch
         self._returned: list[str | None] = []
+        self._consumers: list[str] = []
+        self._queue: AbstractQueue | None = None
         channel.return_callbacks.add(self._on_return)
+
+    async def subscribe(self, queue: AbstractQueue) -> None:
+        """One more consumer of Q.failed, with room for PER_CONSUMER more copies."""
+        self._queue = queue
+        self._consumers.append(await queue.consume(self.receive, no_ack=False))
+
+    async def _room(self) -> None:
+        """Subscribe again once the copies read come within one consumer's worth of what the
+        consumers may hold: counted by copies read, not received, so that no more than two
+        consumers' worth waits unread in memory however fast the broker delivers."""
+        while self._queue is not None and self.read + PER_CONSUMER > (
+            len(self._consumers) * PER_CONSUMER
+        ):
+            await self.subscribe(self._queue)
 
     async def receive(self, message: AbstractIncomingMessage) -> None:
         """The consumer's callback: a delivery waits for copies() in the order it came."""
@@ -90,14 +113,20 @@ class Scan:
     async def copies(self) -> AsyncIterator[Copy]:
         """The copies Q.failed held at the start (fewer if someone else takes some meanwhile)."""
         while self.read < self.depth:
-            if self._inbox.empty() and self._pending:
-                await self.commit()  # nothing waiting: the batch so far becomes final now
+            await self._room()
             try:
-                message = await asyncio.wait_for(self._inbox.get(), IDLE_S)
+                message = await asyncio.wait_for(
+                    self._inbox.get(), COMMIT_IDLE_S if self._pending else IDLE_S
+                )
             except TimeoutError:
+                if self._pending:
+                    await self.commit()  # the stream paused: what was taken becomes final now
+                    continue
                 left = await read_depth(self._channel, self._names.failed)
                 if left is None or left.messages == 0:
                     return  # another reader or a purge took the rest
+                if self._queue is not None:
+                    await self.subscribe(self._queue)  # the broker holds back: more room
                 continue
             self.read += 1
             headers = dict(message.headers or {})
@@ -135,10 +164,12 @@ class Scan:
             )
         self._on_taken(batch)
 
-    async def finish(self, consumer: str, queue: AbstractQueue) -> None:
+    async def finish(self) -> None:
         """Commit the last batch and hand back, in one nack, every copy only read."""
         await self.commit()
-        await queue.cancel(consumer)
+        if self._queue is not None:
+            for consumer in self._consumers:
+                await self._queue.cancel(consumer)
         held = self.read - self.taken + self._inbox.qsize()
         await requeue_all(self._channel)
         await self._tx.commit()
@@ -176,11 +207,10 @@ async def scanning(
         transaction = channel.transaction()
         await transaction.select()
         scan = Scan(channel, transaction, names, depth.messages, on_taken)
-        queue = await channel.get_queue(names.failed, ensure=False)
-        # No prefetch limit: a scan settles nothing until its end, so a limit would stall it.
-        consumer = await queue.consume(scan.receive, no_ack=False)
+        await channel.set_qos(prefetch_count=PER_CONSUMER)
+        await scan.subscribe(await channel.get_queue(names.failed, ensure=False))
         yield scan
-        await scan.finish(consumer, queue)
+        await scan.finish()
     finally:
         if not channel.is_closed:
             await channel.close()
