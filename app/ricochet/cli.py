@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import connect
 from ricochet.broker.publish import header_value, publish_job
 from ricochet.broker.topology import Names, declare, plan
@@ -61,6 +62,10 @@ def _run(main: Awaitable[Any]) -> Any:
         sys.exit(EXIT_CONFIG)
     except (BrokerUnavailable, RicochetError) as error:
         click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_RUNTIME)
+    except CONNECTION_ERRORS as error:
+        # A command that reads or moves failed copies leaves nothing half done (section 16).
+        click.echo(f"ricochet: the connection to the broker was lost: {error!r}", err=True)
         sys.exit(EXIT_RUNTIME)
 
 

@@ -1,0 +1,156 @@
+"""Faults of the failed-queue commands: `failed list|show|discard` and `replay` killed (-9), or
+their connection dropped by the broker, in the middle of a scan. Every copy is accounted for
+afterwards: none lost, none in two places, and only copies that match were taken."""
+
+import asyncio
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from ricochet.broker.topology import Names, declare
+
+from tests.broker import Broker
+from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally
+from tests.integration.failures import publish_failed
+from tests.support import (
+    close_connections,
+    consumers,
+    depth,
+    make_settings,
+    ricochet_env,
+    spawn,
+    take,
+    wait_for,
+)
+
+COPIES = 4000  # enough that a scan is still going when the fault hits it
+MATCHING = "KeyError"  # every other copy; discard and replay take these
+
+COMMANDS = {
+    # command line, the connection's role, whether it takes the matching copies
+    "failed list": (["failed", "list", "--json"], "failed"),
+    "failed show": (["failed", "show", "no-such-copy"], "failed"),
+    "failed discard": (["failed", "discard", "--reason", MATCHING, "--yes"], "failed"),
+    "replay": (["replay", "--reason", MATCHING], "replay"),
+}
+
+
+async def make_copies(
+    connection: AbstractConnection, channel: AbstractChannel, queue: str, url: str, qtype: str
+) -> list[str]:
+    await declare(connection, make_settings(queue, amqp_url=url, queue_type=qtype))
+    ids = [f"c{i:05d}" for i in range(COPIES)]
+    for start in range(0, COPIES, PUBLISH_BATCH):
+        await asyncio.gather(
+            *(
+                publish_failed(channel, queue, i, KeyError("x") if n % 2 == 0 else ValueError("y"))
+                for n, i in enumerate(ids[start : start + PUBLISH_BATCH], start=start)
+            )
+        )
+    return ids
+
+
+async def underway(
+    connection: AbstractConnection, channel: AbstractChannel, names: Names, command: str, log: Path
+) -> bool:
+    """The command is in the middle of its scan: subscribed, and (for the ones that take copies)
+    past its first commit."""
+    if command == "replay":
+        return await depth(channel, names.queue) > 0
+    if command == "failed discard":
+        return '"discarded"' in _text(log)
+    return await consumers(connection, names.failed) > 0
+
+
+@pytest.mark.parametrize("qtype", ["quorum", "classic"])
+@pytest.mark.parametrize("fault", ["kill -9", "dropped connection"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+async def test_fault_midway_loses_and_doubles_nothing(
+    fault_broker: Broker,
+    connection: AbstractConnection,
+    queue_name: str,
+    tmp_path: Path,
+    command: str,
+    fault: str,
+    qtype: str,
+) -> None:
+    """Whatever the command had read goes back to the failed queue; what it took is gone from it
+    (a replayed job in Q); no copy is lost or in two places; non-matching copies all stay."""
+    names = Names(queue_name)
+    channel = await connection.channel(publisher_confirms=True)
+    ids = await make_copies(connection, channel, queue_name, fault_broker.amqp_url, qtype)
+    matching = set(ids[::2])
+    args, role = COMMANDS[command]
+    settings = make_settings(queue_name, amqp_url=fault_broker.amqp_url, log_format="json")
+    log = tmp_path / "command.log"
+    proc = spawn(args, ricochet_env(settings), log)
+
+    await wait_for(
+        lambda: underway(connection, channel, names, command, log), 60, f"{command} to get going"
+    )
+    if fault == "kill -9":
+        proc.kill()
+    else:
+        # Held still while rabbitmqctl finds and closes its connection, which takes a moment.
+        proc.send_signal(signal.SIGSTOP)
+        closed = await asyncio.to_thread(close_connections, queue_name, role, fault_broker)
+        proc.send_signal(signal.SIGCONT)
+        assert closed == 1
+    code = await asyncio.to_thread(proc.wait, 60)
+    assert code != 0, f"{command} finished before the fault: make COPIES larger"
+
+    # The broker hands back what the command held once it notices the connection is gone.
+    await wait_for(
+        lambda: _no_consumer(connection, names.failed), 30, "the command's consumers to go"
+    )
+    in_failed = Counter(str(m.message_id) for m in await _take_all(channel, names.failed))
+    in_main = Counter(str(m.message_id) for m in await _take_all(channel, names.queue))
+    await channel.close()
+
+    everywhere = in_failed + in_main
+    duplicates = sum(n - 1 for n in everywhere.values())
+    removed = set(ids) - set(everywhere)
+    logged = {
+        json.loads(line)["message_id"]
+        for line in log.read_text().splitlines()
+        if line.startswith("{") and json.loads(line).get("event") == "discarded"
+    }
+    lost = removed if command != "failed discard" else removed - matching
+    TALLIES.append(
+        Tally(
+            fault=f"{command}, {fault} ({qtype})",
+            published=len(ids),
+            completed=len(in_main) + (len(removed) if command == "failed discard" else 0),
+            failed=len(in_failed),
+            lost=len(lost),
+            duplicates=duplicates,
+        )
+    )
+    assert duplicates == 0
+    assert not lost, sorted(lost)[:10]
+    assert not set(in_main) - matching  # only matching copies were replayed
+    assert logged <= removed  # a copy logged as discarded is really gone
+    if command in ("failed list", "failed show"):
+        assert sorted(in_failed) == ids  # all there (the order may change)
+    else:
+        assert set(ids) - matching <= set(in_failed)  # every copy that does not match stays
+
+
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+async def _no_consumer(connection: AbstractConnection, queue: str) -> bool:
+    return await consumers(connection, queue) == 0
+
+
+async def _take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
+    """Every message of a queue, taken, once the broker counts the returned ones as ready."""
+    previous = -1
+    while (now := await depth(channel, queue)) != previous:
+        previous = now
+        await asyncio.sleep(0.3)
+    return await take(channel, queue, now)
