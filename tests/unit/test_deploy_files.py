@@ -113,20 +113,22 @@ def test_stop_grace_outlasts_the_drain(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ricochet_services_can_scale() -> None:
-    """No container_name or host port on worker and monitor, so `--scale worker=N` works."""
+    """No container_name on worker and monitor, and no host port on the worker, so
+    `--scale worker=N` works; the one monitor publishes its console's port."""
     for name, service in ricochet_services().items():
         assert "container_name" not in service, name
-        assert "ports" not in service, name
+        assert ("ports" in service) == (name == "monitor"), name
 
 
 def test_published_ports_are_loopback_only() -> None:
-    """Every published port is bound to 127.0.0.1: the broker's three, Prometheus, Grafana."""
+    """Every published port is bound to 127.0.0.1: the broker's three, Prometheus, Grafana, and
+    the monitor's (the failed-jobs console)."""
     published = []
     for name, service in compose()["services"].items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"service {name} publishes {port}"
             published.append(str(port).split(":")[1])
-    assert sorted(published) == ["15672", "15692", "3000", "5672", "9090"]
+    assert sorted(published) == ["15672", "15692", "3000", "5672", "8000", "9090"]
 
 
 def test_every_mounted_config_file_exists() -> None:
