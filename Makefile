@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # bench/ is linted once it exists.
 LINT_PATHS := app tests scripts $(wildcard bench)
 
-.PHONY: install tools dashboard-png test test-brokers unit integration faults lint lint-docker format typecheck run bench lock clean
+.PHONY: install tools dashboard-png test test-brokers test-compose unit integration faults lint lint-docker format typecheck run bench lock clean
 
 $(BIN)/ricochet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ test-brokers: install tools  ## the integration and process-fault tests on every
 	  summary="$$summary$$broker: RabbitMQ $$version $$result\n"; \
 	done; \
 	printf "\n=== broker matrix\n$$summary"; exit $$status
+
+# The README's Quickstart on a real Docker engine (tests/compose): scripts/engine.sh installs
+# Debian's docker.io and Compose v2 when missing, starts an engine of its own (stopped after),
+# and builds the base images the stack cannot pull here once (debootstrap, about 2 minutes).
+test-compose: install  ## docker compose up and the README's Quickstart on a Docker engine of its own
+	flock /tmp/ricochet-compose.lock scripts/engine.sh run $(BIN)/python -m pytest tests/compose $(PYTEST_ARGS)
 
 unit: install tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
