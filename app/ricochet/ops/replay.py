@@ -24,6 +24,7 @@ from ricochet.delivery.failed import (
     FailureInfo,
     copied_headers,
     copy_of,
+    properties_of,
     read_failure,
 )
 from ricochet.errors import MissingQueue, RicochetError
@@ -131,7 +132,7 @@ async def _move(channel: AbstractChannel, queue: str, message: AbstractIncomingM
     """Publish the job back to the main queue, confirmed, then ack its failed copy."""
     headers = replayed_headers(message.headers or {})
     inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
-    await publish_to_queue(channel, queue, copy_of(message, headers))
+    await publish_to_queue(channel, queue, copy_of(message.body, properties_of(message), headers))
     # A crash right here leaves the job in both queues: the only at-least-once window.
     await message.ack()
     log.info("replayed", message_id=message.message_id, type=message.type)
