@@ -10,7 +10,7 @@ import aio_pika
 from aio_pika.abc import AbstractMessage
 
 from ricochet.broker.amqp import Delivery, table_size
-from ricochet.delivery.retry import POISON_DELIVERIES, Facts, FailureKind, job_type
+from ricochet.delivery.retry import POISON_DELIVERIES, Facts, FailureKind, is_int, job_type
 from ricochet.delivery.tracebacks import format_traceback
 from ricochet.errors import InvalidProperties, PoisonMessage, RicochetError
 from ricochet.log import redact
@@ -267,6 +267,6 @@ def read_failure(
         # the monitor's log and the webhook through here.
         reason=redact(_text(headers.get("failed-reason")) or "unknown"),
         kind=_text(headers.get("failed-kind")),
-        retry_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        retry_count=count if is_int(count) else None,
         failed_at=_text(headers.get("failed-at")),
     )

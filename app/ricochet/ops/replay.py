@@ -27,6 +27,7 @@ from ricochet.delivery.failed import (
     properties_of,
     read_failure,
 )
+from ricochet.delivery.retry import is_int
 from ricochet.errors import MissingQueue, RicochetError
 from ricochet.service.process import stop_signals
 from ricochet.tracing import inject_current
@@ -63,7 +64,7 @@ def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS
     }
     previous = headers.get(REPLAY_COUNT)
-    if not isinstance(previous, int) or isinstance(previous, bool) or previous < 0:
+    if not is_int(previous) or previous < 0:
         previous = 0
     kept[REPLAY_COUNT] = previous + 1
     return kept
