@@ -187,6 +187,8 @@ run() {
   eval "$(env_of)"
   local status=0
   "$@" || status=$?
+  # Images a rebuild replaced would pile up in the data root run after run.
+  docker image prune --force >/dev/null
   exit $status
 }
 

@@ -204,6 +204,8 @@ def test_stopping_the_worker_lets_the_job_in_flight_finish(stack: Stack) -> None
     stack.compose("stop", "worker", timeout_s=GRACE_S + 30)
     stopped_s = time.monotonic() - started
     assert stopped_s < GRACE_S, f"the stop took {stopped_s:.0f} s: killed at the grace period?"
+    draining = [e for e in stack.logs("worker") if e["event"] == "draining"]
+    assert draining[-1]["jobs"] == 1, "SIGTERM did not come mid-job"
     (done,) = stack.events("worker", "job succeeded", message_id)
     assert done["attempt"] == 1
     (worker,) = [c for c in stack.containers(all_states=True) if c["Service"] == "worker"]
