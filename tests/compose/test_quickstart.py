@@ -53,9 +53,11 @@ def test_published_ports_answer_on_loopback_only(stack: Stack) -> None:
     assert frame[:3] == b"\x01\x00\x00", f"no AMQP Connection.Start on the AMQP port: {frame!r}"
     user = ("ricochet", stack.dotenv("RABBITMQ_PASSWORD"))
     management = f"http://127.0.0.1:{stack.port('RABBITMQ_MANAGEMENT_PORT')}/api/overview"
-    assert http_get(management, user)[0] == 200
-    assert http_get(f"http://127.0.0.1:{stack.port('RABBITMQ_METRICS_PORT')}/metrics")[0] == 200
-    assert http_get(f"http://127.0.0.1:{stack.port('PROMETHEUS_PORT')}/-/ready")[0] == 200
+    metrics = f"http://127.0.0.1:{stack.port('RABBITMQ_METRICS_PORT')}/metrics"
+    prometheus = f"http://127.0.0.1:{stack.port('PROMETHEUS_PORT')}/-/ready"
+    for url, auth in ((management, user), (metrics, None), (prometheus, None)):
+        status = http_get(url, auth)[0]
+        assert status == 200, f"{url} answered {status or 'nothing'}"
     published = [p for c in stack.containers() for p in c.get("Publishers") or []]
     bound = {p["URL"] for p in published if p.get("PublishedPort")}
     assert bound == {"127.0.0.1"}, published
