@@ -90,7 +90,7 @@ has_image() { docker image inspect "$1" >/dev/null 2>&1; }
 # debootstrap SUITE with PACKAGES into a fresh tree. The packages are configured offline, in a
 # network namespace of their own and with a policy-rc.d that forbids starting services, so that
 # no post-install script starts a broker or a Prometheus beside the machine's own.
-tree() {
+debootstrap_tree() {
   local suite=$1 packages=$2 root=$3
   rm -rf "$root"
   mkdir -p "$root"
@@ -103,7 +103,7 @@ tree() {
 }
 
 # Import a tree as an image; the tree is not kept (the image is).
-import() {
+import_tree() {
   local root=$1 image=$2
   shift 2
   local changes=(--change "ENV PATH=$BASE_PATH" --change "ENV LANG=C.UTF-8")
@@ -115,35 +115,35 @@ import() {
 
 python_image() {
   local root=$DIR/trees/python
-  tree bookworm python3,python3-venv,python-is-python3,ca-certificates "$root"
+  debootstrap_tree bookworm python3,python3-venv,python-is-python3,ca-certificates "$root"
   # pip in the image build must trust what the machine trusts (an egress proxy's CA, a company
   # CA): the machine's extra certificates, added to the image's bundle.
   cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
   unshare --net --mount chroot "$root" update-ca-certificates >/dev/null
-  import "$root" "$PYTHON_IMAGE" 'CMD ["python3"]'
+  import_tree "$root" "$PYTHON_IMAGE" 'CMD ["python3"]'
 }
 
 rabbitmq_image() {
   local root=$DIR/trees/rabbitmq
-  tree trixie rabbitmq-server "$root"
+  debootstrap_tree trixie rabbitmq-server "$root"
   # What the official image configures before docker-compose.yml's conf.d file and plugins.
   mkdir -p "$root/etc/rabbitmq/conf.d"
   printf 'listeners.tcp.default = 5672\nloopback_users.guest = false\n' \
     >"$root/etc/rabbitmq/conf.d/10-defaults.conf"
   # Each data volume makes its own Erlang cookie at its first start.
   rm -f "$root/var/lib/rabbitmq/.erlang.cookie"
-  import "$root" "$RABBITMQ_IMAGE" \
+  import_tree "$root" "$RABBITMQ_IMAGE" \
     "ENV PATH=/usr/lib/rabbitmq/bin:$BASE_PATH" "ENV RABBITMQ_LOGS=-" "ENV HOME=/var/lib/rabbitmq" \
     "USER rabbitmq" "WORKDIR /var/lib/rabbitmq" "EXPOSE 5672 15672 15692" 'CMD ["rabbitmq-server"]'
 }
 
 prometheus_image() {
   local root=$DIR/trees/prometheus
-  tree bookworm prometheus "$root"
+  debootstrap_tree bookworm prometheus "$root"
   # As the official image: data in /prometheus, owned by nobody, which runs the server.
   mkdir -p "$root/prometheus"
   chown 65534:65534 "$root/prometheus"
-  import "$root" "$PROMETHEUS_IMAGE" "USER nobody" "WORKDIR /prometheus" "EXPOSE 9090" \
+  import_tree "$root" "$PROMETHEUS_IMAGE" "USER nobody" "WORKDIR /prometheus" "EXPOSE 9090" \
     'ENTRYPOINT ["/usr/bin/prometheus"]' \
     'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
 }

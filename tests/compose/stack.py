@@ -169,7 +169,7 @@ class Stack:
         )
         override = workdir / "compose.override.yml"
         override.write_text(OVERRIDE)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
+        env = dict(os.environ)
         env["COMPOSE_FILE"] = f"docker-compose.yml:{override}"
         env.update({name: str(free_port()) for name in PORT_VARIABLES})
         return cls(workdir, env)
