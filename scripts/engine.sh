@@ -53,8 +53,11 @@ install_compose() {
   tmp=$(mktemp -d)
   echo "installing Compose v2 (Debian trixie's docker-compose) in ~/.docker/cli-plugins"
   echo "deb $("$HERE/debian-mirror.sh") trixie main" >"$tmp/sources.list"
-  local apt=(apt-get -qq -o APT::Sandbox::User=root -o Dir::Etc::SourceList="$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
-    -o Dir::State::Lists="$tmp/lists" -o Dir::Cache="$tmp/cache" -o Debug::NoLocking=1)
+  # trixie's index and the package stay in the temporary directory: the machine's own apt
+  # (sources, lists, cache, locks) never sees trixie.
+  local apt=(apt-get -qq -o APT::Sandbox::User=root -o Debug::NoLocking=1
+    -o Dir::Etc::SourceList="$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o Dir::State::Lists="$tmp/lists" -o Dir::Cache="$tmp/cache")
   mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
   "${apt[@]}" update
   (cd "$tmp" && "${apt[@]}" download docker-compose)
