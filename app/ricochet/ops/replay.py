@@ -16,7 +16,8 @@ import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.topology import Names
-from ricochet.delivery.failed import FAILURE_HEADERS, copied_headers, copy_of
+from ricochet.delivery.failed import FAILURE_HEADERS, copied_headers, copy_of, properties_of
+from ricochet.delivery.retry import is_int
 from ricochet.ops.scan import Copy, Removal, select, under_signals
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.tracing import inject_current
@@ -36,7 +37,7 @@ def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS
     }
     previous = headers.get(REPLAY_COUNT)
-    if not isinstance(previous, int) or isinstance(previous, bool) or previous < 0:
+    if not is_int(previous) or previous < 0:
         previous = 0
     kept[REPLAY_COUNT] = previous + 1
     return kept
@@ -60,7 +61,7 @@ def _replayed(copy: Copy) -> aio_pika.Message:
     """The job as it goes back to the main queue: the copy without its failure headers."""
     headers = replayed_headers(copy.message.headers or {})
     inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
-    return copy_of(copy.message, headers)
+    return copy_of(copy.message.body, properties_of(copy.message), headers)
 
 
 async def run_replay(
