@@ -71,7 +71,7 @@ async def test_locked_install_runs_a_worker_as_non_root(
 ) -> None:
     """scripts/install-locked.sh makes a working ricochet in a fresh virtualenv, and its worker,
     run as an unprivileged user with a HOME of its own, answers /healthz and /readyz, and
-    exits 0 on SIGTERM."""
+    exits 0 on SIGTERM; the console's templates are installed with the package."""
     # `connection` is here for its teardown: it deletes the queues the worker declares.
     python = interpreter_for(USER)
     context = build_context(build_dir / "src")
@@ -101,6 +101,16 @@ async def test_locked_install_runs_a_worker_as_non_root(
     out, err = await usage.communicate()
     assert usage.returncode == 0, err.decode()
     assert b"worker" in out
+
+    # The console's templates are package data: the installed package (and so the image) has them.
+    pages = "from ricochet.monitor.console import templates; e = templates(); " + "; ".join(
+        f"e.get_template({name!r})" for name in ("failed.html", "job.html", "error.html")
+    )
+    console = await asyncio.create_subprocess_exec(
+        *as_user, str(venv / "bin" / "python"), "-c", pages, cwd=home, stdout=PIPE, stderr=PIPE
+    )
+    _, err = await console.communicate()
+    assert console.returncode == 0, err.decode()
 
     runner = await asyncio.create_subprocess_exec(
         *as_user, str(venv / "bin" / "ricochet"), "worker", cwd=home, stdout=PIPE, stderr=PIPE
