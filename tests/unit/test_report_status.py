@@ -18,3 +18,41 @@ def test_status_hint(failed: int | None, hint: bool) -> None:
             "3 failed jobs: 'ricochet replay --dry-run --group-by reason' "
             "counts them by reason without moving any"
         )
+
+
+def test_failed_show_text_has_every_part() -> None:
+    """failed show: the failure first, then properties, headers (the traceback on its own),
+    the traceback line by line, and the body with its encoding."""
+    from ricochet.delivery.failed import FailureInfo
+    from ricochet.ops.failed_queue import CopyDetails
+    from ricochet.ops.report import copy_text, failed_list_table
+
+    failure = FailureInfo("m1", "mail", "KeyError: 'to'", "permanent", 2, "2026-01-01T00:00:00")
+    details = CopyDetails(
+        failure,
+        properties={"content_type": "application/json"},
+        headers={"failed-traceback": "Traceback\n  line\nKeyError: 'to'", "tenant": "acme"},
+        body="/w==",
+        body_encoding="base64",
+    )
+    text = copy_text(details).splitlines()
+    assert text[:6] == [
+        "message_id:  m1",
+        "type:        mail",
+        "kind:        permanent",
+        "retry_count: 2",
+        "failed_at:   2026-01-01T00:00:00",
+        "reason:      KeyError: 'to'",
+    ]
+    assert "  content_type: application/json" in text
+    assert "  tenant: acme" in text
+    assert not any(line.startswith("  failed-traceback") for line in text)
+    assert text[text.index("traceback:") + 1 :][:3] == [
+        "  Traceback",
+        "    line",
+        "  KeyError: 'to'",
+    ]
+    assert text[-2:] == ["body (base64):", "/w=="]
+    assert failed_list_table([failure]).splitlines()[1].split()[:5] == [
+        "m1", "mail", "permanent", "2", "2026-01-01T00:00:00",
+    ]  # fmt: skip
