@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import aio_pika
@@ -150,7 +151,7 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
 def main() -> None:
     # An A/B run against another checkout of ricochet (python -m bench --base-src DIR).
     if src := os.environ.get("BENCH_APP_SRC"):
-        sys.path.insert(0, src)
+        sys.path.insert(0, str(Path(src) / "app"))  # its src layout
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("consumer", choices=["raw", "ricochet"])
     parser.add_argument("--target", type=int, required=True, help="jobs to settle")
