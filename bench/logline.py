@@ -1,8 +1,9 @@
 """Where a log line's time goes: the real configuration, stage by stage (python -m bench.logline).
 
 configure_logging("INFO", "json") is set up writing to /dev/null as the benchmark's worker is,
-and each part of the success line a job writes is timed on its own: binding the job's fields
-(once per job), every processor of the configured chain in turn, the write, the whole
+and each part of the success line a job writes is timed on its own, in a running event loop as
+in the worker: binding the job's fields (once per job), every processor of the configured chain
+in turn, the write (and the same from a thread, outside any loop), the whole
 `log.info("job succeeded")`, and a library's warning through the standard library. With
 --base-src, the same runs against the app/ of another checkout, in alternation, so the two are
 compared on the same machine in the same minutes. Each figure is the best of its repeats:
@@ -10,6 +11,7 @@ another process can only make a run slower.
 """
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import timeit
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +64,21 @@ def measure(repeats: int) -> dict[str, float]:
         stages[name] = max(0.0, best_us(stage(processor, event), repeats) - copy)
         event = processor(None, "info", dict(event))
     writer = config["logger_factory"]()
-    stages[f"the write ({type(writer).__name__})"] = best_us(lambda: writer.info(event), repeats)
+    name = type(writer).__name__
+    stages[f"the write ({name})"] = best_us(lambda: writer.info(event), repeats)
+    outside = ThreadPoolExecutor(1).submit(best_us, lambda: writer.info(event), repeats)
+    stages[f"the write ({name}), from a thread"] = outside.result()
     stages["the whole line: log.info"] = best_us(lambda: log.info("job succeeded"), repeats)
     library = logging.getLogger("aiormq.connection")
     stages["a library's line (stdlib logging)"] = best_us(
         lambda: library.warning("connection lost"), repeats
     )
     return stages
+
+
+async def in_a_loop(repeats: int) -> dict[str, float]:
+    """measure() inside a running event loop, where the worker logs."""
+    return measure(repeats)
 
 
 def run(src: Path | None, repeats: int) -> dict[str, float]:
@@ -89,7 +100,7 @@ def main() -> None:
     if args.child:
         if src := os.environ.get("BENCH_APP_SRC"):
             sys.path.insert(0, str(Path(src) / "app"))  # its src layout
-        print(json.dumps(measure(args.repeats)))
+        print(json.dumps(asyncio.run(in_a_loop(args.repeats))))
         return
     sides: dict[str, Path | None] = {"this checkout": None}
     if args.base_src:

@@ -1,5 +1,6 @@
 """Log lines: one JSON object per event, library lines alike; secrets scrubbed from every value."""
 
+import asyncio
 import contextvars
 import datetime as dt
 import io
@@ -87,6 +88,10 @@ def configured() -> Iterator[Callable[[str, str], io.StringIO]]:
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def file_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def in_a_job(call: Callable[[], None]) -> None:
@@ -222,3 +227,25 @@ def test_console_format_is_readable(configured: Callable[..., io.StringIO]) -> N
     assert "connection lost" in second
     assert "[aiormq.connection]" in second
     assert "s3cret" not in stream.getvalue()
+
+
+async def test_lines_reach_the_file_before_the_loop_waits(tmp_path: Path) -> None:
+    """Lines logged in a turn of the event loop are in the file by the loop's next turn; a line
+    logged outside a running loop (a thread) is in it at once."""
+    path = tmp_path / "worker.log"
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    with path.open("w") as stream:
+        configure_logging("INFO", "json", stream)
+        try:
+            log = structlog.get_logger("test")
+            log.info("first")
+            log.info("second")
+            await asyncio.sleep(0)
+            assert [line["event"] for line in file_lines(path)] == ["first", "second"]
+            await asyncio.to_thread(log.info, "from a thread")
+            assert file_lines(path)[-1]["event"] == "from a thread"
+        finally:
+            structlog.reset_defaults()
+            root.handlers = handlers
+            root.setLevel(level)
