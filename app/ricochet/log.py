@@ -69,8 +69,8 @@ def _merge_job_fields(_logger: Any, _name: str, event: EventDict) -> EventDict:
 
 class _UtcTimestamp:
     """Stamps each event as structlog's TimeStamper(fmt="iso", utc=True) does
-    (2026-11-24T05:23:20.123456Z), writing the date and time of day once a second: formatting
-    a datetime for every line was a sixth of the line's cost."""
+    (2026-11-24T05:23:20.123456Z), writing the date and time of day once a second: a datetime
+    built and formatted for every line was one of the line's dearest steps."""
 
     def __init__(self) -> None:
         self._second: tuple[int, str] = (-1, "")  # one tuple: a thread reads both or neither
@@ -94,16 +94,16 @@ def _redact_values(_logger: Any, _name: str, event: EventDict) -> EventDict:
 
 
 def _json_renderer() -> Processor:
-    """Render an event as json.dumps does, with structlog's fallback to repr for the rest.
+    """Render an event as json.dumps does, a value JSON has no type for as its repr.
 
     The standard library's C encoder is built once here, not on each call as json.dumps builds
-    it (that build was half of a line's JSON). Without its circular-reference markers, which a
-    shared encoder cannot keep, a value that contains itself raises RecursionError, not
-    ValueError.
+    it: for a line this small the build costs more than the encoding. Without its
+    circular-reference markers, which a shared encoder cannot keep, a value that contains
+    itself raises RecursionError, not ValueError.
     """
     try:
-        from _json import make_encoder
-    except ImportError:  # a Python without the C accelerator
+        from _json import make_encoder  # the C encoder json.dumps itself uses
+    except ImportError:  # a Python without it
         return structlog.processors.JSONRenderer()
     encode = make_encoder(
         None,
@@ -126,8 +126,9 @@ def _json_renderer() -> Processor:
 class _LineWriter:
     """Writes each event's line to the stream at once, and flushes the stream once per turn of
     the event loop writing it, before the loop next waits: a flush is a write(2) to the stream's
-    file, and a flush per line was a sixth of the line's cost. Outside a running loop (a
-    thread, before the loop starts, after it ends) each line is flushed at once."""
+    file, dearer than the rest of the write, and a loop turn often settles many jobs. Outside a
+    running loop (a thread, before the loop starts, after it ends) each line is flushed at once.
+    A process killed outright (SIGKILL) loses the lines of the turn it was in."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream

@@ -177,6 +177,22 @@ def test_values_json_cannot_hold_are_written_as_their_repr(
     assert (line["thing"], line["raw"], line["tags"]) == ("PosixPath('/x')", "b'\\xff'", "{1}")
 
 
+def test_lines_are_written_as_json_dumps_writes_them(
+    configured: Callable[..., io.StringIO],
+) -> None:
+    """The line's text is json.dumps's: ", " and ": " between fields, text outside ASCII
+    escaped, nested values and floats as it writes them (what a grep for '"event": "job
+    failed"' relies on)."""
+    stream = configured()
+    structlog.get_logger("test").warning(
+        "job failed", error='café ☕ "quoted"\n', counts={1: [1.5, None, True]}, ratio=0.1
+    )
+    (text,) = stream.getvalue().splitlines()
+    assert text == json.dumps(json.loads(text))
+    assert '"event": "job failed"' in text
+    assert '"error": "caf\\u00e9 \\u2615 \\"quoted\\"\\n"' in text
+
+
 def test_library_lines_are_the_same_json(configured: Callable[..., io.StringIO]) -> None:
     """A library's warning through the standard library (aiormq, asyncio) is a JSON line of the
     same shape, scrubbed, with its logger's name and the job's fields when a job logged it; a
