@@ -107,8 +107,8 @@ def main() -> None:
         sides["base"] = args.base_src
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for _ in range(args.rounds):
-        for side, src in sides.items():
-            runs[side].append(run(src, args.repeats))
+        for side, checkout in sides.items():
+            runs[side].append(run(checkout, args.repeats))
     for side, results in runs.items():
         print(f"\n{side}: µs, the best of {args.rounds} runs")
         for stage in results[0]:
