@@ -14,7 +14,7 @@ LABELS = {
     "raw-failure": "raw loop: copy, notice, ack",
     **{k: v[0] for k, v in RATIO_TARGETS.items()},
     "happy-no-otel": "happy path, opentelemetry absent",
-    "happy-warnings": "happy path at WARNING (no line a job)",
+    "happy-warnings": "happy path, WARNING: no line a job",
 }
 # The happy path with opentelemetry installed and no tracer configured, against it not importable.
 TRACING_OFF_TARGET = 0.95

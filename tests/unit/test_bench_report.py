@@ -70,4 +70,4 @@ def test_the_happy_path_at_warning_is_a_row_beside_the_default() -> None:
     assert not {v["target"]: v for v in verdicts}["happy path ratio >= 1.0"]["met"]
     assert not [v for v in verdicts if "WARNING" in v["target"]]
     text = table(results(0.95, 0.3, 0.85, 25.0))
-    assert "| happy path at WARNING (no line a job) | 3,150 | 1.05 | 1.05 | 290 |" in text
+    assert "| happy path, WARNING: no line a job | 3,150 | 1.05 | 1.05 | 290 |" in text
