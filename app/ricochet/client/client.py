@@ -60,6 +60,8 @@ class Client:
         self._closed = False
 
     async def __aenter__(self) -> Self:
+        if self._closed:
+            raise RuntimeError("the client is closed")
         await self._open_channel()
         return self
 
@@ -136,10 +138,10 @@ class Client:
         if self._channel is not None and not self._channel.is_closed:
             return self._channel
         async with self._opening:
-            if self._closed:
-                raise RuntimeError("the client is closed")
             if self._channel is None or self._channel.is_closed:
-                if self._connection is None or self._connection.is_closed:
+                if self._connection is None or not self._connection.connected.is_set():
+                    if self._connection is not None:  # lost: closed by the broker, or dropped
+                        await close_quietly(self._connection)
                     self._connection = await connect(
                         self.amqp_url,
                         connection_name("client", self.queue),
