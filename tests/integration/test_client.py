@@ -4,6 +4,7 @@ it, and every way an enqueue can fail."""
 import asyncio
 import datetime as dt
 import time
+from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -100,7 +101,7 @@ async def test_invalid_jobs_send_nothing(
     """InvalidJob comes before anything reaches the broker: the queue stays empty."""
     await declare(connection, make_settings(queue_name))
     async with Client(AMQP_URL, queue_name) as client:
-        for job in (
+        jobs: list[dict[str, Any]] = [
             {"job_type": ""},
             {"max_retries": 26},
             {"delay": -1},
@@ -108,8 +109,9 @@ async def test_invalid_jobs_send_nothing(
             {"delay": 1, "run_at": dt.datetime.now(dt.UTC)},
             {"headers": {"x-death": []}},
             {"payload": object()},
-        ):
-            arguments = {"job_type": "mail", "payload": {}, **job}
+        ]
+        for job in jobs:
+            arguments: dict[str, Any] = {"job_type": "mail", "payload": {}, **job}
             with pytest.raises(InvalidJob):
                 await client.enqueue(
                     arguments.pop("job_type"), arguments.pop("payload"), **arguments
@@ -211,7 +213,7 @@ async def test_concurrent_enqueues_share_one_connection_and_close_waits_for_them
     assert all(t.done() for t in tasks)
     ids = [t.result() for t in tasks]
     assert len(set(ids)) == 500
-    assert sorted(m.message_id for m in await take(channel, queue_name, 500)) == sorted(ids)
+    assert sorted(str(m.message_id) for m in await take(channel, queue_name, 500)) == sorted(ids)
     assert await depth(channel, queue_name) == 0
     with pytest.raises(RuntimeError, match="closed"):
         await client.enqueue("mail", {})
