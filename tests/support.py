@@ -207,7 +207,8 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
     """Remove every queue and exchange ricochet may have declared for this main queue."""
     n = Names(queue)
     channel = await connection.channel()
-    for name in [n.queue, n.failed, n.events, *(n.tier(k) for k in range(1, MAX_TIERS + 1))]:
+    tiers = [n.tier(k) for k in range(1, MAX_TIERS + 1)]
+    for name in [n.queue, n.failed, n.events, n.record, *tiers]:
         await channel.queue_delete(name)
     for name in [n.dlx, n.first_tier_exchange, n.return_exchange, n.failed]:
         await channel.exchange_delete(name)

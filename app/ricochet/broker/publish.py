@@ -76,14 +76,10 @@ class OnePerMessageId:
 
 
 async def publish_confirmed(
-    exchange: AbstractExchange,
-    message: aio_pika.Message,
-    routing_key: str,
-    timeout_s: float | None = None,
+    exchange: AbstractExchange, message: aio_pika.Message, routing_key: str
 ) -> None:
-    """Publish and wait for the confirm; DeliveryError when the broker returns or nacks it,
-    TimeoutError when it has not answered within timeout_s (None: wait as long as it takes)."""
-    await exchange.publish(message, routing_key=routing_key, mandatory=True, timeout=timeout_s)
+    """Publish and wait for the confirm; DeliveryError when the broker returns or nacks it."""
+    await exchange.publish(message, routing_key=routing_key, mandatory=True)
 
 
 def _log_unconfirmed(state: RetryCallState) -> None:

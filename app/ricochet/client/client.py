@@ -155,9 +155,8 @@ class Client:
     ) -> None:
         """One publish, never repeated: a second could enqueue the job twice."""
         try:
-            await publish_confirmed(
-                channel.default_exchange, message, self.queue, self._confirm_timeout_s
-            )
+            async with asyncio.timeout(self._confirm_timeout_s):
+                await publish_confirmed(channel.default_exchange, message, self.queue)
         except PublishError:
             raise NotConfirmed(
                 f"job {job_id!r} was not enqueued: {MissingQueue(self.queue)}"

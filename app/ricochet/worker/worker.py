@@ -11,7 +11,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max
 from ricochet.broker.connection import connection_name
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.topology import declare
+from ricochet.broker.record import declare_recorded
 from ricochet.delivery.retry import Outcome
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import PAUSED, RESUMED, pause_alert
@@ -75,7 +75,7 @@ class Worker:
 
     async def _consume(self, connection: AbstractConnection) -> None:
         """Declare, then consume until a stop is requested (drained here) or the connection dies."""
-        plan = await declare(connection, self._settings)
+        plan = await declare_recorded(connection, self._settings)
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=self._settings.prefetch)
         if self._consumer is None:
@@ -164,7 +164,7 @@ class Worker:
             with attempt:
                 if connection.is_closed:
                     return False
-                await declare(connection, self._settings)
+                await declare_recorded(connection, self._settings)
         return True
 
     async def _drain(self) -> None:
