@@ -1,6 +1,7 @@
 """The async Client: an application's jobs put in the main queue, each one confirmed."""
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import Mapping
 from types import TracebackType
@@ -110,7 +111,9 @@ class Client:
         try:
             with publish_span(self.queue, job_id, message.headers):
                 channel = await self._open_channel()
-                async with self._unconfirmed, self._one_per_id.alone(job_id):
+                # A generated id is unique: no other publish in flight can share it.
+                alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
+                async with self._unconfirmed, alone:
                     await self._publish(channel, message, job_id)
         finally:
             self._enqueuing -= 1

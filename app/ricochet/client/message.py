@@ -48,7 +48,8 @@ def job_message(
     due = _due(now, delay, run_at)
     if due is not None:
         job_headers[RUN_AT] = run_at_text(due)
-    _check_encodable(job_headers)
+    if job_headers:
+        _check_encodable(job_headers)
     body, content_type = _body(payload, content_type)
     return aio_pika.Message(
         body,
