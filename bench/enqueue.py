@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aio_pika
@@ -29,6 +30,7 @@ TWINS = {
     "client": "raw-publish",
     f"client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
     "sync-client": "raw-publish",
+    f"sync-client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
 }
 ENQUEUE_SCENARIOS = list(TWINS)
 
@@ -83,19 +85,25 @@ async def _client(url: str, queue: str, jobs: int, concurrency: int) -> tuple[fl
         return await _timed(publish, jobs, concurrency)
 
 
-async def _sync_client(url: str, queue: str, jobs: int) -> tuple[float, float]:
-    """SyncClient.enqueue called from one thread of its own, as a sync application does."""
+async def _sync_client(url: str, queue: str, jobs: int, concurrency: int) -> tuple[float, float]:
+    """SyncClient.enqueue called from `concurrency` threads of their own, as a sync application
+    (a threaded web server) does."""
     client = SyncClient(url, queue)
 
-    def publish_all(count: int) -> tuple[float, float]:
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        for n in range(count):
+    def publisher(first: int, count: int) -> None:
+        for n in range(first, count, concurrency):
             client.enqueue("bench", _payload(n))
+
+    def publish_all(count: int, threads: int) -> tuple[float, float]:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(publisher, first, count) for first in range(threads)]:
+                done.result()
         return time.perf_counter() - t0, time.process_time() - cpu0
 
     try:
-        await asyncio.to_thread(publish_all, WARM_UP_JOBS)
-        return await asyncio.to_thread(publish_all, jobs)
+        await asyncio.to_thread(publish_all, WARM_UP_JOBS, 1)
+        return await asyncio.to_thread(publish_all, jobs, concurrency)
     finally:
         await asyncio.to_thread(client.close)
 
@@ -107,7 +115,7 @@ async def run_scenario(url: str, queue: str, name: str, jobs: int) -> tuple[floa
         return await _raw(url, queue, jobs, concurrency)
     if name.startswith("client"):
         return await _client(url, queue, jobs, concurrency)
-    return await _sync_client(url, queue, jobs)
+    return await _sync_client(url, queue, jobs, concurrency)
 
 
 async def enqueue_throughput(

@@ -26,8 +26,9 @@ ENQUEUE_LABELS = {
     "client": "Client.enqueue, one at a time",
     "client-32": "Client.enqueue, 32 tasks",
     "sync-client": "SyncClient.enqueue, one thread",
+    "sync-client-32": "SyncClient.enqueue, 32 threads",
 }
-ENQUEUE_JUDGED = ("client", "client-32", "sync-client")
+ENQUEUE_JUDGED = ("client", "client-32", "sync-client", "sync-client-32")
 RSS_GROWTH_TARGET_MB = 10.0
 
 

@@ -74,6 +74,7 @@ def test_the_clients_are_judged_against_the_raw_publish() -> None:
             ("client", 0.97),
             ("client-32", 0.85),
             ("sync-client", 0.91),
+            ("sync-client-32", 0.95),
         ]
     }
     verdicts = {v["target"]: v["met"] for v in evaluate(measured["queue_types"])}
