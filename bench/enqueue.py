@@ -9,11 +9,12 @@ each repeat to the raw loop of the same concurrency, measured next to it.
 
 import asyncio
 import json
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractConnection
@@ -29,12 +30,14 @@ TWINS = {
     f"raw-publish-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
     "client": "raw-publish",
     f"client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
+    "raw-publish-from-a-thread": "raw-publish",
     "sync-client": "raw-publish",
     f"sync-client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
 }
 ENQUEUE_SCENARIOS = list(TWINS)
 
 Publish = Callable[[int], Awaitable[object]]
+T = TypeVar("T")
 
 
 def _payload(n: int) -> dict[str, int]:
@@ -108,9 +111,56 @@ async def _sync_client(url: str, queue: str, jobs: int, concurrency: int) -> tup
         await asyncio.to_thread(client.close)
 
 
+async def _raw_from_a_thread(url: str, queue: str, jobs: int) -> tuple[float, float]:
+    """The raw publish driven the way SyncClient drives the Client: from a thread of its own,
+    each publish handed to an event loop running in another thread, and waited for."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+    async def connect() -> tuple[AbstractConnection, Callable[[int], Coroutine[Any, Any, None]]]:
+        connection = await aio_pika.connect(url)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+        async def publish(n: int) -> None:
+            message = aio_pika.Message(
+                json.dumps(_payload(n)).encode(),
+                message_id=uuid.uuid4().hex,
+                type="bench",
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+
+        return connection, publish
+
+    def publish_all(
+        publish: Callable[[int], Coroutine[Any, Any, None]], count: int
+    ) -> tuple[float, float]:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for n in range(count):
+            run(publish(n))
+        return time.perf_counter() - t0, time.process_time() - cpu0
+
+    connection, publish = run(connect())
+    try:
+        await asyncio.to_thread(publish_all, publish, WARM_UP_JOBS)
+        return await asyncio.to_thread(publish_all, publish, jobs)
+    finally:
+        run(connection.close())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
 async def run_scenario(url: str, queue: str, name: str, jobs: int) -> tuple[float, float]:
     """Seconds and CPU seconds of one scenario's jobs."""
     concurrency = CONCURRENCY if name.endswith(f"-{CONCURRENCY}") else 1
+    if name == "raw-publish-from-a-thread":
+        return await _raw_from_a_thread(url, queue, jobs)
     if name.startswith("raw-publish"):
         return await _raw(url, queue, jobs, concurrency)
     if name.startswith("client"):

@@ -25,6 +25,7 @@ ENQUEUE_LABELS = {
     "raw-publish-32": "raw aio-pika confirmed publish, 32 tasks",
     "client": "Client.enqueue, one at a time",
     "client-32": "Client.enqueue, 32 tasks",
+    "raw-publish-from-a-thread": "raw publish handed from a thread to a loop thread",
     "sync-client": "SyncClient.enqueue, one thread",
     "sync-client-32": "SyncClient.enqueue, 32 threads",
 }

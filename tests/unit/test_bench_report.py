@@ -71,6 +71,7 @@ def test_the_clients_are_judged_against_the_raw_publish() -> None:
         for name, ratio in [
             ("raw-publish", 1.0),
             ("raw-publish-32", 1.0),
+            ("raw-publish-from-a-thread", 0.8),
             ("client", 0.97),
             ("client-32", 0.85),
             ("sync-client", 0.91),
