@@ -29,7 +29,8 @@ from ricochet.settings import Settings
 from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
-from bench.report import evaluate, print_table
+from bench.enqueue import enqueue_throughput
+from bench.report import enqueue_table, evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +73,8 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage"])
+    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage", "enqueue"])
+    enqueue_jobs: int = 2_000
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
@@ -503,6 +505,16 @@ async def outages(
     return result
 
 
+async def enqueues(connection: AbstractConnection, cfg: Config, qt: str) -> dict[str, Any]:
+    """Enqueue throughput of the Client and SyncClient beside a raw confirmed publish."""
+    print(f"  {qt:8} enqueue, {cfg.enqueue_jobs} jobs a run", flush=True)
+    settings = worker_settings(run_name("enqueue", qt), qt, cfg.prefetch)
+    async with ricochet_queue(connection, settings):
+        return await enqueue_throughput(
+            URL, connection, settings.queue, cfg.enqueue_jobs, cfg.repeats, qt
+        )
+
+
 async def bench(cfg: Config) -> dict[str, Any]:
     connection = await aio_pika.connect(URL)
     try:
@@ -528,6 +540,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
                         for consumer in ("raw", "ricochet")
                     },
                 }
+            if "enqueue" in cfg.parts:
+                results["queue_types"][qt]["enqueue"] = await enqueues(connection, cfg, qt)
             if "outage" in cfg.parts:
                 results["queue_types"][qt]["outage"] = await outages(connection, channel, qt)
             if "memory" in cfg.parts:
@@ -557,6 +571,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument(
         "--outage", action="store_true", help="only the outage scenario (pausing off and on)"
     )
+    parser.add_argument(
+        "--enqueue", action="store_true", help="only the enqueue scenarios (Client, SyncClient)"
+    )
+    parser.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 2000)")
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     args = parser.parse_args(argv)
     cfg = Config()
@@ -566,9 +584,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
             repeats=3,
             memory_jobs=10_000,
             delay_s=5.0,
+            enqueue_jobs=500,
             out=ROOT / "bench" / "results" / "quick",
         )
-    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src"):
+    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src", "enqueue_jobs"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     if args.load is not None:
@@ -580,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.outage:
         cfg.scenarios, cfg.parts = [], ["outage"]
         cfg.out = cfg.out / "outage"
+    if args.enqueue:
+        cfg.scenarios, cfg.parts = [], ["enqueue"]
+        cfg.out = cfg.out / "enqueue"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -590,6 +612,10 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if cfg.parts == ["enqueue"]:
+        print()
+        print(enqueue_table(results))
+        return
     if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
         return
