@@ -29,7 +29,8 @@ from ricochet.settings import Settings
 from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
-from bench.report import evaluate, print_table
+from bench.enqueue import enqueue_throughput
+from bench.report import enqueue_table, evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,12 +47,14 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
 RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
 # Variants: NAME-no-otel runs the worker with opentelemetry not importable (as without the
 # otel extra), which every full run measures beside the happy path (installed, no tracer
-# configured: the default). Only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
-# NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log line per successful job),
-# NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
-# deliveries prefetch/2 at a time with multiple=True.
+# configured: the default), and NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log
+# line per successful job), the row beside the default INFO that shows what the line costs.
+# Only on request (--scenarios): NAME-uvloop runs the worker on uvloop, NAME@base runs the app/
+# of another checkout (--base-src), raw-multiple acks the raw loop's deliveries prefetch/2 at a
+# time with multiple=True.
 NO_OTEL = "-no-otel"
-FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}"]
+WARNINGS = "-warnings"
+FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}", f"happy{WARNINGS}"]
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
@@ -70,7 +73,8 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage"])
+    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage", "enqueue"])
+    enqueue_jobs: int = 2_000
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
@@ -120,7 +124,8 @@ class Child:
 
 
 def worker_settings(queue: str, queue_type: str, prefetch: int, **overrides: Any) -> Settings:
-    """The worker's settings: defaults (INFO JSON logs included), no HTTP server."""
+    """The worker's settings: defaults (INFO JSON logs, one line a job, as users run it), no
+    HTTP server."""
     values: dict[str, Any] = {
         "amqp_url": URL,
         "queue": queue,
@@ -208,7 +213,7 @@ async def throughput(
             args = ["ricochet", f"--outcome={outcome}"]
             args += ["--uvloop"] if scenario.endswith("-uvloop") else []
             args += ["--no-otel"] if scenario.endswith(NO_OTEL) else []
-            if scenario.endswith("-warnings"):
+            if scenario.endswith(WARNINGS):
                 env["RICOCHET_LOG_LEVEL"] = "WARNING"
             if scenario.endswith("@base"):
                 env["BENCH_APP_SRC"] = str(cfg.base_src)
@@ -219,7 +224,7 @@ async def throughput(
 def base_name(scenario: str) -> str:
     """happy@base, happy-uvloop, happy-warnings and happy-no-otel are variants of happy."""
     name = scenario.split("@")[0]
-    return name.removesuffix("-uvloop").removesuffix("-warnings").removesuffix(NO_OTEL)
+    return name.removesuffix("-uvloop").removesuffix(WARNINGS).removesuffix(NO_OTEL)
 
 
 def raw_twin(scenario: str) -> str:
@@ -234,7 +239,9 @@ def raw_args(settings: Settings, mode: str) -> list[str]:
         f"--queue={settings.queue}",
         f"--prefetch={settings.prefetch}",
         f"--mode={mode}",
-        f"--failed={settings.queue}.failed",
+        # The failure path's broker work: the copy to Q.failed, then the notice to Q.failed.events.
+        f"--copy-to={Names(settings.queue).failed}",
+        f"--copy-to={Names(settings.queue).events}",
     ]
 
 
@@ -498,6 +505,16 @@ async def outages(
     return result
 
 
+async def enqueues(connection: AbstractConnection, cfg: Config, qt: str) -> dict[str, Any]:
+    """Enqueue throughput of the Client and SyncClient beside a raw confirmed publish."""
+    print(f"  {qt:8} enqueue, {cfg.enqueue_jobs} jobs a run", flush=True)
+    settings = worker_settings(run_name("enqueue", qt), qt, cfg.prefetch)
+    async with ricochet_queue(connection, settings):
+        return await enqueue_throughput(
+            URL, connection, settings.queue, cfg.enqueue_jobs, cfg.repeats, qt
+        )
+
+
 async def bench(cfg: Config) -> dict[str, Any]:
     connection = await aio_pika.connect(URL)
     try:
@@ -523,6 +540,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
                         for consumer in ("raw", "ricochet")
                     },
                 }
+            if "enqueue" in cfg.parts:
+                results["queue_types"][qt]["enqueue"] = await enqueues(connection, cfg, qt)
             if "outage" in cfg.parts:
                 results["queue_types"][qt]["outage"] = await outages(connection, channel, qt)
             if "memory" in cfg.parts:
@@ -552,6 +571,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument(
         "--outage", action="store_true", help="only the outage scenario (pausing off and on)"
     )
+    parser.add_argument(
+        "--enqueue", action="store_true", help="only the enqueue scenarios (Client, SyncClient)"
+    )
+    parser.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 2000)")
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     args = parser.parse_args(argv)
     cfg = Config()
@@ -561,9 +584,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
             repeats=3,
             memory_jobs=10_000,
             delay_s=5.0,
+            enqueue_jobs=500,
             out=ROOT / "bench" / "results" / "quick",
         )
-    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src"):
+    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src", "enqueue_jobs"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     if args.load is not None:
@@ -575,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.outage:
         cfg.scenarios, cfg.parts = [], ["outage"]
         cfg.out = cfg.out / "outage"
+    if args.enqueue:
+        cfg.scenarios, cfg.parts = [], ["enqueue"]
+        cfg.out = cfg.out / "enqueue"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -585,6 +612,10 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if cfg.parts == ["enqueue"]:
+        print()
+        print(enqueue_table(results))
+        return
     if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
         return

@@ -1,7 +1,18 @@
 """ricochet: background jobs from RabbitMQ with broker-side exponential backoff."""
 
-from ricochet.errors import PermanentError
+from ricochet.client.client import Client
+from ricochet.client.sync import SyncClient
+from ricochet.errors import BrokerUnavailable, InvalidJob, NotConfirmed, PermanentError
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Router
 
-__all__ = ["Job", "PermanentError", "Router"]
+__all__ = [
+    "BrokerUnavailable",
+    "Client",
+    "InvalidJob",
+    "Job",
+    "NotConfirmed",
+    "PermanentError",
+    "Router",
+    "SyncClient",
+]

@@ -19,14 +19,13 @@ import structlog
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
-from ricochet.broker.connection import close_quietly, connect
+from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.topology import Names
 from ricochet.errors import BrokerUnavailable, RicochetError
 from ricochet.monitor.groups import group_by_reason
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Outcome, Selection
-from ricochet.service.process import connection_name
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.console")
