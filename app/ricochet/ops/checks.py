@@ -197,8 +197,8 @@ def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
             checks.append(Check(label, "fail", f"missing: {DECLARE}"))
             continue
         differences = _argument_differences(arguments, found.get("arguments", {}))
-        if found.get("type") != kind.value:
-            differences.insert(0, f"type {found.get('type')} (wants {kind.value})")
+        if found.get("type") != kind:
+            differences.insert(0, f"type {found.get('type')} (wants {kind})")
         if differences:
             delete = _curl_delete(state, f"exchanges/{_q(state.vhost)}/{_q(name)}")
             checks.append(
@@ -210,7 +210,7 @@ def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
                 )
             )
         else:
-            checks.append(Check(label, "ok", f"{kind.value}, as the settings declare it"))
+            checks.append(Check(label, "ok", f"{kind}, as the settings declare it"))
     return checks
 
 

@@ -38,7 +38,7 @@ def plan_table(plan: Plan) -> str:
     exchanges = table(
         ["exchange", "type", "arguments"],
         [
-            (name, kind.value, ", ".join(f"{k}={v}" for k, v in args.items()))
+            (name, kind, ", ".join(f"{k}={v}" for k, v in args.items()))
             for name, kind, args in plan.exchanges
         ],
     )
