@@ -25,12 +25,16 @@ from aio_pika.message import IncomingMessage
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
 from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
 
 # What a dropped connection or a closed channel raises from any call on it.
 CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
+# What the broker closes the connection with for a command it cannot carry out: an exchange of
+# a type no enabled plugin provides, say.
+COMMAND_INVALID = ConnectionCommandInvalid
 # Absent, transient, persistent: the delivery modes aio-pika decodes.
 KNOWN_DELIVERY_MODES = (None, 1, 2)
 

@@ -14,7 +14,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ricochet.broker.amqp import broker_version
+from ricochet.broker.amqp import COMMAND_INVALID, broker_version
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.management import open_api, vhost
 from ricochet.errors import ConfigError, ManagementUnavailable
@@ -605,14 +605,26 @@ async def _retire_stale_lanes(d: _Declarer, p: Plan) -> None:
             await (await d.channel()).exchange_delete(n.lanes(k))
 
 
+async def _declare_exchange(d: _Declarer, name: str, kind: str, arguments: dict[str, Any]) -> None:
+    try:
+        await (await d.channel()).declare_exchange(name, kind, durable=True, arguments=arguments)
+    except COMMAND_INVALID as error:
+        if kind != RANDOM_EXCHANGE:
+            raise
+        raise ConfigError(
+            f"RICOCHET_RETRY_JITTER needs the random exchange, which the broker lacks ({error}): "
+            "enable it with `rabbitmq-plugins enable rabbitmq_random_exchange`, or set "
+            "RICOCHET_RETRY_JITTER=0"
+        ) from None
+
+
 async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
     p = plan(settings, broker_version(connection))
     d = _Declarer(connection, settings, p.names)
     try:
-        ch = await d.channel()
         for name, kind, arguments in p.exchanges:
-            await ch.declare_exchange(name, kind, durable=True, arguments=arguments)
+            await _declare_exchange(d, name, kind, arguments)
         for spec in p.queues:
             await d.queue(spec)
         await _declare_tiers(d, p)
