@@ -210,7 +210,16 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
     tiers = range(1, MAX_TIERS + 1)
     lanes = [n.lane(k, i) for k in tiers for i in range(1, LANES)]
     delays = [n.delay(k) for k in range(DELAY_LEVELS)]
-    for name in [n.queue, n.failed, n.events, n.cancels, *map(n.tier, tiers), *lanes, *delays]:
+    for name in [
+        n.queue,
+        n.failed,
+        n.events,
+        n.record,
+        n.cancels,
+        *map(n.tier, tiers),
+        *lanes,
+        *delays,
+    ]:
         await channel.queue_delete(name)
     for name in [
         n.dlx,

@@ -10,7 +10,8 @@ import click
 
 from ricochet.broker.connection import connect
 from ricochet.broker.publish import header_value, publish_job
-from ricochet.broker.topology import Names, declare, plan
+from ricochet.broker.record import declare_recorded
+from ricochet.broker.topology import Names, plan
 from ricochet.errors import BrokerUnavailable, ConfigError, RicochetError
 from ricochet.handlers.invoker import Invoker, load_handler
 from ricochet.log import configure_logging
@@ -137,7 +138,7 @@ def topology(dry_run: bool) -> None:
                 "failed queues) also get x-delivery-limit=-1: no delivery limit drops a job."
             )
         return
-    declared = _run(_with_connection(settings, "topology", lambda c: declare(c, settings)))
+    declared = _run(_with_connection(settings, "topology", lambda c: declare_recorded(c, settings)))
     click.echo(plan_table(declared))
 
 
@@ -146,7 +147,7 @@ def topology(dry_run: bool) -> None:
 def status(as_json: bool) -> None:
     """Depth and consumers of the main queue, each tier, and the failed queues."""
     settings = _settings()
-    rows = _run(_with_connection(settings, "status", lambda c: read_status(c, plan(settings))))
+    rows = _run(_with_connection(settings, "status", lambda c: read_status(c, settings)))
     if as_json:
         click.echo(json.dumps({"queues": [r.as_dict() for r in rows]}, indent=2))
     else:

@@ -13,6 +13,7 @@ import aio_pika
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.record import declare_recorded
 from ricochet.broker.topology import Names, declare
 from ricochet.monitor.backlog import failed_at_s
 from ricochet.monitor.monitor import Monitor, run_monitor
@@ -85,7 +86,10 @@ async def start_monitor(
     monitors: list[InProcessMonitor] = []
 
     async def start(**overrides: Any) -> InProcessMonitor:
-        monitor = await InProcessMonitor(make_settings(queue_name, **overrides)).start()
+        """A monitor beside a topology a worker has declared (its tiers are the worker's)."""
+        settings = make_settings(queue_name, **overrides)
+        await declare_recorded(connection, settings)
+        monitor = await InProcessMonitor(settings).start()
         monitors.append(monitor)
         return monitor
 

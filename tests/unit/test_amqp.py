@@ -2,13 +2,24 @@
 
 import datetime as dt
 import struct
+from importlib import metadata
 from typing import Any
 
+import aio_pika
+import pamqp.frame
 import pytest
 from aio_pika.message import IncomingMessage
 from aiormq.exceptions import InvalidFrameError
 from pamqp import commands, header
-from ricochet.broker.amqp import Delivery, read_properties_leniently, table_size
+from ricochet.broker.amqp import (
+    AMQP_NAMES,
+    Delivery,
+    adapter_problems,
+    read_properties_leniently,
+    require_adapter,
+    table_size,
+)
+from ricochet.errors import ConfigError
 
 from tests.support import ForeignBytes, ForeignTimestamp
 from tests.unit.frames import HEADERS, PROPERTIES, delivered, read_by_aiormq, read_leniently
@@ -41,7 +52,8 @@ def test_delivery_reads_what_aio_pika_reads(method: Any) -> None:
     by_aio_pika = IncomingMessage(raw)
     assert {f: getattr(delivery, f) for f in FIELDS} == {f: getattr(by_aio_pika, f) for f in FIELDS}
     assert delivery.headers == HEADERS
-    assert delivery.decoded().app_id == "billing"
+    copied = ("content_type", "content_encoding", "message_id", "type", "timestamp", "app_id")
+    assert delivery.properties(copied) == {f: getattr(by_aio_pika, f) for f in copied}
 
 
 async def test_delivery_is_settled_on_its_channel() -> None:
@@ -109,18 +121,21 @@ async def test_unreadable_properties_are_read_leniently(
     delivery = await read_leniently(sent, b"\x00\xff")
     assert delivery.unreadable == unreadable
     assert (delivery.body, delivery.delivery_tag, delivery.routing_key) == (b"\x00\xff", 3, "jobs")
-    decoded = delivery.decoded()
-    kept = decoded.properties
-    assert {name: getattr(kept, name) for name in read} == read
-    assert (kept.app_id, kept.delivery_mode) == ("billing", 2)
-    kept.marshal()  # and a copy can carry them
+    names = {AMQP_NAMES.get(name, name): name for name in read}
+    kept = delivery.properties([*names, "app_id"])
+    assert {name: kept[amqp] for amqp, name in names.items()} == read
+    assert kept["app_id"] == "billing"
+    aio_pika.Message(b"", **kept).properties.marshal()  # and a copy can carry them
 
 
 async def test_readable_properties_read_as_pamqp_reads_them() -> None:
     """A delivery pamqp reads is read by pamqp alone, unmarked."""
     delivery = await read_leniently(PROPERTIES, b"{}")
     assert delivery.unreadable is None
-    assert type(delivery.decoded().properties) is commands.Basic.Properties
+    assert delivery.properties(["message_id", "type"]) == {
+        "message_id": PROPERTIES.message_id,
+        "type": PROPERTIES.message_type,
+    }
     assert delivery.headers == HEADERS
 
 
@@ -144,3 +159,44 @@ async def test_header_broken_beyond_its_values_is_still_refused() -> None:
     table = struct.pack(">I", 100) + b"\x01\xff" + b"t\x01"  # 100 bytes said, 5 there
     with pytest.raises(InvalidFrameError, match="Field table length exceeds available data"):
         await read_by_aiormq(RawHeader(class_weight_size_flags + table))
+
+
+INSTALLED = {"pamqp": "4.0.1", "aiormq": "7.2.4"}
+
+
+@pytest.mark.parametrize(
+    ("versions", "problems"),
+    [
+        (INSTALLED, []),
+        ({"pamqp": "4.9", "aiormq": "7.0.0"}, []),
+        (
+            {"pamqp": "5.0.0", "aiormq": "7.2.4"},
+            ["pamqp 5.0.0 is installed; ricochet is written for pamqp 4.x"],
+        ),
+        (
+            {"pamqp": "4.0.1", "aiormq": "8.0.0"},
+            ["aiormq 8.0.0 is installed; ricochet is written for aiormq 7.x"],
+        ),
+    ],
+)
+def test_the_adapter_names_a_library_of_another_major(
+    versions: dict[str, str], problems: list[str]
+) -> None:
+    assert adapter_problems(versions) == problems
+
+
+def test_the_adapter_names_a_private_name_that_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgrade that renames what the adapter wraps is named, with the package's version."""
+    monkeypatch.delattr(pamqp.frame, "_unmarshal_header_frame")
+    assert adapter_problems(INSTALLED) == ["pamqp 4.0.1 has no pamqp.frame._unmarshal_header_frame"]
+
+
+def test_connecting_refuses_libraries_that_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any connection: a ConfigError (exit 2) naming the package and its version."""
+    monkeypatch.setattr(metadata, "version", lambda package: "9.0.0")
+    with pytest.raises(ConfigError, match=r"pamqp 9\.0\.0 is installed; ricochet is written for"):
+        read_properties_leniently()
+
+
+def test_the_installed_libraries_fit() -> None:
+    require_adapter()

@@ -15,13 +15,13 @@ delivery: see there.
 import datetime as dt
 import re
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
 from typing import Any
 
 import pamqp.frame
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
-from aio_pika.message import IncomingMessage
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
 from aiormq.abc import DeliveredMessage
@@ -29,6 +29,8 @@ from aiormq.exceptions import ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
+
+from ricochet.errors import ConfigError
 
 # What a dropped connection or a closed channel raises from any call on it.
 CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
@@ -81,13 +83,10 @@ class Delivery:
         """Reject without requeue: the broker moves it on through the queue's dead-letter route."""
         await self._raw.channel.basic_nack(self.delivery_tag, requeue=False)
 
-    def decoded(self) -> IncomingMessage:
-        """Every property decoded, as aio-pika does it: what a copy of this message carries."""
+    def properties(self, names: Iterable[str]) -> dict[str, Any]:
+        """These properties, by the names aio_pika.Message takes, as they were read."""
         properties = self._raw.header.properties
-        if properties.delivery_mode not in KNOWN_DELIVERY_MODES:
-            # aio-pika refuses a mode other clients may send (0, 3); a copy is persistent anyway.
-            properties.delivery_mode = None
-        return IncomingMessage(self._raw)
+        return {name: getattr(properties, PAMQP_NAMES.get(name, name)) for name in names}
 
 
 # The frame reader pamqp itself uses for a content header; read_properties_leniently() wraps it.
@@ -96,8 +95,56 @@ _read_header_strictly = pamqp.frame._unmarshal_header_frame
 SHORT_STRING_MAX_BYTES = 255
 # Property names as the AMQP spec and a failed copy spell them, where pamqp's differ.
 AMQP_NAMES = {"message_type": "type"}
+PAMQP_NAMES = {amqp: pamqp for pamqp, amqp in AMQP_NAMES.items()}
 
 Problems = list[str]
+
+
+# The majors of the protocol libraries this adapter was written against, and the private names
+# of theirs that it wraps or reads: an upgrade that moves one must stop ricochet at start, not
+# let a delivery it would have read kill the connection later.
+WRITTEN_FOR = {"pamqp": 4, "aiormq": 7}
+PRIVATE_NAMES: tuple[tuple[str, object, str], ...] = (
+    ("pamqp", pamqp.frame, "_unmarshal_header_frame"),
+    ("pamqp", ContentHeader, "unmarshal"),
+    ("pamqp", spec.Basic.Properties, "__slots__"),
+    ("pamqp", spec.Basic.Properties, "flags"),
+    ("pamqp", spec.Basic.Properties, "amqp_type"),
+    ("pamqp", decode, "by_type"),
+    ("aiormq", DeliveredMessage, "header"),
+    ("aiormq", DeliveredMessage, "delivery"),
+    ("aiormq", DeliveredMessage, "channel"),
+)
+
+
+def adapter_problems(
+    versions: Mapping[str, str], names: Iterable[tuple[str, object, str]] = PRIVATE_NAMES
+) -> list[str]:
+    """What keeps this adapter from working with these installed versions (pure)."""
+    problems = [
+        f"{package} {versions[package]} is installed; ricochet is written for {package} {major}.x"
+        for package, major in WRITTEN_FOR.items()
+        if (parse_version(versions[package]) or ())[:1] != (major,)
+    ]
+    problems += [
+        f"{package} {versions[package]} has no {getattr(owner, '__name__', owner)}.{name}"
+        for package, owner, name in names
+        if not _has(owner, name)
+    ]
+    return problems
+
+
+def _has(owner: object, name: str) -> bool:
+    """An attribute, or a field a class declares without a default (aiormq's DeliveredMessage)."""
+    return hasattr(owner, name) or name in getattr(owner, "__annotations__", {})
+
+
+def require_adapter() -> None:
+    """Refuse to go on (ConfigError) with protocol libraries this adapter cannot work with."""
+    versions = {package: metadata.version(package) for package in WRITTEN_FOR}
+    problems = adapter_problems(versions)
+    if problems:
+        raise ConfigError("the AMQP libraries do not fit: " + "; ".join(problems))
 
 
 def read_properties_leniently() -> None:
@@ -113,6 +160,7 @@ def read_properties_leniently() -> None:
     values (truncated, an unknown field type) still closes the connection. The process has one
     pamqp, so this holds for every connection; calling it again changes nothing.
     """
+    require_adapter()
     pamqp.frame._unmarshal_header_frame = _read_header
 
 

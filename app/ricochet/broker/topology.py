@@ -49,6 +49,21 @@ CANCELS_MAX_AGE_S = 31 * 86_400
 CANCELS_SEGMENT_BYTES = 1_000_000  # retention drops whole segments: small ones go on time
 
 
+# The settings plan() reads: recorded in the broker by a declaration (broker/record.py), so
+# that commands which only read the topology take them from there, not from their own settings.
+PLAN_FIELDS = frozenset(
+    {
+        "queue_type",
+        "max_retries",
+        "retry_delay_ms",
+        "retry_delay_multiplier",
+        "retry_delay_max_ms",
+        "retry_delays_ms",
+        "retry_jitter",
+    }
+)
+
+
 def tier_delays_ms(first_ms: int, multiplier: float, cap_ms: int, tiers: int) -> list[int]:
     """Delay of each retry tier k = 1..tiers: first * multiplier^(k-1), capped, whole ms."""
     return [round(min(first_ms * multiplier ** (k - 1), cap_ms)) for k in range(1, tiers + 1)]
@@ -111,6 +126,11 @@ class Names:
     @property
     def events(self) -> str:
         return f"{self.queue}.failed.events"
+
+    @property
+    def record(self) -> str:
+        """The queue holding the settings the topology was declared with (broker/record.py)."""
+        return f"{self.queue}.topology"
 
     def tier(self, k: int) -> str:
         return f"{self.queue}.retry.{k}"
@@ -641,6 +661,27 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
         await _retire_stale_lanes(d, p)
         for b in p.bindings:
             if b not in first:
+                await d.bind(b)
+    finally:
+        await d.close()
+    return p
+
+
+async def declare_failed_side(connection: AbstractConnection, settings: Settings) -> Plan:
+    """Declare only the failed exchange, the failed and events queues and their bindings (the
+    monitor's part, which the retry settings do not shape); return the whole plan."""
+    p = plan(settings, broker_version(connection))
+    d = _Declarer(connection, settings, p.names)
+    try:
+        ch = await d.channel()
+        for name, kind, arguments in p.exchanges:
+            if name == p.names.failed:
+                await ch.declare_exchange(name, kind, durable=True, arguments=arguments)
+        for spec in p.queues:
+            if spec.name in (p.names.failed, p.names.events):
+                await d.queue(spec)
+        for b in p.bindings:
+            if b.source == p.names.failed:
                 await d.bind(b)
     finally:
         await d.close()

@@ -16,6 +16,7 @@ from ricochet.delivery.retry import (
     RUN_AT_HEADER,
     Facts,
     FailureKind,
+    is_int,
     job_type,
 )
 from ricochet.delivery.tracebacks import format_traceback
@@ -171,13 +172,20 @@ def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
     return fitted
 
 
-def copy_of(message: AbstractMessage, headers: dict[str, Any]) -> aio_pika.Message:
-    """A persistent copy of a message: its body and the properties a copy keeps, these headers."""
+def properties_of(message: AbstractMessage) -> dict[str, Any]:
+    """The properties a copy keeps, of a message aio-pika has read."""
+    return {name: getattr(message, name) for name in COPIED_PROPERTIES}
+
+
+def copy_of(
+    body: bytes, properties: Mapping[str, Any], headers: dict[str, Any]
+) -> aio_pika.Message:
+    """A persistent copy of a message: its body, the properties a copy keeps, these headers."""
     return aio_pika.Message(
-        message.body,
+        body,
         headers=headers,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        **{name: getattr(message, name) for name in COPIED_PROPERTIES},
+        **{name: properties[name] for name in COPIED_PROPERTIES},
     )
 
 
@@ -233,12 +241,15 @@ def failed_copy(
         # The header's traceback as it was before fitting: a log line has no frame to fit.
         "exception": headers["failed-traceback"].removesuffix("\n"),
     }
-    return FailedCopy(copy_of(delivery.decoded(), fitted), log_fields)
+    copy = copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), fitted)
+    return FailedCopy(copy, log_fields)
 
 
 def cleaned_copy(delivery: Delivery) -> aio_pika.Message:
     """The copy of a delivery without the broker's dead-letter headers (a forged x-death)."""
-    return copy_of(delivery.decoded(), copied_headers(delivery.headers))
+    return copy_of(
+        delivery.body, delivery.properties(COPIED_PROPERTIES), copied_headers(delivery.headers)
+    )
 
 
 def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
@@ -248,7 +259,7 @@ def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
     headers = copied_headers(delivery.headers)
     if retries:
         headers[RETRIES_HEADER] = retries
-    return copy_of(delivery.decoded(), headers)
+    return copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), headers)
 
 
 @dataclass(frozen=True)
@@ -284,6 +295,6 @@ def read_failure(
         # the monitor's log and the webhook through here.
         reason=redact(_text(headers.get("failed-reason")) or "unknown"),
         kind=_text(headers.get("failed-kind")),
-        retry_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        retry_count=count if is_int(count) else None,
         failed_at=_text(headers.get("failed-at")),
     )

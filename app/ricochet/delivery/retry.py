@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
@@ -93,8 +93,13 @@ def job_type(amqp_type: str | None, body: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool (True is an int to Python, never a count to a header)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return is_int(value) and value > 0
 
 
 def _is_death_entry(entry: Any) -> bool:
@@ -137,7 +142,7 @@ def _header_retries(headers: Mapping[str, Any]) -> int | None:
     wanted = headers.get("max-retries")
     if isinstance(wanted, str) and wanted.isascii() and wanted.isdigit():  # not "²", int() fails
         return int(wanted)
-    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
+    if is_int(wanted) and wanted >= 0:
         return wanted
     return None
 
@@ -161,9 +166,7 @@ def _returns(headers: Mapping[str, Any], redelivered: bool, retries: int) -> int
     that only lets a job that crashes its worker run a few more times.
     """
     counts = [
-        c
-        for c in (headers.get("x-delivery-count"), headers.get("x-acquired-count"))
-        if isinstance(c, int) and not isinstance(c, bool)
+        c for c in (headers.get("x-delivery-count"), headers.get("x-acquired-count")) if is_int(c)
     ]
     return max(counts) - retries if redelivered and counts else None
 
@@ -174,7 +177,7 @@ def _retries(rejection: Mapping[str, Any] | None) -> int:
 
 def _copied_retries(headers: Mapping[str, Any]) -> int:
     value = headers.get(RETRIES_HEADER)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if is_int(value) and value > 0 else 0
 
 
 def parse_run_at(value: Any) -> dt.datetime | None:

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ricochet.broker.topology import MAX_TIERS
+from ricochet.delivery.retry import is_int
 from ricochet.errors import InvalidPayload, PermanentError, UnknownJobType
 from ricochet.handlers.job import Job
 
@@ -98,11 +99,7 @@ class Router:
 def _check_max_retries(job_type: str, max_retries: int | None) -> None:
     if max_retries is None:
         return
-    if (
-        not isinstance(max_retries, int)
-        or isinstance(max_retries, bool)
-        or not 0 <= max_retries <= MAX_TIERS
-    ):
+    if not is_int(max_retries) or not 0 <= max_retries <= MAX_TIERS:
         raise ValueError(
             f"max_retries={max_retries!r} for job type {job_type!r} is invalid: "
             f"allowed is an integer from 0 to {MAX_TIERS}, or None"

@@ -13,7 +13,8 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.topology import EVENTS_MAX_LENGTH, Names, Plan, declare
+from ricochet.broker.record import declared_settings
+from ricochet.broker.topology import EVENTS_MAX_LENGTH, Names, Plan, declare_failed_side
 from ricochet.delivery.failed import read_failure
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
 from ricochet.observe.alerts import (
@@ -65,8 +66,10 @@ class Monitor:
         log.info("stopped")
 
     async def _watch(self, connection: AbstractConnection) -> None:
-        """Declare, then consume the events until a stop is requested or the connection dies."""
-        plan = await declare(connection, self._settings)
+        """Declare the failed side, then consume the events until a stop is requested or the
+        connection dies. The tiers are the worker's: read from the broker, never declared here."""
+        settings = await declared_settings(connection, self._settings)
+        plan = await declare_failed_side(connection, settings)
         self._held.clear()  # of a closed channel: the broker delivers them again
         channel = await connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=PREFETCH)

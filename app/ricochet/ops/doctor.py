@@ -4,8 +4,13 @@ import asyncio
 import re
 from urllib.parse import quote
 
+import structlog
+
+from ricochet.broker.connection import close_quietly, connect
 from ricochet.broker.management import open_api, vhost
-from ricochet.broker.topology import Plan, plan
+from ricochet.broker.record import declared_settings
+from ricochet.broker.topology import PLAN_FIELDS, Plan, plan
+from ricochet.errors import BrokerUnavailable
 from ricochet.ops.checks import (
     BrokerState,
     Check,
@@ -23,7 +28,12 @@ from ricochet.ops.checks import (
 )
 from ricochet.ops.policies import policy_check
 from ricochet.ops.versions import broker_version, version_check
+from ricochet.service.process import connection_name
 from ricochet.settings import Settings
+
+log = structlog.get_logger("ricochet.doctor")
+# Reading the declared settings is a convenience: doctor does not wait long for it.
+RECORD_CONNECT_S = 5.0
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
 OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
@@ -88,8 +98,28 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     ]
 
 
+async def settings_to_check(settings: Settings) -> Settings:
+    """The settings to check the broker against: those given, or, when no retry setting was
+    given, those the topology was declared with (broker/record.py), read over AMQP; a broker
+    that cannot be reached that way leaves the settings as they are."""
+    if settings.model_fields_set & PLAN_FIELDS:
+        return settings
+    try:
+        connection = await connect(
+            settings.amqp_url, connection_name("doctor", settings.queue), RECORD_CONNECT_S
+        )
+    except BrokerUnavailable as error:
+        log.warning("declared settings unknown, checking against the defaults", error=str(error))
+        return settings
+    try:
+        return await declared_settings(connection, settings)
+    finally:
+        await close_quietly(connection)
+
+
 async def run_doctor(settings: Settings) -> list[Check]:
     """Read the broker (GETs only) and check it; ManagementUnavailable when the API cannot be."""
+    settings = await settings_to_check(settings)
     # The names to read do not depend on the broker's version; the arguments to expect do.
     state = await read_state(settings.management_url, settings.amqp_url, plan(settings))
     return diagnose(settings, state)

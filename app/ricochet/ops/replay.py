@@ -24,8 +24,10 @@ from ricochet.delivery.failed import (
     FailureInfo,
     copied_headers,
     copy_of,
+    properties_of,
     read_failure,
 )
+from ricochet.delivery.retry import is_int
 from ricochet.errors import MissingQueue, RicochetError
 from ricochet.service.process import stop_signals
 from ricochet.tracing import inject_current
@@ -62,7 +64,7 @@ def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS
     }
     previous = headers.get(REPLAY_COUNT)
-    if not isinstance(previous, int) or isinstance(previous, bool) or previous < 0:
+    if not is_int(previous) or previous < 0:
         previous = 0
     kept[REPLAY_COUNT] = previous + 1
     return kept
@@ -131,7 +133,7 @@ async def _move(channel: AbstractChannel, queue: str, message: AbstractIncomingM
     """Publish the job back to the main queue, confirmed, then ack its failed copy."""
     headers = replayed_headers(message.headers or {})
     inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
-    await publish_to_queue(channel, queue, copy_of(message, headers))
+    await publish_to_queue(channel, queue, copy_of(message.body, properties_of(message), headers))
     # A crash right here leaves the job in both queues: the only at-least-once window.
     await message.ack()
     log.info("replayed", message_id=message.message_id, type=message.type)

@@ -3,8 +3,10 @@
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.depth import KeptChannel, read_depth
-from ricochet.broker.topology import Plan
+from ricochet.broker.record import declared_settings
+from ricochet.broker.topology import Plan, plan
 from ricochet.ops.report import QueueStatus, roles
+from ricochet.settings import Settings
 
 
 class StatusReader:
@@ -29,9 +31,10 @@ class StatusReader:
         await self._channel.close()
 
 
-async def read_status(connection: AbstractConnection, plan: Plan) -> list[QueueStatus]:
-    """Depth and consumers of every queue of the plan, read once."""
+async def read_status(connection: AbstractConnection, settings: Settings) -> list[QueueStatus]:
+    """Depth and consumers of every queue of the topology as it was declared, read once."""
+    declared = plan(await declared_settings(connection, settings))
     reader = StatusReader(connection)
-    statuses = await reader.read(plan)
+    statuses = await reader.read(declared)
     await reader.close()
     return statuses

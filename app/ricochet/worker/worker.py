@@ -11,7 +11,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.record import declare_recorded
+from ricochet.broker.topology import Names
 from ricochet.delivery.retry import Outcome
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import PAUSED, RESUMED, pause_alert
@@ -76,7 +77,7 @@ class Worker:
 
     async def _consume(self, connection: AbstractConnection) -> None:
         """Declare, then consume until a stop is requested (drained here) or the connection dies."""
-        plan = await declare(connection, self._settings)
+        plan = await declare_recorded(connection, self._settings)
         await self._cancels.follow(connection)  # before any job: every cancel made until now
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=self._settings.prefetch)
@@ -169,7 +170,7 @@ class Worker:
             with attempt:
                 if connection.is_closed:
                     return False
-                await declare(connection, self._settings)
+                await declare_recorded(connection, self._settings)
         return True
 
     async def _drain(self) -> None:

@@ -1,0 +1,94 @@
+"""The settings the topology was declared with, kept in the broker beside it.
+
+`worker` and `topology` declare the topology from their settings and write them here. Every other
+command (status, monitor, replay, doctor, failed, cancel) reads them back, so it needs only the
+broker's URL and the queue's name: it neither needs the worker's retry settings nor redeclares
+or deletes a tier the worker declared. AMQP cannot read a queue's arguments back, so the record is
+a message: one persistent JSON object in a classic queue of length one, read without taking it
+(basic.get, then handed back). A classic queue counts no deliveries, so reading spends nothing.
+"""
+
+import asyncio
+import json
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import ChannelNotFoundEntity
+
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.topology import PLAN_FIELDS, Names, Plan, declare
+from ricochet.settings import Settings
+
+ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "classic",
+    "x-max-length": 1,
+    "x-overflow": "drop-head",
+}
+# Another reader may hold the record for a moment (between its get and its hand-back).
+READ_TRIES = 10
+READ_PAUSE_S = 0.05
+
+
+def record_of(settings: Settings) -> bytes:
+    """The record a declaration writes: the settings its plan is made of (pure)."""
+    return json.dumps(settings.model_dump(include=set(PLAN_FIELDS)), sort_keys=True).encode()
+
+
+def recorded_settings(settings: Settings, record: dict[str, Any] | None) -> Settings:
+    """These settings with the plan's part taken from the record, when there is one (pure)."""
+    if record is None:
+        return settings
+    return settings.model_copy(update={k: v for k, v in record.items() if k in PLAN_FIELDS})
+
+
+async def write_record(channel: AbstractChannel, settings: Settings) -> None:
+    """Keep the settings the topology was just declared with; the record before is dropped.
+
+    The channel must confirm publishes: the record is written before the worker consumes."""
+    name = Names(settings.queue).record
+    await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
+    message = aio_pika.Message(
+        record_of(settings),
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+    await channel.default_exchange.publish(message, routing_key=name)
+
+
+async def declare_recorded(connection: AbstractConnection, settings: Settings) -> Plan:
+    """Declare the topology (broker/topology.py), then record the settings it was declared with."""
+    declared = await declare(connection, settings)
+    channel = await confirming_channel(connection)
+    try:
+        await write_record(channel, settings)
+    finally:
+        await channel.close()
+    return declared
+
+
+async def read_record(connection: AbstractConnection, queue: str) -> dict[str, Any] | None:
+    """The record of the queue's topology, or None when nothing has declared it yet."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        try:
+            records = await channel.declare_queue(Names(queue).record, passive=True)
+        except ChannelNotFoundEntity:
+            return None
+        for _ in range(READ_TRIES):
+            message = await records.get(no_ack=False, fail=False)
+            if message is not None:
+                await message.nack(requeue=True)
+                record: dict[str, Any] = json.loads(message.body)
+                return record
+            await asyncio.sleep(READ_PAUSE_S)
+        return None
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def declared_settings(connection: AbstractConnection, settings: Settings) -> Settings:
+    """The settings the queue's topology was declared with, as far as its plan goes; these
+    settings' own when nothing has declared it yet."""
+    return recorded_settings(settings, await read_record(connection, settings.queue))
