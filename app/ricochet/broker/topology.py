@@ -203,6 +203,14 @@ class Plan:
     tiers: list[QueueSpec] = field(default_factory=list)
     # The lanes of jittered tiers (none without jitter), tier by tier.
     lanes: list[QueueSpec] = field(default_factory=list)
+    # The levels of the delays (schedules, RetryLater), and the cancel store.
+    delays: list[QueueSpec] = field(default_factory=list)
+    cancel_store: QueueSpec | None = None
+
+    @property
+    def declared_queues(self) -> list[QueueSpec]:
+        """Every queue but the tiers and lanes (whose delays may differ from the settings')."""
+        return [*self.queues, *self.delays, *([self.cancel_store] if self.cancel_store else [])]
 
     @property
     def jittered(self) -> bool:
@@ -283,31 +291,31 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
             QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl, **unlimited}),
             QueueSpec(n.failed, {**qtype, **unlimited}),
             QueueSpec(n.events, {**qtype, "x-max-length": EVENTS_MAX_LENGTH, **unlimited}),
-            *(
-                QueueSpec(
-                    n.delay(k),
-                    {
-                        **qtype,
-                        TTL: 2**k * DELAY_UNIT_MS,
-                        # No routing key of its own: the job keeps its delay key to the end.
-                        "x-dead-letter-exchange": _level_below(n, k),
-                        **dl,
-                    },
-                )
-                for k in range(DELAY_LEVELS)
-            ),
-            QueueSpec(
-                n.cancels,
-                {
-                    QUEUE_TYPE: "stream",
-                    "x-max-age": CANCELS_MAX_AGE,
-                    "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
-                },
-            ),
         ],
         bindings=bindings,
         tiers=tiers,
         lanes=lane_specs,
+        delays=[
+            QueueSpec(
+                n.delay(k),
+                {
+                    **qtype,
+                    TTL: 2**k * DELAY_UNIT_MS,
+                    # No routing key of its own: the job keeps its delay key to the end.
+                    "x-dead-letter-exchange": _level_below(n, k),
+                    **dl,
+                },
+            )
+            for k in range(DELAY_LEVELS)
+        ],
+        cancel_store=QueueSpec(
+            n.cancels,
+            {
+                QUEUE_TYPE: "stream",
+                "x-max-age": CANCELS_MAX_AGE,
+                "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
+            },
+        ),
     )
 
 
@@ -645,7 +653,7 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     try:
         for name, kind, arguments in p.exchanges:
             await _declare_exchange(d, name, kind, arguments)
-        for spec in p.queues:
+        for spec in p.declared_queues:
             await d.queue(spec)
         await _declare_tiers(d, p)
         await _retire_stale_tiers(d, p)
