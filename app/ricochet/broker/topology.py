@@ -216,6 +216,10 @@ class Plan:
     def jittered(self) -> bool:
         return bool(self.lanes)
 
+    def lanes_of(self, k: int) -> list[QueueSpec]:
+        """Tier k's lanes 1..LANES-1 (none without jitter)."""
+        return self.lanes[(k - 1) * (LANES - 1) : k * (LANES - 1)]
+
 
 def _dead_lettering(queue_type: str) -> dict[str, Any]:
     # Quorum queues can dead-letter at-least-once, which requires reject-publish overflow.
@@ -579,7 +583,7 @@ async def _declare_tiers(d: _Declarer, p: Plan) -> None:
     n = p.names
     for k, spec in enumerate(p.tiers, start=1):
         await _declare_waiting(d, spec, functools.partial(_unbind_tier_source, d, p, k), "tier")
-        for lane in p.lanes[(k - 1) * (LANES - 1) : k * (LANES - 1)]:
+        for lane in p.lanes_of(k):
             # A random exchange picks among the lanes bound: one unbound is simply not picked.
             unbind = functools.partial(d.unbind_queue, Binding(n.lanes(k), lane.name))
             await _declare_waiting(d, lane, unbind, "lane")
