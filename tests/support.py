@@ -46,6 +46,8 @@ def make_settings(queue: str, **overrides: Any) -> Settings:
         "connect_timeout_s": 5,
         "shutdown_timeout_s": 5,
     }
+    if "retry_delays_ms" in overrides:  # an explicit ladder replaces the formula's delays
+        del values["retry_delay_ms"]
     values.update(overrides)
     return Settings(**values)
 
