@@ -16,7 +16,7 @@ from ricochet import Job, RetryLater
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.topology import Names
 
-from tests.support import StartWorker, depth, publish, take, wait_for
+from tests.support import StartWorker, depth, exists, publish, take, wait_for
 
 QUEUE_TYPES = ["quorum", "classic"]
 # An idle worker runs a due job within this of its time (SPEC section 15).
@@ -259,3 +259,44 @@ async def test_a_worker_started_after_a_cancel_honours_it(
     second = await start_worker(clock)
     await wait_for(lambda: second.count("cancelled") == 1, 10, "the cancelled job")
     assert "late" not in clock.runs
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_restarting_with_jitter_on_or_off_loses_and_duplicates_nothing(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+    queue_type: str,
+) -> None:
+    """Jobs waiting in a tier when a worker restarts with jitter, and in the lanes when it
+    restarts without jitter and with another ladder, each come back once; the lanes go once
+    they are empty."""
+    clock = Clock()
+    n = Names(queue_name)
+    plain = {"queue_type": queue_type, "retry_delays_ms": "1500,1500"}
+    jittered = {**plain, "retry_jitter": 0.5}
+    batches = {
+        "on": [f"on-{i}" for i in range(30)],
+        "off": [f"off-{i}" for i in range(30)],
+    }
+    for before, after, ids in (
+        (plain, jittered, batches["on"]),
+        (jittered, {"queue_type": queue_type, "retry_delays_ms": "1000"}, batches["off"]),
+    ):
+        worker = await start_worker(clock, **before)
+        for message_id in ids:
+            await publish(channel, queue_name, json.dumps({"fail": 1}), message_id=message_id)
+        for message_id in ids:
+            await ran(clock, message_id)
+        await worker.stop()
+        restarted = await start_worker(clock, **after)
+        for message_id in ids:
+            await ran(clock, message_id, 2)
+        await restarted.stop()
+    await asyncio.sleep(1)
+    for message_id in [*batches["on"], *batches["off"]]:
+        assert clock.attempts(message_id) == [1, 2], message_id
+    await start_worker(clock, queue_type=queue_type, retry_delays_ms="1000")
+    assert not await exists(connection, n.lane(1, 1))
+    assert not await exists(connection, n.tier(2))
