@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.probe import PROBE_TYPE, observed_delays_s, probe_fails
+from bench.probe import PROBE_TYPE, lateness_s, observed_delays_s, probe_fails
 
 RAW_MODES = ("ack", "retry", "fail", "probe")
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
@@ -143,7 +143,7 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
             measuring.cancel()
             await serving  # raises what stopped the worker
             raise RuntimeError("the worker stopped before the jobs were done")
-        emit("done", **measuring.result(), delays_s=observed_delays_s)
+        emit("done", **measuring.result(), delays_s=observed_delays_s, lateness_s=lateness_s)
         await serving
 
 

@@ -29,6 +29,7 @@ from ricochet.settings import Settings
 from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
+from bench import wait
 from bench.report import evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 
@@ -41,9 +42,19 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
     "happy": ("bench.handlers:noop", "succeeded", "raw"),
     "retry": ("bench.handlers:fail_once", "succeeded", "raw-retry"),
     "failure": ("bench.handlers:fail", "failed", "raw-failure"),
+    # The retry path through a jittered tier (RICOCHET_RETRY_JITTER=0.5: lanes and a random
+    # exchange), against the raw loop nacking into the same lanes.
+    "retry-jitter": ("bench.handlers:fail_once", "succeeded", "raw-retry-jitter"),
 }
 # The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
-RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
+RAW = {
+    "raw": "ack",
+    "raw-retry": "retry",
+    "raw-retry-jitter": "retry",
+    "raw-failure": "fail",
+    "raw-multiple": "ack",
+}
+JITTER = 0.5  # the jittered scenarios' RICOCHET_RETRY_JITTER
 # Variants: NAME-no-otel runs the worker with opentelemetry not importable (as without the
 # otel extra), which every full run measures beside the happy path (installed, no tracer
 # configured: the default). Only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
@@ -70,7 +81,7 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage"])
+    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage", "wait"])
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
@@ -151,7 +162,7 @@ async def ricochet_queue(
         yield settings_env(settings)
     finally:
         channel = await connection.channel()
-        for spec in [*p.queues, *p.tiers]:
+        for spec in [*p.declared_queues, *p.tiers, *p.lanes]:
             await channel.queue_delete(spec.name)
         for name, _, _ in p.exchanges:
             await channel.exchange_delete(name)
@@ -195,7 +206,9 @@ async def throughput(
     queue = run_name(scenario, qt)
     name = base_name(scenario)
     handler, outcome, _ = SCENARIOS.get(name, SCENARIOS["happy"])
-    retry = {"max_retries": 1, "retry_delay_ms": 10}
+    retry: dict[str, Any] = {"max_retries": 1, "retry_delay_ms": 10}
+    if "jitter" in scenario:
+        retry["retry_jitter"] = JITTER
     settings = worker_settings(queue, qt, cfg.prefetch, handler=handler, **retry)
     async with ricochet_queue(connection, settings) as env:
         await publish(channel, queue, 0, cfg.jobs)
@@ -498,6 +511,29 @@ async def outages(
     return result
 
 
+def _settings_for(queue: str, qt: str, prefetch: int = 32, **overrides: Any) -> Settings:
+    return worker_settings(queue, qt, prefetch, **overrides)
+
+
+async def waits(
+    connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
+) -> dict[str, Any]:
+    """The herd with each jitter, then scheduled and RetryLater probes under load."""
+    result: dict[str, Any] = {"herd": []}
+    for jitter in wait.HERD_JITTERS:
+        run = await wait.herd(connection, channel, _settings_for, qt, jitter)
+        print(
+            f"  {qt:8} herd jitter {jitter}: waits p10 {run['wait_p10_s']} s, "
+            f"p90 {run['wait_p90_s']} s, at most {run['most_back_in_one_bin']} back in "
+            f"{wait.HERD_BIN_S} s",
+            flush=True,
+        )
+        result["herd"].append(run)
+    print(f"  {qt:8} schedules and RetryLater under {cfg.load_per_s:.0f} jobs/s", flush=True)
+    result["lateness"] = await wait.lateness(connection, channel, cfg, _settings_for, qt)
+    return result
+
+
 async def bench(cfg: Config) -> dict[str, Any]:
     connection = await aio_pika.connect(URL)
     try:
@@ -528,6 +564,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
             if "memory" in cfg.parts:
                 print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
                 results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
+            if "wait" in cfg.parts:
+                results["queue_types"][qt]["wait"] = await waits(connection, channel, cfg, qt)
         results["seconds"] = round(time.monotonic() - started)
         results["machine"]["cpu_steal_pct"] = steal_pct(cpu_before, cpu_times())
         return results
@@ -553,6 +591,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--outage", action="store_true", help="only the outage scenario (pausing off and on)"
     )
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="only the wait: the herd, the retry path with jitter, schedule lateness",
+    )
     args = parser.parse_args(argv)
     cfg = Config()
     if args.quick:
@@ -575,6 +618,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.outage:
         cfg.scenarios, cfg.parts = [], ["outage"]
         cfg.out = cfg.out / "outage"
+    if args.wait:
+        cfg.scenarios, cfg.parts = ["retry-jitter"], ["wait"]
+        cfg.out = cfg.out / "wait"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -585,6 +631,13 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if "wait" in cfg.parts:
+        from bench.chart import draw_herd
+
+        draw_herd(results, cfg.out / "herd.png")
+        for qt, r in results["queue_types"].items():
+            for v in wait.evaluate(qt, r["wait"], r["throughput"]):
+                print(f"{'met    ' if v['met'] else 'NOT MET'}  {qt:8} {v['target']}: {v['value']}")
     if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
         return
