@@ -55,7 +55,8 @@ class CancelLog:
         return len(self._at)
 
 
-def _record(kind: str, message_id: str) -> aio_pika.Message:
+def record(kind: str, message_id: str) -> aio_pika.Message:
+    """A record of the cancel store: a cancel of message_id, or a reader's marker."""
     return aio_pika.Message(
         b"",
         message_id=message_id,
@@ -69,7 +70,7 @@ async def publish_cancel(connection: AbstractConnection, names: Names, message_i
     """Record a cancel in the store, confirmed; MissingQueue when there is no store."""
     channel = await confirming_channel(connection)
     try:
-        await publish_to_queue(channel, names.cancels, _record(CANCEL, message_id))
+        await publish_to_queue(channel, names.cancels, record(CANCEL, message_id))
     finally:
         await channel.close()
 
@@ -98,7 +99,7 @@ class CancelReader:
         self._marker = uuid.uuid4().hex
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=READ_PREFETCH)
-        await publish_to_queue(channel, self._names.cancels, _record(MARKER, self._marker))
+        await publish_to_queue(channel, self._names.cancels, record(MARKER, self._marker))
         queue = await channel.get_queue(self._names.cancels, ensure=False)
         offset: Any = "first" if self._next_offset is None else self._next_offset
         await queue.consume(self._read, arguments={"x-stream-offset": offset})
@@ -114,15 +115,15 @@ class CancelReader:
     def _closed(self, *_: Any) -> None:
         self.lost.set()
 
-    async def _read(self, record: AbstractIncomingMessage) -> None:
-        offset = record.headers.get("x-stream-offset")
+    async def _read(self, entry: AbstractIncomingMessage) -> None:
+        offset = entry.headers.get("x-stream-offset")
         if isinstance(offset, int):
             self._next_offset = offset + 1
-        if record.type == CANCEL and record.message_id:
-            stamp = record.timestamp
+        if entry.type == CANCEL and entry.message_id:
+            stamp = entry.timestamp
             # AMQP timestamps are UTC seconds; the client library hands them over naive.
             at = stamp.replace(tzinfo=stamp.tzinfo or dt.UTC).timestamp() if stamp else time.time()
-            self.cancelled.add(record.message_id, at, time.time())
-        elif record.type == MARKER and record.message_id == self._marker:
+            self.cancelled.add(entry.message_id, at, time.time())
+        elif entry.type == MARKER and entry.message_id == self._marker:
             self._caught_up.set()
-        await record.ack()
+        await entry.ack()
