@@ -149,6 +149,7 @@ async def test_retry_later_on_the_last_attempt_fails_as_exhausted(
     assert copy.headers["failed-kind"] == "exhausted"
     assert copy.headers["retry-count"] == 1
     assert "ricochet-retries" not in copy.headers  # a replay gets a full budget again
+    assert copy.headers["original-routing-key"] == queue_name  # not the key of its wait
     assert clock.attempts("spent") == [1, 2]
 
 

@@ -250,3 +250,11 @@ def test_the_cancel_store_is_a_stream_kept_past_the_longest_wait() -> None:
     assert store.name == "q.cancels"
     assert store.arguments["x-queue-type"] == "stream"
     assert store.arguments["x-max-age"] == "31D"
+
+
+def test_a_job_back_from_the_delays_was_published_to_the_main_queue() -> None:
+    """The key that spelled a job's wait is not the one it was published with: that was Q."""
+    n = Names("jobs")
+    assert n.published_key(delay_key(90_000)) == "jobs"
+    assert n.published_key("jobs.attempt.2") == "jobs.attempt.2"
+    assert n.published_key("0.1.1") == "0.1.1"  # not a delay key: a key of the producer's own

@@ -95,6 +95,9 @@ def delay_key(delay_ms: int) -> str:
     return ".".join(format(units, f"0{DELAY_LEVELS}b"))
 
 
+_DELAY_KEY = re.compile(rf"[01](\.[01]){{{DELAY_LEVELS - 1}}}")
+
+
 def _level_pattern(k: int, digit: str) -> str:
     """The topic pattern of level k's digit in a delay key."""
     return "*." * (DELAY_LEVELS - 1 - k) + digit + ".#"
@@ -156,6 +159,11 @@ class Names:
     @property
     def cancels(self) -> str:
         return f"{self.queue}.cancels"
+
+    def published_key(self, routing_key: str) -> str:
+        """The key a job was published with, as far as its own key tells: one back from the
+        delays carries the key that spelled its wait, and jobs go to Q by its name."""
+        return self.queue if _DELAY_KEY.fullmatch(routing_key) else routing_key
 
     def attempt_key(self, k: int) -> str:
         return f"{self.queue}.attempt.{k}"

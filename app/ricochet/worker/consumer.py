@@ -153,6 +153,9 @@ class Consumer:
             cancelled=delivery.message_id in self._cancelled,
             now=dt.datetime.now(dt.UTC),
         )
+        original = names.published_key(facts.original_routing_key)
+        if original != facts.original_routing_key:  # back from the delays
+            facts = facts._replace(original_routing_key=original)
         decision = decide(facts, None)
         # Unreadable properties, a forged x-death or a poison job: no attempt.
         if decision.action is not Action.RUN:
