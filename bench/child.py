@@ -185,7 +185,7 @@ def main() -> None:
             )
         )
     else:
-        with open(os.devnull, "w") as log_stream:
+        with open(os.environ.get("BENCH_LOG", os.devnull), "a") as log_stream:
             asyncio.run(ricochet(args.outcome, args.target, log_stream))
 
 
