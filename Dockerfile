@@ -1,5 +1,9 @@
 # ricochet: one image for every command (worker by default; `monitor`, `replay`, `status`, ...).
-FROM python:3.11.14-slim-bookworm
+# The base is a build argument for registry mirrors and machines that build their own (a Debian
+# bookworm Python 3.11+ with venv, `python` and the CA certificates pip needs):
+# `docker compose build --build-arg PYTHON_IMAGE=...`, or PYTHON_IMAGE in compose's environment.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

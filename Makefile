@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # bench/ is linted once it exists.
 LINT_PATHS := app tests scripts $(wildcard bench)
 
-.PHONY: install tools dashboard-png test test-brokers unit integration faults lint lint-docker format typecheck run bench lock clean
+.PHONY: install tools dashboard-png test test-brokers test-compose unit integration faults lint lint-docker format typecheck run bench lock clean
 
 $(BIN)/ricochet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,10 @@ $(VENV)/.bench: $(BIN)/ricochet
 tools:  ## the Debian packages the tests use besides the broker (prometheus)
 	scripts/tools.sh promtool prometheus
 
+# Without a broker on the tests' URL, scripts/test-broker.sh runs them on the compose stack's
+# RabbitMQ (Docker), leaving out (and naming) the fault tests that need a local rabbitmq-server.
 test: install tools lint lint-docker typecheck  ## lint, type-check, then every test against the local RabbitMQ
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	scripts/test-broker.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The broker matrix: scripts/brokers.sh builds (once) and starts RabbitMQ 4.0 and the newest 4.x
 # in chroots beside the machine's own; each runs the integration tests and the fault tests that
@@ -48,6 +50,12 @@ test-brokers: install tools  ## the integration and process-fault tests on every
 	  summary="$$summary$$broker: RabbitMQ $$version $$result\n"; \
 	done; \
 	printf "\n=== broker matrix\n$$summary"; exit $$status
+
+# The README's Quickstart on a real Docker engine (tests/compose): scripts/engine.sh installs
+# Debian's docker.io and Compose v2 when missing, starts an engine of its own (stopped after),
+# and builds the base images the stack cannot pull here once (debootstrap, about 2 minutes).
+test-compose: install  ## docker compose up and the README's Quickstart on a Docker engine of its own
+	flock /tmp/ricochet-compose.lock scripts/engine.sh run $(BIN)/python -m pytest tests/compose $(PYTEST_ARGS)
 
 unit: install tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -43,14 +43,6 @@ cli() {
   if [ "$name" = local ]; then echo "$tool"; else echo "chroot $(root_of "$name") $tool -n $(node_of "$name")"; fi
 }
 
-# The Debian mirror the host's apt uses, so a build goes where the machine's packages come from.
-mirror() {
-  local uri
-  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 ~ /debian/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  echo "$uri"
-}
-
 build() {
   local name=$1 root packages=rabbitmq-server
   [ "$name" = local ] && return 0
@@ -63,7 +55,7 @@ build() {
   rm -rf "$root.partial"
   mkdir -p "$DIR"
   # shellcheck disable=SC2046 # an empty mirror means debootstrap's default
-  debootstrap --variant=minbase --include="$packages" "$name" "$root.partial" $(mirror) \
+  debootstrap --variant=minbase --include="$packages" "$name" "$root.partial" $("$(dirname "$0")/debian-mirror.sh") \
     >"$DIR/$name.build.log" 2>&1 || die "could not build $name: see $DIR/$name.build.log"
   mv "$root.partial" "$root"
   touch "$root/.ricochet-built"

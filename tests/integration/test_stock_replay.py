@@ -78,8 +78,14 @@ def rabbitmqadmin(tools: Path, connection: AbstractConnection) -> Path:
             raise
         pytest.skip(f"RabbitMQ {version} does not serve rabbitmqadmin v1 (the docs: use v2)")
     port = management_port()
+    # The broker's user: guest on a local broker, the stack's own on a compose one.
+    broker = urllib.parse.urlsplit(BROKER.amqp_url)
+    user = ["-u", urllib.parse.unquote(broker.username or "guest")]
+    user += ["-p", urllib.parse.unquote(broker.password or "guest")]
     return on_path(
-        tools, "rabbitmqadmin", ["python3", str(tools / "rabbitmqadmin.py"), "-P", str(port)]
+        tools,
+        "rabbitmqadmin",
+        ["python3", str(tools / "rabbitmqadmin.py"), "-P", str(port), *user],
     )
 
 

@@ -17,6 +17,7 @@ from ricochet.settings import ENV_PREFIX, Settings, load_settings
 
 from tests.deploy_files import (
     COMPOSE,
+    RICOCHET_IMAGE,
     VARIABLE,
     MissingVariable,
     compose,
@@ -120,13 +121,31 @@ def test_ricochet_services_can_scale() -> None:
 
 
 def test_published_ports_are_loopback_only() -> None:
-    """Every published port is bound to 127.0.0.1: the broker's three, Prometheus, Grafana."""
+    """Every published port is bound to 127.0.0.1: the broker's three, Prometheus, Grafana;
+    each host port is a variable whose default is the container's own port."""
     published = []
     for name, service in compose()["services"].items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"service {name} publishes {port}"
-            published.append(str(port).split(":")[1])
+            host = str(port).removeprefix("127.0.0.1:").rsplit(":", 1)[0]
+            assert re.fullmatch(r"\$\{\w+_PORT:-\d+\}", host), f"service {name}: {port}"
+            _, default, container = interpolate(str(port)).split(":")
+            assert default == container, f"service {name}: {port}"
+            published.append(default)
     assert sorted(published) == ["15672", "15692", "3000", "5672", "9090"]
+
+
+def test_images_are_variables_with_pinned_defaults() -> None:
+    """Each image the stack pulls can be replaced (a registry mirror, a local build) by a
+    variable, and defaults to a pinned tag; the Dockerfile's base is a build argument."""
+    for name, service in compose()["services"].items():
+        if service["image"] == RICOCHET_IMAGE:
+            assert service["build"]["args"] == ["PYTHON_IMAGE"], name
+            continue
+        assert re.fullmatch(r"\$\{\w+_IMAGE:-[^}]+:v?\d+\.\d+\.\d+[^}]*\}", service["image"]), name
+    arg = next(i for i in dockerfile() if i.keyword == "ARG" and i.args.startswith("PYTHON_IMAGE="))
+    assert next(i for i in dockerfile() if i.keyword == "FROM").args == "${PYTHON_IMAGE}"
+    assert dockerfile().index(arg) < dockerfile().index(only("FROM"))
 
 
 def test_every_mounted_config_file_exists() -> None:
@@ -140,7 +159,7 @@ def test_prometheus_scrapes_every_ricochet_service(monkeypatch: pytest.MonkeyPat
     """Prometheus scrapes worker and monitor on their RICOCHET_HTTP_PORT, the broker on 15692,
     and loads rule files that are mounted next to its config."""
     prometheus = compose()["services"]["prometheus"]
-    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", prometheus["image"])
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", interpolate(prometheus["image"]))
     config_path = mounted(prometheus, "/etc/prometheus/prometheus.yml")
     config = yaml.safe_load(config_path.read_text())
     for rule_file in config["rule_files"]:
@@ -162,7 +181,7 @@ def test_grafana_provisions_the_dashboard_on_prometheus() -> None:
     dashboard provider reads the directory the dashboard JSON is mounted at."""
     services = compose()["services"]
     grafana = services["grafana"]
-    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", grafana["image"])
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", interpolate(grafana["image"]))
     sources = mounted(grafana, "/etc/grafana/provisioning/datasources")
     (datasource,) = [
         d for f in sources.glob("*.yml") for d in yaml.safe_load(f.read_text())["datasources"]
@@ -204,7 +223,7 @@ def test_broker_health_check_and_plugins() -> None:
     check = rabbitmq["healthcheck"]["test"]
     assert check[:3] == ["CMD", "rabbitmq-diagnostics", "-q"]
     assert check[3] in {"ping", "check_port_connectivity"}
-    assert re.fullmatch(r"rabbitmq:4\.\d+\.\d+-management", rabbitmq["image"])
+    assert re.fullmatch(r"rabbitmq:4\.\d+\.\d+-management", interpolate(rabbitmq["image"]))
     mounts = {v.split(":")[0]: v.split(":")[1] for v in rabbitmq["volumes"]}
     for source in ("./config/rabbitmq.conf", "./config/enabled_plugins"):
         assert (COMPOSE.parent / source).is_file(), source
@@ -222,8 +241,9 @@ def test_broker_health_check_and_plugins() -> None:
 
 
 def test_image_runs_ricochet_as_non_root() -> None:
-    """Pinned slim base, ricochet as entry point, worker by default, a numeric non-root user."""
-    base = next(i for i in dockerfile() if i.keyword == "FROM").args
+    """Pinned slim base by default, ricochet as entry point, worker by default, a numeric
+    non-root user."""
+    base = next(i for i in dockerfile() if i.keyword == "ARG").args.removeprefix("PYTHON_IMAGE=")
     assert re.fullmatch(r"python:3\.1[1-9]\.\d+-slim-bookworm", base), base
     assert only("ENTRYPOINT").exec_form() == ["ricochet"]
     assert only("CMD").exec_form() == ["worker"]
