@@ -16,7 +16,17 @@ from ricochet import Job, RetryLater
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.topology import Names
 
-from tests.support import StartWorker, depth, exists, publish, take, wait_for
+from tests.support import (
+    StartWorker,
+    depth,
+    exists,
+    make_settings,
+    publish,
+    ricochet_env,
+    run_cli,
+    take,
+    wait_for,
+)
 
 QUEUE_TYPES = ["quorum", "classic"]
 # An idle worker runs a due job within this of its time (SPEC section 15).
@@ -301,3 +311,23 @@ async def test_restarting_with_jitter_on_or_off_loses_and_duplicates_nothing(
     await start_worker(clock, queue_type=queue_type, retry_delays_ms="1000")
     assert not await exists(connection, n.lane(1, 1))
     assert not await exists(connection, n.tier(2))
+
+
+async def test_ricochet_cancel_drops_a_scheduled_job(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """`ricochet cancel ID` needs only the broker and the queue; the job never runs, and an
+    unknown id is accepted and changes nothing."""
+    clock = Clock()
+    worker = await start_worker(clock)
+    at = iso(time.time() + 2)
+    for message_id in ("doomed", "spared"):
+        await publish(channel, queue_name, "{}", message_id=message_id, headers={"run-at": at})
+    env = ricochet_env(make_settings(queue_name))
+    env = {k: v for k, v in env.items() if not k.startswith("RICOCHET_RETRY")}
+    for message_id in ("doomed", "never-published"):
+        done = await asyncio.to_thread(run_cli, ["cancel", message_id], env)
+        assert (done.returncode, done.stdout) == (0, f"cancelled {message_id}\n"), done.stderr
+    await ran(clock, "spared")
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    assert "doomed" not in clock.runs
