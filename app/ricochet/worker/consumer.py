@@ -257,7 +257,10 @@ class Consumer:
             assert failure is not None
             assert decision.tier is not None
             self._metrics.retried_in(decision.tier)
-            log.warning("job failed, retrying", error=failure.reason, tier=decision.tier)
+            tier = self._plan.tiers[decision.tier - 1]
+            log.warning(
+                "job failed, retrying", error=failure.reason, tier=tier.name, delay_ms=tier.delay_ms
+            )
         elif failure is None:
             log.info("job scheduled", delay_ms=decision.delay_ms)
         else:
