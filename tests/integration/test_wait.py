@@ -331,3 +331,24 @@ async def test_ricochet_cancel_drops_a_scheduled_job(
     await ran(clock, "spared")
     await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
     assert "doomed" not in clock.runs
+
+
+async def test_a_worker_whose_cancel_store_goes_starts_over_and_reads_it_again(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+) -> None:
+    """The cancel store deleted under a running worker: the worker does not go on unchecked; it
+    starts over (declaring the store again), and a cancel made then is honoured."""
+    clock = Clock()
+    worker = await start_worker(clock)
+    n = Names(queue_name)
+    await channel.queue_delete(n.cancels)
+    await wait_for(lambda: exists(connection, n.cancels), 20, "the cancel store declared again")
+    await wait_for(worker.worker.consuming, 20, "the worker consuming again")
+    at = iso(time.time() + 1.5)
+    await publish(channel, queue_name, "{}", message_id="after", headers={"run-at": at})
+    await cancel(connection, queue_name, "after")
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    assert "after" not in clock.runs

@@ -15,6 +15,7 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
+from ricochet.broker.amqp import Frames
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.topology import CANCELS_MAX_AGE_S, Names
 
@@ -25,6 +26,9 @@ CANCEL = "cancel"
 MARKER = "marker"
 # Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
 READ_PREFETCH = 1000
+# A worker takes no job until it has read the store up to its own marker; past this, it
+# starts over on a new connection rather than wait on a store that does not answer.
+CATCH_UP_TIMEOUT_S = 60.0
 
 
 class CancelLog:
@@ -77,15 +81,17 @@ async def publish_cancel(connection: AbstractConnection, names: Names, message_i
 
 class CancelReader:
     """Follows the cancel store on a channel of its own, into one CancelLog kept across
-    connections: read from the first record once, from where it stopped after a reconnect."""
+    connections. It reads the store from its first record on every connection: a store
+    deleted and declared again numbers its records from 0 again, so an offset kept from
+    before could wait forever for a marker it has already passed."""
 
     def __init__(self, names: Names) -> None:
         self._names = names
         self.cancelled = CancelLog(CANCELS_MAX_AGE_S)
-        self._next_offset: int | None = None
         self._marker: str | None = None
         self._caught_up = asyncio.Event()
-        # Set when the reader's channel closes under a live connection: cancels stop arriving.
+        # Set when the reader's channel closes, or the broker cancels its consumer, under a live
+        # connection: cancels stop arriving.
         self.lost = asyncio.Event()
 
     async def follow(self, connection: AbstractConnection) -> None:
@@ -101,24 +107,26 @@ class CancelReader:
         await channel.set_qos(prefetch_count=READ_PREFETCH)
         await publish_to_queue(channel, self._names.cancels, record(MARKER, self._marker))
         queue = await channel.get_queue(self._names.cancels, ensure=False)
-        offset: Any = "first" if self._next_offset is None else self._next_offset
-        await queue.consume(self._read, arguments={"x-stream-offset": offset})
+        await queue.consume(self._read, arguments={"x-stream-offset": "first"})
         channel.close_callbacks.add(self._closed)
+        # The broker cancels a stream's consumer when the stream goes (deleted, its member lost).
+        (await Frames.under(channel)).on_cancelled(self._closed)
         waits = {asyncio.ensure_future(e.wait()) for e in (self._caught_up, self.lost)}
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=CATCH_UP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
         if not self._caught_up.is_set():
-            raise ChannelInvalidStateError("the cancel store's channel closed while reading it")
+            await channel.close()
+            raise ChannelInvalidStateError(
+                "the cancel store could not be read up to now (its channel closed, or its "
+                f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
+            )
         log.info("cancels read", cancelled=len(self.cancelled))
 
     def _closed(self, *_: Any) -> None:
         self.lost.set()
 
     async def _read(self, entry: AbstractIncomingMessage) -> None:
-        offset = entry.headers.get("x-stream-offset")
-        if isinstance(offset, int):
-            self._next_offset = offset + 1
         if entry.type == CANCEL and entry.message_id:
             stamp = entry.timestamp
             # AMQP timestamps are UTC seconds; the client library hands them over naive.
