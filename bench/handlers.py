@@ -1,8 +1,8 @@
 """Handlers the benchmark runs in the real worker (RICOCHET_HANDLER=bench.handlers:...)."""
 
-from ricochet import Job, PermanentError, RetryLater
+from ricochet import Job, PermanentError
 
-from bench.probe import LATER_TYPE, PROBE_TYPE, SCHEDULED_TYPE, probe_fails, schedule_lateness
+from bench.probe import PROBE_TYPE, probe_fails
 
 
 async def noop(job: Job) -> None:
@@ -21,11 +21,6 @@ async def fail(job: Job) -> None:
 
 
 async def probe(job: Job) -> None:
-    """Load jobs succeed; a probe fails three times, timed in each tier (bench.probe); a wait
-    probe records how late it ran, after a RetryLater on its first attempt for that kind."""
+    """Load jobs succeed; a probe fails three times, timed in each tier (bench.probe)."""
     if job.type == PROBE_TYPE and probe_fails(job.message_id, job.attempt):
         raise RuntimeError("benchmark: probe goes to the next tier")
-    if job.type in (SCHEDULED_TYPE, LATER_TYPE):
-        after_s = schedule_lateness(job.message_id, job.type, job.attempt, job.headers)
-        if after_s is not None:
-            raise RetryLater(after_s)

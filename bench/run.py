@@ -144,11 +144,15 @@ def worker_settings(queue: str, queue_type: str, prefetch: int, **overrides: Any
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The same settings as RICOCHET_* variables, the way a deployment passes them."""
+    """The same settings as RICOCHET_* variables, the way a deployment passes them: those not at
+    their default, so that an A/B run's older checkout is not given settings it does not know."""
+    defaults = Settings.model_fields
     return {
-        f"RICOCHET_{key.upper()}": str(value)
+        f"RICOCHET_{key.upper()}": ",".join(map(str, value))
+        if isinstance(value, tuple)
+        else str(value)
         for key, value in settings.model_dump().items()
-        if value is not None
+        if value is not None and value != defaults[key].default
     }
 
 

@@ -112,7 +112,7 @@ async def lateness(
     with cfg.load_per_s jobs a second: p50 / p99 / max, seconds."""
     from bench.run import Child, paced, ricochet_queue, run_name
 
-    settings = settings_for(run_name("lateness", qt), qt, handler="bench.handlers:probe")
+    settings = settings_for(run_name("lateness", qt), qt, handler="bench.wait_handlers:probe")
     probes_per_delay = max(10, int(cfg.delay_s))  # one a second per delay and kind
     load_s = cfg.delay_s + max(PROBE_DELAYS_S) + 2
     load = int(cfg.load_per_s * load_s)
