@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # bench/ is linted once it exists.
-LINT_PATHS := app tests scripts $(wildcard bench)
+LINT_PATHS := app tests scripts docs/examples $(wildcard bench)
 
 .PHONY: install tools dashboard-png test test-brokers test-compose unit integration faults lint lint-docker format typecheck run bench lock clean
 
@@ -21,10 +21,11 @@ $(VENV)/.bench: $(BIN)/ricochet
 	touch $@
 
 # Debian's prometheus: promtool checks and tests the alert rules, and integration tests see each
-# rule fire in the server, scraping real workers and monitors. scripts/tools.sh installs it only
-# when promtool is missing.
-tools:  ## the Debian packages the tests use besides the broker (prometheus)
-	scripts/tools.sh promtool prometheus
+# rule fire in the server, scraping real workers and monitors. The README's enqueueing examples
+# run a Node.js producer (npm installs its amqplib, tests/node) and Debian's amqp-tools'
+# amqp-publish. scripts/tools.sh installs each only when its command is missing.
+tools:  ## the Debian packages the tests use besides the broker (prometheus, npm, amqp-tools)
+	scripts/tools.sh promtool prometheus npm npm amqp-publish amqp-tools
 
 # Without a broker on the tests' URL, scripts/test-broker.sh runs them on the compose stack's
 # RabbitMQ (Docker), leaving out (and naming) the fault tests that need a local rabbitmq-server.

@@ -20,6 +20,18 @@ LABELS = {
 # The happy path with opentelemetry installed and no tracer configured, against it not importable.
 TRACING_OFF_TARGET = 0.95
 DELAY_P99_TARGET_MS = 20.0
+# Enqueueing through the clients, against a raw aio-pika confirmed publish of the same jobs.
+ENQUEUE_TARGET = 0.9
+ENQUEUE_LABELS = {
+    "raw-publish": "raw aio-pika confirmed publish, one at a time",
+    "raw-publish-32": "raw aio-pika confirmed publish, 32 tasks",
+    "client": "Client.enqueue, one at a time",
+    "client-32": "Client.enqueue, 32 tasks",
+    "raw-publish-from-a-thread": "raw publish handed from a thread to a loop thread",
+    "sync-client": "SyncClient.enqueue, one thread",
+    "sync-client-32": "SyncClient.enqueue, 32 threads",
+}
+ENQUEUE_JUDGED = ("client", "client-32", "sync-client", "sync-client-32")
 RSS_GROWTH_TARGET_MB = 10.0
 
 
@@ -70,6 +82,7 @@ def _evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": abs(d["p99_ms"]) <= DELAY_P99_TARGET_MS,
                 }
             )
+        verdicts += _enqueue_verdicts(qt, r.get("enqueue", {}))
         growth = r["memory"]["growth_mb"]
         verdicts.append(
             {
@@ -80,6 +93,41 @@ def _evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return verdicts
+
+
+def _enqueue_verdicts(qt: str, enqueue: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "queue_type": qt,
+            "target": f"{ENQUEUE_LABELS[name]}, ratio to the raw publish >= {ENQUEUE_TARGET}",
+            "value": enqueue[name]["ratio"],
+            "met": enqueue[name]["ratio"] >= ENQUEUE_TARGET,
+        }
+        for name in ENQUEUE_JUDGED
+        if name in enqueue
+    ]
+
+
+def enqueue_table(results: dict[str, Any]) -> str:
+    """The enqueue scenarios as a Markdown table, each with its verdicts under it."""
+    qts = [qt for qt, r in results["queue_types"].items() if "enqueue" in r]
+    rows = [
+        "| enqueue | " + " | ".join(f"{qt} jobs/s | ratio | CPU µs/job" for qt in qts) + " |",
+        "|---|" + "---:|---:|---:|" * len(qts),
+    ]
+    for name, label in ENQUEUE_LABELS.items():
+        cells = []
+        for qt in qts:
+            e = results["queue_types"][qt]["enqueue"][name]
+            cells.append(f"{e['median']:,} | {e['ratio']:.2f} | {e['cpu_us_per_job']:,}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows.append("")
+    for qt in qts:
+        for v in _enqueue_verdicts(qt, results["queue_types"][qt]["enqueue"]):
+            rows.append(
+                f"{'met    ' if v['met'] else 'NOT MET'}  {qt:8} {v['target']}: {v['value']}"
+            )
+    return "\n".join(rows)
 
 
 def table(results: dict[str, Any]) -> str:
@@ -123,6 +171,8 @@ def table(results: dict[str, Any]) -> str:
         + " |"
     )
     rows.append("| growth | " + " | ".join(f"{m['growth_mb']:+} MB" for m in mem) + " |")
+    if any("enqueue" in r for r in results["queue_types"].values()):
+        rows += ["", enqueue_table(results).split("\n\n")[0]]
     return "\n".join(rows)
 
 

@@ -30,7 +30,8 @@ from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
 from bench import wait
-from bench.report import evaluate, print_table
+from bench.enqueue import enqueue_throughput
+from bench.report import enqueue_table, evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,10 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage", "wait"])
+    parts: list[str] = field(
+        default_factory=lambda: ["delay", "memory", "outage", "enqueue", "wait"]
+    )
+    enqueue_jobs: int = 2_000
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
 
@@ -538,6 +542,16 @@ async def waits(
     return result
 
 
+async def enqueues(connection: AbstractConnection, cfg: Config, qt: str) -> dict[str, Any]:
+    """Enqueue throughput of the Client and SyncClient beside a raw confirmed publish."""
+    print(f"  {qt:8} enqueue, {cfg.enqueue_jobs} jobs a run", flush=True)
+    settings = worker_settings(run_name("enqueue", qt), qt, cfg.prefetch)
+    async with ricochet_queue(connection, settings):
+        return await enqueue_throughput(
+            URL, connection, settings.queue, cfg.enqueue_jobs, cfg.repeats, qt
+        )
+
+
 async def bench(cfg: Config) -> dict[str, Any]:
     connection = await aio_pika.connect(URL)
     try:
@@ -563,6 +577,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
                         for consumer in ("raw", "ricochet")
                     },
                 }
+            if "enqueue" in cfg.parts:
+                results["queue_types"][qt]["enqueue"] = await enqueues(connection, cfg, qt)
             if "outage" in cfg.parts:
                 results["queue_types"][qt]["outage"] = await outages(connection, channel, qt)
             if "memory" in cfg.parts:
@@ -594,6 +610,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument(
         "--outage", action="store_true", help="only the outage scenario (pausing off and on)"
     )
+    parser.add_argument(
+        "--enqueue", action="store_true", help="only the enqueue scenarios (Client, SyncClient)"
+    )
+    parser.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 2000)")
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     parser.add_argument(
         "--wait",
@@ -608,9 +628,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
             repeats=3,
             memory_jobs=10_000,
             delay_s=5.0,
+            enqueue_jobs=500,
             out=ROOT / "bench" / "results" / "quick",
         )
-    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src"):
+    for name in ("jobs", "repeats", "memory_jobs", "delay_s", "out", "base_src", "enqueue_jobs"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     if args.load is not None:
@@ -625,6 +646,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.wait:
         cfg.scenarios, cfg.parts = ["retry-jitter"], ["wait"]
         cfg.out = cfg.out / "wait"
+    if args.enqueue:
+        cfg.scenarios, cfg.parts = [], ["enqueue"]
+        cfg.out = cfg.out / "enqueue"
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -642,6 +666,10 @@ def main(argv: list[str] | None = None) -> None:
         for qt, r in results["queue_types"].items():
             for v in wait.evaluate(qt, r["wait"], r["throughput"]):
                 print(f"{'met    ' if v['met'] else 'NOT MET'}  {qt:8} {v['target']}: {v['value']}")
+    if cfg.parts == ["enqueue"]:
+        print()
+        print(enqueue_table(results))
+        return
     if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
         return

@@ -1,7 +1,19 @@
 """ricochet: background jobs from RabbitMQ with broker-side exponential backoff."""
 
-from ricochet.errors import PermanentError, RetryLater
+from ricochet.client.client import Client
+from ricochet.client.sync import SyncClient
+from ricochet.errors import BrokerUnavailable, InvalidJob, NotConfirmed, PermanentError, RetryLater
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Router
 
-__all__ = ["Job", "PermanentError", "RetryLater", "Router"]
+__all__ = [
+    "BrokerUnavailable",
+    "Client",
+    "InvalidJob",
+    "Job",
+    "NotConfirmed",
+    "PermanentError",
+    "RetryLater",
+    "Router",
+    "SyncClient",
+]

@@ -1,6 +1,7 @@
 """The command line: a thin wrapper that builds the settings and runs one command."""
 
 import asyncio
+import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -9,12 +10,14 @@ from typing import Any
 import click
 
 from ricochet.broker.cancels import publish_cancel
-from ricochet.broker.connection import connect
-from ricochet.broker.publish import header_value, publish_job
+from ricochet.broker.connection import connect, connection_name
+from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
 from ricochet.broker.topology import Names, plan
-from ricochet.errors import BrokerUnavailable, ConfigError, RicochetError
+from ricochet.client.client import Client
+from ricochet.errors import BrokerUnavailable, ConfigError, InvalidJob, RicochetError
 from ricochet.handlers.invoker import Invoker, load_handler
+from ricochet.headers import MAX_RETRIES
 from ricochet.log import configure_logging
 from ricochet.monitor.monitor import run_monitor
 from ricochet.observe.metrics import Metrics
@@ -22,12 +25,19 @@ from ricochet.ops.doctor import run_doctor
 from ricochet.ops.replay import Selection, run_replay
 from ricochet.ops.report import checks_table, plan_table, replay_report, status_table
 from ricochet.ops.status import read_status
-from ricochet.service.process import connection_name
 from ricochet.settings import Settings, load_settings
 from ricochet.worker.worker import run_worker
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+
+
+def _datetime(text: str) -> dt.datetime:
+    """An ISO-8601 date-time from the command line (the client refuses one without an offset)."""
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO-8601 date-time") from None
 
 
 def _settings(service: bool = False) -> Settings:
@@ -176,9 +186,23 @@ def doctor(as_json: bool) -> None:
 @click.option("--type", "job_type", help="AMQP type property (Router dispatch).")
 @click.option("--message-id", help="Message id (default: a new UUID).")
 @click.option("--header", "headers", multiple=True, metavar="K=V", help="Application header.")
+@click.option(
+    "--delay", type=float, metavar="SECONDS", help="Run it no earlier than SECONDS from now."
+)
+@click.option(
+    "--run-at",
+    type=_datetime,
+    metavar="ISO-8601",
+    help="Run it no earlier than this time, with a UTC offset or Z (2026-11-24T10:00:00Z).",
+)
 @click.argument("payload")
 def publish(
-    job_type: str | None, message_id: str | None, headers: tuple[str, ...], payload: str
+    job_type: str | None,
+    message_id: str | None,
+    headers: tuple[str, ...],
+    delay: float | None,
+    run_at: dt.datetime | None,
+    payload: str,
 ) -> None:
     """Publish one persistent job with PAYLOAD as its body."""
     parsed: dict[str, Any] = {}
@@ -187,16 +211,31 @@ def publish(
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not K=V", param_hint="--header")
         parsed[key] = header_value(value)
+    # The client sets max-retries from its own argument, and checks it there.
+    max_retries = parsed.pop(MAX_RETRIES, None)
     settings = _settings()
-    sent = _run(
-        _with_connection(
-            settings,
-            "publish",
-            lambda c: publish_job(
-                c, settings.queue, payload, job_type=job_type, message_id=message_id, headers=parsed
-            ),
-        )
-    )
+    client = Client(settings.amqp_url, settings.queue, connect_timeout_s=settings.connect_timeout_s)
+
+    async def enqueue() -> str:
+        try:
+            return await client.enqueue(
+                job_type,
+                payload.encode(),
+                content_type="application/json" if is_json(payload) else "text/plain",
+                message_id=message_id,
+                max_retries=max_retries,
+                headers=parsed,
+                delay=delay,
+                run_at=run_at,
+            )
+        finally:
+            await client.close()
+
+    try:
+        sent = _run(enqueue())
+    except InvalidJob as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
     click.echo(sent)
 
 

@@ -19,6 +19,14 @@ class BrokerUnavailable(RicochetError):
     """Raised when the broker cannot be reached within the startup wait (exit 1)."""
 
 
+class NotConfirmed(RicochetError):
+    """Raised when the broker did not confirm an enqueued job (refused, unroutable, or cut off)."""
+
+
+class InvalidJob(ValueError):
+    """Raised by enqueue, before anything is sent, for an argument out of bounds (it names it)."""
+
+
 class MissingQueue(RicochetError):
     """Raised when a queue that ricochet declares is not there (nothing declared it yet)."""
 

@@ -87,10 +87,13 @@ def _check_ladder(delays: tuple[int, ...] | None) -> tuple[int, ...] | None:
     return delays
 
 
-class Settings(BaseSettings):
-    """Every setting of ricochet; built once by the CLI and passed down."""
+class ClientSettings(BaseSettings):
+    """What an application's client reads: the broker and the main queue.
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+    Other RICOCHET_* variables are the worker's business, so the client ignores them.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     amqp_url: Annotated[str, _url_of("amqp", "amqps")] = Field(
         "amqp://guest:guest@localhost:5672/",
@@ -101,6 +104,13 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._-]{1,200}$",
         json_schema_extra={"allowed": "1-200 characters of A-Za-z0-9._-"},
     )
+
+
+class Settings(ClientSettings):
+    """Every setting of ricochet; built once by the CLI and passed down."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
     queue_type: Literal["quorum", "classic"] = "quorum"
     max_retries: int = Field(3, ge=0, le=MAX_RETRIES)
     retry_delay_ms: int = Field(30_000, ge=10, le=MAX_DELAY_MS)
@@ -198,7 +208,7 @@ def _allowed(field: FieldInfo) -> str:
     return f"> {gt}"
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError, model: type[ClientSettings] = Settings) -> str:
     """One line naming the variable, the value and the allowed range."""
     first = error.errors()[0]
     if first["type"] == "conflict":
@@ -207,7 +217,7 @@ def _describe(error: ValidationError) -> str:
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
     # The cross-field check has no location: it is about the cap on the delays.
     name = str(first["loc"][0]) if first["loc"] else "retry_delay_max_ms"
-    field = Settings.model_fields[name]
+    field = model.model_fields[name]
     value = first["input"]
     if isinstance(value, dict):
         # The cap left at its default can still be below a first delay that was set.
@@ -242,15 +252,35 @@ def _unknown_variable(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def _env_file() -> str | None:
+    env_file = os.environ.get(ENV_FILE_VARIABLE)
+    if env_file and not Path(env_file).is_file():
+        raise ConfigError(f"{ENV_FILE_VARIABLE}={env_file!r} is invalid: no such file")
+    return env_file or None
+
+
 def load_settings() -> Settings:
     """Build the settings from the environment (and RICOCHET_ENV_FILE), or raise ConfigError."""
     unknown = _unknown_variable(os.environ)
     if unknown:
         raise ConfigError(unknown)
-    env_file = os.environ.get(ENV_FILE_VARIABLE)
-    if env_file and not Path(env_file).is_file():
-        raise ConfigError(f"{ENV_FILE_VARIABLE}={env_file!r} is invalid: no such file")
+    env_file = _env_file()
     try:
-        return Settings(_env_file=env_file or None)
+        return Settings(_env_file=env_file)
     except ValidationError as error:
         raise ConfigError(_describe(error)) from None
+
+
+def load_client_settings(amqp_url: str | None, queue: str | None) -> ClientSettings:
+    """The client's settings: the values given, else the environment's (and RICOCHET_ENV_FILE's);
+    ConfigError when one is invalid."""
+    given: dict[str, Any] = {
+        name: value
+        for name, value in (("amqp_url", amqp_url), ("queue", queue))
+        if value is not None
+    }
+    env_file = _env_file()
+    try:
+        return ClientSettings(_env_file=env_file, **given)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, ClientSettings)) from None

@@ -51,7 +51,7 @@ def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any])
         yield
         return
     explicit = TRACEPARENT in headers
-    with TRACER.start_as_current_span(
+    span = TRACER.start_span(
         f"{queue} publish",
         context=parent(headers) if explicit else None,
         kind=SpanKind.PRODUCER,
@@ -60,8 +60,15 @@ def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any])
             "messaging.destination.name": queue,
             "messaging.message.id": message_id,
         },
-        record_exception=False,  # a publish error's text may hold the broker URL's password
-        set_status_on_exception=False,
+    )
+    if not span.get_span_context().is_valid:
+        # No tracer configured and no trace to pass on: there is nothing to inject, and making
+        # the no-op span current would cost most of what tracing costs when it is off.
+        yield
+        return
+    # record_exception=False: a publish error's text may hold the broker URL's password.
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
     ):
         if not explicit:
             propagate.inject(headers)

@@ -1,5 +1,6 @@
 """The commands as a user runs them: exit codes, messages and output."""
 
+import datetime as dt
 import json
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -103,3 +104,37 @@ def test_publish_without_queue_is_a_clear_error(queue_name: str) -> None:
     result = run_cli(["publish", "{}"], ricochet_env(make_settings(queue_name)))
     assert result.returncode == 1
     assert "does not exist" in result.stderr
+
+
+async def test_publish_schedules_with_delay_or_run_at(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """--delay and --run-at go through the client: a run-at header in UTC, or exit 2 with the
+    client's reason and nothing published."""
+    env = ricochet_env(make_settings(queue_name))
+    assert run_cli(["topology"], env).returncode == 0
+    before = dt.datetime.now(dt.UTC)
+    delayed = run_cli(["publish", "--message-id", "d", "--delay", "90", "{}"], env)
+    assert delayed.returncode == 0, delayed.stderr
+    after = dt.datetime.now(dt.UTC)
+    paris = dt.timezone(dt.timedelta(hours=1))
+    when = (after + dt.timedelta(days=2)).astimezone(paris).replace(microsecond=0)
+    at = run_cli(["publish", "--message-id", "a", "--run-at", when.isoformat(), "{}"], env)
+    assert at.returncode == 0, at.stderr
+
+    for args, says in [
+        (["--delay", "-1"], "delay=-1.0 is negative"),
+        (["--delay", str(31 * 86400)], "is over 30 days"),
+        (["--run-at", "2027-01-05T10:00:00"], "is naive"),
+        (["--run-at", "next tuesday"], "is not an ISO-8601 date-time"),
+        (["--delay", "5", "--run-at", "2027-01-05T10:00:00Z"], "delay and run_at are both given"),
+    ]:
+        refused = run_cli(["publish", *args, "{}"], env)
+        assert refused.returncode == 2, refused
+        assert says in refused.stderr
+
+    got = {m.message_id: m for m in await take(channel, queue_name, 2)}
+    delay = dt.timedelta(seconds=90)
+    run_at = dt.datetime.fromisoformat(str(got["d"].headers["run-at"]))
+    assert before + delay <= run_at <= after + delay + dt.timedelta(milliseconds=1)
+    assert got["a"].headers["run-at"] == when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")

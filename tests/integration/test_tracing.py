@@ -1,6 +1,7 @@
 """Tracing against the real broker: every attempt of a job, and its replay, in one trace."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractConnection
@@ -9,13 +10,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from ricochet import Job, tracing
-from ricochet.broker.publish import publish_job
+from ricochet import Client, Job, tracing
 from ricochet.broker.topology import Names
 from ricochet.ops.replay import Selection, replay
 
 from tests.recorder import Recorder
-from tests.support import StartWorker, depth, wait_for
+from tests.support import AMQP_URL, StartWorker, depth, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,12 @@ def consumer_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
     return sorted(spans, key=lambda s: s.start_time or 0)
 
 
+async def publish_job(queue: str, payload: str, **job: Any) -> None:
+    """Enqueue one job with the Client, as an application does."""
+    async with Client(AMQP_URL, queue) as client:
+        await client.enqueue(job.pop("job_type", None), payload.encode(), **job)
+
+
 def trace_id(span: ReadableSpan) -> int:
     assert span.context is not None
     found: int = span.context.trace_id
@@ -57,7 +63,7 @@ async def test_every_attempt_is_a_child_of_the_publisher(
     await start_worker(recorder, max_retries=3, retry_delay_ms=100)
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("parent") as parent:
-        await publish_job(connection, queue_name, '{"fail": 2}', message_id="j1", job_type="mail")
+        await publish_job(queue_name, '{"fail": 2}', message_id="j1", job_type="mail")
     await wait_for(lambda: len(consumer_spans(exporter)) == 3, 20, "three attempts")
 
     spans = consumer_spans(exporter)
@@ -104,8 +110,8 @@ async def test_each_attempt_shows_how_it_was_settled(
     """A job retried then failed, and one that succeeds: each attempt span has a settle span
     inside it saying what was done (the nack to tier 1, the failed copy, the ack)."""
     await start_worker(Recorder(), max_retries=1, retry_delay_ms=100)
-    await publish_job(connection, queue_name, '{"fail": "always"}', message_id="fails")
-    await publish_job(connection, queue_name, "{}", message_id="works")
+    await publish_job(queue_name, '{"fail": "always"}', message_id="fails")
+    await publish_job(queue_name, "{}", message_id="works")
     channel = await connection.channel()
     await wait_for(lambda: depth(channel, Names(queue_name).failed), 20, "the failed copy")
     await wait_for(lambda: len(consumer_spans(exporter)) == 3, 20, "three attempts")
@@ -150,7 +156,7 @@ async def test_a_replayed_job_stays_in_its_trace(
 
     await start_worker(handler, max_retries=0, retry_delay_ms=100)
     with trace.get_tracer("tests").start_as_current_span("parent") as parent:
-        await publish_job(connection, queue_name, "{}", message_id="j1")
+        await publish_job(queue_name, "{}", message_id="j1")
     original = parent.get_span_context().trace_id
     names = Names(queue_name)
     channel = await connection.channel()
@@ -176,11 +182,11 @@ async def test_an_explicit_traceparent_is_kept_on_publish(
     start_worker: StartWorker,
     exporter: InMemorySpanExporter,
 ) -> None:
-    """publish_job inside a span does not overwrite a traceparent the caller passed."""
+    """An enqueue inside a span does not overwrite a traceparent the caller passed."""
     await start_worker(Recorder())
     given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with trace.get_tracer("tests").start_as_current_span("parent"):
-        await publish_job(connection, queue_name, "{}", headers={"traceparent": given})
+        await publish_job(queue_name, "{}", headers={"traceparent": given})
     await wait_for(lambda: len(consumer_spans(exporter)) == 1, 20, "the attempt")
     (span,) = consumer_spans(exporter)
     assert f"{trace_id(span):032x}" == "0af7651916cd43dd8448eb211c80319c"
@@ -197,7 +203,7 @@ async def test_the_worker_runs_jobs_without_opentelemetry(
     monkeypatch.setattr(tracing, "ENABLED", False)
     recorder = Recorder()
     await start_worker(recorder, max_retries=2, retry_delay_ms=100)
-    await publish_job(connection, queue_name, '{"fail": 1}', message_id="j1")
+    await publish_job(queue_name, '{"fail": 1}', message_id="j1")
     await wait_for(lambda: recorder.succeeded == ["j1"], 20, "the job to succeed")
     assert recorder.attempts("j1") == [1, 2]
     assert "traceparent" not in recorder.seen["j1"][0].headers

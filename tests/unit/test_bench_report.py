@@ -60,3 +60,26 @@ def test_tracing_installed_but_off_is_judged_against_tracing_absent() -> None:
     assert (off["value"], off["met"]) == (0.93, False)
     text = table(results(0.95, 0.3, 0.85, 25.0))
     assert "| happy path, opentelemetry absent | 3,010 | 1.00 | 1.00 | 310 |" in text
+
+
+def test_the_clients_are_judged_against_the_raw_publish() -> None:
+    """The enqueue scenarios, when measured, get a verdict each against 0.9 of the raw publish
+    of the same concurrency, and a table."""
+    measured = results(0.95, 0.3, 0.85, 25.0)
+    measured["queue_types"]["quorum"]["enqueue"] = {
+        name: {"median": 1000, "cpu_us_per_job": 100, "ratio": ratio}
+        for name, ratio in [
+            ("raw-publish", 1.0),
+            ("raw-publish-32", 1.0),
+            ("raw-publish-from-a-thread", 0.8),
+            ("client", 0.97),
+            ("client-32", 0.85),
+            ("sync-client", 0.91),
+            ("sync-client-32", 0.95),
+        ]
+    }
+    verdicts = {v["target"]: v["met"] for v in evaluate(measured["queue_types"])}
+    assert verdicts["Client.enqueue, one at a time, ratio to the raw publish >= 0.9"]
+    assert not verdicts["Client.enqueue, 32 tasks, ratio to the raw publish >= 0.9"]
+    assert verdicts["SyncClient.enqueue, one thread, ratio to the raw publish >= 0.9"]
+    assert "| Client.enqueue, 32 tasks | 1,000 | 0.85 | 100 |" in table(measured)

@@ -8,10 +8,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "app" / "ricochet"
 # Bottom to top; a module may import from its own layer and the layers below it.
 LAYERS = [
-    {"errors", "log", "settings", "tracing"},
+    {"errors", "headers", "log", "settings", "tracing"},
     {"broker"},
     {"delivery"},
     {"handlers"},
+    {"client"},
     {"observe"},
     {"service"},
     {"worker", "ops"},

@@ -1,5 +1,8 @@
 """Connecting to the broker, waiting for it with exponential backoff."""
 
+import os
+import socket
+
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -21,6 +24,11 @@ log = structlog.get_logger("ricochet.connection")
 # What connecting raises while the broker is down, refusing or slow: aio-pika's connection
 # errors (AMQPConnectionError) are ConnectionErrors, and TimeoutError is an OSError too.
 _UNREACHABLE = OSError
+
+
+def connection_name(role: str, queue: str) -> str:
+    """How the broker (and rabbitmqctl list_connections) shows this process."""
+    return f"ricochet {role} {queue} {socket.gethostname()}:{os.getpid()}"
 
 
 def _log_attempt(state: RetryCallState) -> None:

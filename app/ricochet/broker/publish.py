@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import re
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +20,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from ricochet.broker.amqp import refusal
 from ricochet.errors import MissingQueue
-from ricochet.tracing import publish_span
 
 log = structlog.get_logger("ricochet.publish")
 
@@ -121,32 +119,3 @@ async def publish_to_queue(channel: AbstractChannel, queue: str, message: aio_pi
         await publish_confirmed(channel.default_exchange, message, queue)
     except PublishError:
         raise MissingQueue(queue) from None
-
-
-async def publish_job(
-    connection: AbstractConnection,
-    queue: str,
-    payload: str,
-    *,
-    job_type: str | None = None,
-    message_id: str | None = None,
-    headers: dict[str, Any] | None = None,
-) -> str:
-    """Publish a persistent job with a publisher confirm; returns its message_id."""
-    message_id = message_id or uuid.uuid4().hex
-    headers = dict(headers or {})
-    with publish_span(queue, message_id, headers):  # puts the trace context in the headers
-        message = aio_pika.Message(
-            payload.encode(),
-            message_id=message_id,
-            type=job_type,
-            headers=headers,
-            content_type="application/json" if is_json(payload) else "text/plain",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        channel = await confirming_channel(connection)
-        try:
-            await publish_to_queue(channel, queue, message)
-        finally:
-            await channel.close()
-    return message_id

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
+from ricochet.headers import MAX_RETRIES
+
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
 # A redelivery returned more often than this may be the job that cut its worker off: it runs
@@ -139,7 +141,7 @@ def _first_routing_key(rejection: Mapping[str, Any] | None) -> str | None:
 
 def _header_retries(headers: Mapping[str, Any]) -> int | None:
     """The max-retries header when it is an integer >= 0 (a digit string counts), else None."""
-    wanted = headers.get("max-retries")
+    wanted = headers.get(MAX_RETRIES)
     if isinstance(wanted, str) and wanted.isascii() and wanted.isdigit():  # not "²", int() fails
         return int(wanted)
     if is_int(wanted) and wanted >= 0:

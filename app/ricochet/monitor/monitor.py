@@ -13,6 +13,7 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import connection_name
 from ricochet.broker.record import declared_settings
 from ricochet.broker.topology import EVENTS_MAX_LENGTH, Names, Plan, declare_failed_side
 from ricochet.delivery.failed import read_failure
@@ -27,7 +28,7 @@ from ricochet.observe.alerts import (
 from ricochet.observe.metrics import Metrics
 from ricochet.observe.webhook import Webhook
 from ricochet.ops.status import StatusReader
-from ricochet.service.process import Lifecycle, connection_name, keep_connected, run_service
+from ricochet.service.process import Lifecycle, keep_connected, run_service
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.monitor")

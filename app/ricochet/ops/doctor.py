@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 import structlog
 
-from ricochet.broker.connection import close_quietly, connect
+from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.record import declared_settings
 from ricochet.broker.topology import PLAN_FIELDS, Plan, plan
@@ -28,7 +28,6 @@ from ricochet.ops.checks import (
 )
 from ricochet.ops.policies import policy_check
 from ricochet.ops.versions import broker_version, version_check
-from ricochet.service.process import connection_name
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.doctor")

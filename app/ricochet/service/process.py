@@ -6,9 +6,7 @@ connected(connection) until a stop is requested or the connection is lost.
 
 import asyncio
 import contextlib
-import os
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -27,11 +25,6 @@ T = TypeVar("T")
 # A broker that accepts connections but fails right after must not be hammered in a loop.
 RECONNECT_PAUSE_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def connection_name(role: str, queue: str) -> str:
-    """How the broker (and rabbitmqctl list_connections) shows this process."""
-    return f"ricochet {role} {queue} {socket.gethostname()}:{os.getpid()}"
 
 
 class Lifecycle:

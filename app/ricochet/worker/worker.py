@@ -10,6 +10,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max
 from ricochet.broker.cancels import CancelReader
+from ricochet.broker.connection import connection_name
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.record import declare_recorded
 from ricochet.broker.topology import Names
@@ -18,7 +19,7 @@ from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import PAUSED, RESUMED, pause_alert
 from ricochet.observe.metrics import Metrics
 from ricochet.observe.webhook import Webhook
-from ricochet.service.process import Lifecycle, connection_name, keep_connected, run_service
+from ricochet.service.process import Lifecycle, keep_connected, run_service
 from ricochet.settings import Settings
 from ricochet.worker.consumer import Consumer
 from ricochet.worker.pause import FailureWindow, PausePolicy, pause_ratio

@@ -1,0 +1,182 @@
+"""The async Client: an application's jobs put in the main queue, each one confirmed."""
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import DeliveryError, PublishError
+
+from ricochet.broker.amqp import CONNECTION_ERRORS, refusal
+from ricochet.broker.connection import close_quietly, connect, connection_name
+from ricochet.broker.publish import OnePerMessageId, confirming_channel, publish_confirmed
+from ricochet.client.message import Delay, job_message
+from ricochet.errors import MissingQueue, NotConfirmed
+from ricochet.log import redact
+from ricochet.settings import load_client_settings
+from ricochet.tracing import publish_span
+
+# An application waits on enqueue: it is told soon that the broker cannot be reached, rather
+# than the minute a starting worker waits.
+CONNECT_TIMEOUT_S = 10.0
+# A broker on a memory or disk alarm holds publishes unconfirmed for as long as the alarm lasts.
+CONFIRM_TIMEOUT_S = 30.0
+# Publishes awaiting their confirm on the client's channel at once; more callers wait their turn.
+MAX_UNCONFIRMED = 256
+
+
+class Client:
+    """Enqueues jobs: `async with Client() as client: await client.enqueue("mail", {...})`.
+
+    One connection and one channel with publisher confirms, opened at `async with` (or at the
+    first enqueue) and opened again after the broker dropped them. Concurrent enqueues share
+    the channel, their confirms pipelined. Not for use across threads or event loops: that is
+    SyncClient's job.
+    """
+
+    def __init__(
+        self,
+        amqp_url: str | None = None,
+        queue: str | None = None,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        confirm_timeout_s: float | None = CONFIRM_TIMEOUT_S,
+    ) -> None:
+        settings = load_client_settings(amqp_url, queue)
+        self.amqp_url = settings.amqp_url
+        self.queue = settings.queue
+        self._connect_timeout_s = connect_timeout_s
+        self._confirm_timeout_s = confirm_timeout_s
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._opening = asyncio.Lock()
+        self._unconfirmed = asyncio.Semaphore(MAX_UNCONFIRMED)
+        self._one_per_id = OnePerMessageId()
+        self._enqueuing = 0
+        self._settled = asyncio.Event()
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        await self._open_channel()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def enqueue(
+        self,
+        job_type: str | None,
+        payload: Any,
+        *,
+        message_id: str | None = None,
+        max_retries: int | None = None,
+        delay: Delay | None = None,
+        run_at: dt.datetime | None = None,
+        headers: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> str:
+        """Publish one persistent job to the queue and return its message_id once the broker
+        has confirmed it.
+
+        InvalidJob (nothing sent) for an argument out of bounds; BrokerUnavailable when the
+        broker cannot be reached; NotConfirmed when the broker refused the job or did not
+        confirm it (see its message for whether it may be in the queue all the same).
+        """
+        message = job_message(
+            job_type,
+            payload,
+            now=dt.datetime.now(dt.UTC),
+            message_id=message_id,
+            max_retries=max_retries,
+            delay=delay,
+            run_at=run_at,
+            headers=headers,
+            content_type=content_type,
+        )
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        job_id = str(message.message_id)
+        self._enqueuing += 1
+        try:
+            with publish_span(self.queue, job_id, message.headers):
+                channel = await self._open_channel()
+                # A generated id is unique: no other publish in flight can share it.
+                alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
+                async with self._unconfirmed, alone:
+                    await self._publish(channel, message, job_id)
+        finally:
+            self._enqueuing -= 1
+            if not self._enqueuing:
+                self._settled.set()
+        return job_id
+
+    async def cancel(self, message_id: str) -> None:
+        """Cancel a job that waits (scheduled or between retries) so that it never runs."""
+        raise NotImplementedError("cancel arrives with scheduled jobs (section 15)")
+
+    async def close(self) -> None:
+        """Wait until the jobs being enqueued are confirmed (or refused), then disconnect."""
+        self._closed = True
+        while self._enqueuing:
+            self._settled.clear()
+            await self._settled.wait()
+        if self._connection is not None:
+            await close_quietly(self._connection)
+        self._connection = self._channel = None
+
+    async def _open_channel(self) -> AbstractChannel:
+        """The confirming channel, opened (with the connection, if that was lost too) when there
+        is none; concurrent callers wait for one opening."""
+        if self._channel is not None and not self._channel.is_closed:
+            return self._channel
+        async with self._opening:
+            if self._channel is None or self._channel.is_closed:
+                if self._connection is None or not self._connection.connected.is_set():
+                    if self._connection is not None:  # lost: closed by the broker, or dropped
+                        await close_quietly(self._connection)
+                    self._connection = await connect(
+                        self.amqp_url,
+                        connection_name("client", self.queue),
+                        self._connect_timeout_s,
+                    )
+                self._channel = await confirming_channel(self._connection)
+            return self._channel
+
+    async def _publish(
+        self, channel: AbstractChannel, message: aio_pika.Message, job_id: str
+    ) -> None:
+        """One publish, never repeated: a second could enqueue the job twice."""
+        try:
+            async with asyncio.timeout(self._confirm_timeout_s):
+                await publish_confirmed(channel.default_exchange, message, self.queue)
+        except PublishError:
+            raise NotConfirmed(
+                f"job {job_id!r} was not enqueued: {MissingQueue(self.queue)}"
+            ) from None
+        except DeliveryError as error:
+            raise NotConfirmed(
+                f"job {job_id!r} was not enqueued: the broker refused it ({refusal(error)})"
+            ) from None
+        except TimeoutError:
+            raise NotConfirmed(
+                f"job {job_id!r}: the broker did not confirm it within {self._confirm_timeout_s:g}"
+                " s (is it blocking publishers on a resource alarm?); it may be enqueued yet:"
+                " enqueue it again with the same message_id if it must not be lost"
+            ) from None
+        except CONNECTION_ERRORS as error:
+            raise NotConfirmed(
+                f"job {job_id!r}: the connection was lost before the broker confirmed it"
+                f" ({type(error).__name__}: {redact(str(error))}); it may be enqueued:"
+                " enqueue it again with the same message_id"
+            ) from None

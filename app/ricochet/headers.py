@@ -1,0 +1,31 @@
+"""The application headers that ricochet or the broker own: a job's producer may not set them.
+
+The client refuses them in an enqueue's own headers (InvalidJob), so that a job cannot claim a
+retry history, a failure or a schedule that it does not have. The worker's bookkeeping headers
+belong here too, as they are added.
+"""
+
+# Set by the client from enqueue's own arguments; read by the worker.
+MAX_RETRIES = "max-retries"
+RUN_AT = "run-at"
+
+RESERVED_NAMES = frozenset(
+    {
+        # The broker's, while it dead-letters and redelivers.
+        "x-death",
+        "x-delivery-count",
+        "x-acquired-count",
+        # ricochet's, on a failed copy and a replayed job.
+        "retry-count",
+        "replay-count",
+        # Set from enqueue's max_retries, delay and run_at.
+        MAX_RETRIES,
+        RUN_AT,
+    }
+)
+RESERVED_PREFIXES = ("x-first-death-", "x-last-death-", "failed-", "original-")
+
+
+def is_reserved(name: str) -> bool:
+    """True for a header name that ricochet or the broker own."""
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)

@@ -1,0 +1,227 @@
+"""The async Client against the real broker: what reaches the queue, what the worker makes of
+it, and every way an enqueue can fail."""
+
+import asyncio
+import datetime as dt
+import time
+from typing import Any
+
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import BrokerUnavailable, Client, InvalidJob, Job, NotConfirmed
+from ricochet.broker.topology import declare
+from ricochet.errors import ConfigError
+
+from tests.support import (
+    AMQP_URL,
+    StartWorker,
+    close_connections,
+    depth,
+    make_settings,
+    take,
+    wait_for,
+)
+
+
+async def test_a_job_is_confirmed_and_run_as_enqueued(
+    queue_name: str, start_worker: StartWorker
+) -> None:
+    """enqueue returns the id once confirmed; the worker's Job holds the type, the payload, the
+    id and the headers, and its budget follows max_retries."""
+    jobs: list[Job] = []
+
+    def handler(job: Job) -> None:
+        jobs.append(job)
+        if job.payload.get("fail"):
+            raise ConnectionError("down")
+
+    await start_worker(handler, max_retries=3, retry_delay_ms=50)
+    async with Client(AMQP_URL, queue_name) as client:
+        given = await client.enqueue(
+            "report",
+            {"report_id": "r-1", "fail": True},
+            message_id="job-1",
+            max_retries=1,
+            headers={"x-request-id": "req-7", "tenant": "acme"},
+        )
+        generated = await client.enqueue("report", {"report_id": "r-2"})
+    assert given == "job-1"
+    assert len(generated) == 32
+
+    await wait_for(lambda: len(jobs) == 3, 20, "two attempts of the first job, one of the second")
+    await asyncio.sleep(0.3)  # no fourth attempt comes
+    first = [j for j in jobs if j.message_id == "job-1"]
+    assert [(j.attempt, j.max_attempts) for j in first] == [(1, 2), (2, 2)]
+    assert (first[0].type, first[0].payload) == ("report", {"report_id": "r-1", "fail": True})
+    assert first[0].content_type == "application/json"
+    assert first[0].headers["x-request-id"] == "req-7"
+    assert first[0].headers["tenant"] == "acme"
+    assert first[0].headers["max-retries"] == 1
+    [second] = [j for j in jobs if j.message_id == generated]
+    assert (second.type, second.payload, second.attempt) == ("report", {"report_id": "r-2"}, 1)
+
+
+async def test_the_message_keeps_the_wire_contract(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Persistent, to Q through the default exchange, the type property, JSON, a run-at header
+    in UTC for delay and run_at; bytes travel untouched."""
+    await declare(connection, make_settings(queue_name))
+    before = dt.datetime.now(dt.UTC)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("mail", {"to": "ann@example.com"}, message_id="now")
+        await client.enqueue("mail", {}, message_id="later", delay=dt.timedelta(minutes=5))
+        paris = dt.timezone(dt.timedelta(hours=1))
+        at = dt.datetime(2026, 12, 1, 9, 30, 0, 250000, tzinfo=paris)
+        await client.enqueue("mail", {}, message_id="at", run_at=at)
+        await client.enqueue("raw", b"\x00\xff", message_id="bytes")
+    after = dt.datetime.now(dt.UTC)
+
+    got = {m.message_id: m for m in await take(channel, queue_name, 4)}
+    now = got["now"]
+    assert (now.delivery_mode, now.type, now.routing_key, now.exchange) == (
+        2,
+        "mail",
+        queue_name,
+        "",
+    )
+    assert (now.body, now.content_type) == (b'{"to":"ann@example.com"}', "application/json")
+    assert "run-at" not in (now.headers or {})
+    later = dt.datetime.fromisoformat(str(got["later"].headers["run-at"]))
+    assert later.utcoffset() == dt.timedelta(0)
+    five_minutes = dt.timedelta(minutes=5)
+    assert before + five_minutes <= later <= after + five_minutes + dt.timedelta(milliseconds=1)
+    assert got["at"].headers["run-at"] == "2026-12-01T08:30:00.250Z"
+    assert (got["bytes"].body, got["bytes"].content_type) == (b"\x00\xff", None)
+
+
+async def test_invalid_jobs_send_nothing(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """InvalidJob comes before anything reaches the broker: the queue stays empty."""
+    await declare(connection, make_settings(queue_name))
+    async with Client(AMQP_URL, queue_name) as client:
+        jobs: list[dict[str, Any]] = [
+            {"job_type": ""},
+            {"max_retries": 26},
+            {"delay": -1},
+            {"run_at": dt.datetime(2026, 12, 1, 9, 30)},
+            {"delay": 1, "run_at": dt.datetime.now(dt.UTC)},
+            {"headers": {"x-death": []}},
+            {"payload": object()},
+        ]
+        for job in jobs:
+            arguments: dict[str, Any] = {"job_type": "mail", "payload": {}, **job}
+            with pytest.raises(InvalidJob):
+                await client.enqueue(
+                    arguments.pop("job_type"), arguments.pop("payload"), **arguments
+                )
+        await client.enqueue("mail", {}, message_id="valid")
+    [only] = await take(channel, queue_name, 1)
+    assert only.message_id == "valid"
+    assert await depth(channel, queue_name) == 0
+
+
+async def test_a_missing_queue_is_an_error_not_a_lost_job(queue_name: str) -> None:
+    """Q does not exist: the broker returns the job (mandatory) and enqueue says so."""
+    async with Client(AMQP_URL, queue_name) as client:
+        with pytest.raises(NotConfirmed, match=r"was not enqueued: queue .* does not exist"):
+            await client.enqueue("mail", {}, message_id="m1")
+
+
+async def test_concurrent_returns_of_one_message_id_each_fail(queue_name: str) -> None:
+    """Two enqueues of the same id in flight at once, both returned: neither is taken for
+    confirmed (the client library matches a return to its publish by message_id)."""
+    async with Client(AMQP_URL, queue_name) as client:
+        results = await asyncio.gather(
+            *(client.enqueue("mail", {"n": n}, message_id="same") for n in range(4)),
+            return_exceptions=True,
+        )
+    assert all(isinstance(r, NotConfirmed) for r in results), results
+
+
+async def test_a_refused_job_is_an_error(
+    queue_name: str, channel: AbstractChannel, connection: AbstractConnection
+) -> None:
+    """A queue that refuses publishes (full, reject-publish): the broker nacks, enqueue says so."""
+    await channel.declare_queue(
+        queue_name, durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+    async with Client(AMQP_URL, queue_name) as client:
+        with pytest.raises(NotConfirmed, match="the broker refused it"):
+            await client.enqueue("mail", {}, message_id="m1")
+
+
+def test_an_unreachable_broker_is_a_clear_error(queue_name: str) -> None:
+    """No broker: BrokerUnavailable after the connect timeout, without the password."""
+
+    async def enqueue() -> None:
+        client = Client("amqp://app:hunter2@127.0.0.1:1/", queue_name, connect_timeout_s=1)
+        try:
+            await client.enqueue("mail", {})
+        finally:
+            await client.close()
+
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match="unreachable after 1 s") as raised:
+        asyncio.run(enqueue())
+    assert time.monotonic() - started < 10
+    assert "hunter2" not in str(raised.value)
+
+
+def test_invalid_settings_are_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client reads RICOCHET_AMQP_URL and RICOCHET_QUEUE, validated as the worker's are;
+    the worker's other settings are none of its business."""
+    monkeypatch.setenv("RICOCHET_QUEUE", "orders")
+    monkeypatch.setenv("RICOCHET_AMQP_URL", "amqp://app:secret@rabbit:5672/")
+    monkeypatch.setenv("RICOCHET_MAX_RETRIES", "99")
+    client = Client()
+    assert (client.queue, client.amqp_url) == ("orders", "amqp://app:secret@rabbit:5672/")
+    assert Client(queue="other").queue == "other"
+    with pytest.raises(ConfigError, match="RICOCHET_QUEUE='no spaces' is invalid"):
+        Client(queue="no spaces")
+    with pytest.raises(ConfigError, match="RICOCHET_AMQP_URL="):
+        Client("http://rabbit/")
+
+
+async def test_it_reconnects_after_the_broker_drops_it(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """The broker closes the client's connection between two enqueues: the second connects
+    again and is confirmed."""
+    await declare(connection, make_settings(queue_name))
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("mail", {}, message_id="before")
+        assert await asyncio.to_thread(close_connections, queue_name, "client") == 1
+        # Until the client has read the broker's close, a publish would be cut off with it.
+        await wait_for(lambda: client._channel is None or client._channel.is_closed, 10)
+        await client.enqueue("mail", {}, message_id="after")
+    got = await take(channel, queue_name, 2)
+    assert [m.message_id for m in got] == ["before", "after"]
+
+
+async def test_concurrent_enqueues_share_one_connection_and_close_waits_for_them(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """500 enqueues at once, and close() called while they are in flight: every one is
+    confirmed, none twice, and later enqueues are refused."""
+    await declare(connection, make_settings(queue_name))
+    client = Client(AMQP_URL, queue_name)
+    tasks = [asyncio.create_task(client.enqueue("mail", {"n": n})) for n in range(500)]
+    await asyncio.sleep(0)
+    await client.close()
+    assert all(t.done() for t in tasks)
+    ids = [t.result() for t in tasks]
+    assert len(set(ids)) == 500
+    assert sorted(str(m.message_id) for m in await take(channel, queue_name, 500)) == sorted(ids)
+    assert await depth(channel, queue_name) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        await client.enqueue("mail", {})
+
+
+async def test_cancel_waits_for_scheduled_jobs(queue_name: str) -> None:
+    """Cancelling arrives with scheduled jobs; until then it says so."""
+    client = Client(AMQP_URL, queue_name)
+    with pytest.raises(NotImplementedError, match="scheduled jobs"):
+        await client.cancel("m1")
+    await client.close()

@@ -1,0 +1,207 @@
+"""An enqueue's arguments made into the message, or refused with InvalidJob naming the argument."""
+
+import datetime as dt
+import json
+import math
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import aio_pika
+import pytest
+from ricochet import InvalidJob
+from ricochet.client.message import job_message, run_at_text
+from ricochet.headers import is_reserved
+
+NOW = dt.datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=dt.UTC)
+DAY = dt.timedelta(days=1)
+
+
+def message(job_type: str | None = "mail", payload: Any = None, **job: Any) -> aio_pika.Message:
+    return job_message(job_type, {} if payload is None else payload, now=NOW, **job)
+
+
+@pytest.mark.parametrize(
+    ("job", "names"),
+    [
+        ({"job_type": ""}, "job_type"),
+        ({"job_type": "x" * 256}, "job_type"),
+        ({"job_type": "é" * 128}, "job_type"),  # 256 bytes in UTF-8
+        ({"job_type": 7}, "job_type"),
+        ({"message_id": ""}, "message_id"),
+        ({"message_id": "m" * 256}, "message_id"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"max_retries": 26}, "max_retries"),
+        ({"max_retries": 2.0}, "max_retries"),
+        ({"max_retries": "2"}, "max_retries"),
+        ({"max_retries": True}, "max_retries"),
+        ({"delay": -0.001}, "delay"),
+        ({"delay": -DAY}, "delay"),
+        ({"delay": 30 * 86400 + 1}, "delay"),
+        ({"delay": 31 * DAY}, "delay"),
+        ({"delay": math.inf}, "delay"),
+        ({"delay": math.nan}, "delay"),
+        ({"delay": 1e300}, "delay"),
+        ({"delay": "5"}, "delay"),
+        ({"delay": True}, "delay"),
+        ({"run_at": dt.datetime(2026, 11, 25, 10, 0)}, "run_at"),  # naive
+        ({"run_at": NOW + 30 * DAY + dt.timedelta(milliseconds=1)}, "run_at"),
+        ({"run_at": "2026-11-25T10:00:00Z"}, "run_at"),
+        ({"run_at": dt.date(2026, 11, 25)}, "run_at"),
+        ({"delay": 5, "run_at": NOW + DAY}, "delay and run_at"),
+        ({"delay": 0, "run_at": NOW}, "delay and run_at"),
+        ({"payload": {"when": NOW}}, "payload"),
+        ({"payload": {1, 2}}, "payload"),
+        ({"payload": math.nan}, "payload"),
+        ({"payload": {"a": math.inf}}, "payload"),
+        ({"payload": {}, "content_type": "text/plain"}, "content_type"),
+        ({"headers": ["x"]}, "headers"),
+        ({"headers": {1: "x"}}, "headers"),
+        ({"headers": {"": "x"}}, "headers"),
+        ({"headers": {"h" * 129: "x"}}, "headers"),
+        ({"headers": {"x-death": []}}, "headers"),
+        ({"headers": {"x-first-death-queue": "jobs"}}, "headers"),
+        ({"headers": {"x-last-death-reason": "rejected"}}, "headers"),
+        ({"headers": {"x-delivery-count": 1}}, "headers"),
+        ({"headers": {"x-acquired-count": 1}}, "headers"),
+        ({"headers": {"failed-reason": "x"}}, "headers"),
+        ({"headers": {"failed-anything": "x"}}, "headers"),
+        ({"headers": {"retry-count": 1}}, "headers"),
+        ({"headers": {"replay-count": 1}}, "headers"),
+        ({"headers": {"run-at": "2026-11-25T10:00:00Z"}}, "headers"),
+        ({"headers": {"max-retries": 1}}, "headers"),
+        ({"headers": {"original-queue": "jobs"}}, "headers"),
+        ({"headers": {"blob": b"raw"}}, "headers"),  # bytes: the codec takes bytearray only
+        ({"headers": {"big": 2**70}}, "headers"),
+        ({"headers": {"set": {1}}}, "headers"),
+    ],
+)
+def test_out_of_bounds_is_refused_naming_the_argument(job: dict[str, Any], names: str) -> None:
+    """Each rule of the contract: InvalidJob (a ValueError) whose message starts with the
+    argument's name."""
+    payload = job.pop("payload", {})
+    job_type = job.pop("job_type", "mail")
+    with pytest.raises(InvalidJob) as raised:
+        job_message(job_type, payload, now=NOW, **job)
+    assert isinstance(raised.value, ValueError)
+    assert str(raised.value).startswith(names), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("job", "header"),
+    [
+        ({"max_retries": 0}, ("max-retries", 0)),
+        ({"max_retries": 25}, ("max-retries", 25)),
+        ({"delay": 0}, ("run-at", "2026-11-24T10:00:00.124Z")),
+        ({"delay": 1.5}, ("run-at", "2026-11-24T10:00:01.624Z")),
+        ({"delay": dt.timedelta(hours=1)}, ("run-at", "2026-11-24T11:00:00.124Z")),
+        ({"delay": 30 * 86400}, ("run-at", "2026-12-24T10:00:00.124Z")),
+        ({"delay": 30 * DAY}, ("run-at", "2026-12-24T10:00:00.124Z")),
+        (
+            {"run_at": dt.datetime(2026, 11, 24, 12, 30, tzinfo=ZoneInfo("Europe/Paris"))},
+            ("run-at", "2026-11-24T11:30:00.000Z"),
+        ),
+        ({"run_at": NOW + 30 * DAY}, ("run-at", "2026-12-24T10:00:00.124Z")),
+        ({"run_at": NOW - 400 * DAY}, ("run-at", "2025-10-20T10:00:00.124Z")),  # past: at once
+    ],
+)
+def test_bounds_are_inclusive_and_schedules_become_run_at(
+    job: dict[str, Any], header: tuple[str, Any]
+) -> None:
+    """The edges are allowed; a schedule travels as an ISO-8601 UTC run-at header."""
+    name, value = header
+    assert message(**job).headers == {name: value}
+
+
+@pytest.mark.parametrize(
+    ("when", "text"),
+    [
+        (dt.datetime(2026, 11, 24, 10, 0, tzinfo=dt.UTC), "2026-11-24T10:00:00.000Z"),
+        (dt.datetime(2026, 11, 24, 10, 0, 0, 1000, tzinfo=dt.UTC), "2026-11-24T10:00:00.001Z"),
+        # Rounded up, never down: a job must not run before the time asked.
+        (dt.datetime(2026, 11, 24, 10, 0, 0, 1, tzinfo=dt.UTC), "2026-11-24T10:00:00.001Z"),
+        (
+            dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+            "2027-01-01T00:00:00.000Z",
+        ),
+        (
+            dt.datetime(2026, 11, 24, 5, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+            "2026-11-24T10:00:00.000Z",
+        ),
+    ],
+)
+def test_run_at_text(when: dt.datetime, text: str) -> None:
+    assert run_at_text(when) == text
+    assert dt.datetime.fromisoformat(text) >= when
+
+
+@pytest.mark.parametrize(
+    ("payload", "body", "content_type"),
+    [
+        ({"to": "ann@example.com", "n": 1}, b'{"to":"ann@example.com","n":1}', "application/json"),
+        ([1, 2], b"[1,2]", "application/json"),
+        ("hello", b'"hello"', "application/json"),
+        (None, b"null", "application/json"),
+        ({"name": "Zoë"}, '{"name":"Zoë"}'.encode(), "application/json"),
+        (b"\x00\xffraw", b"\x00\xffraw", None),
+        (bytearray(b"{}"), b"{}", None),
+    ],
+)
+def test_payload(payload: Any, body: bytes, content_type: str | None) -> None:
+    """bytes go as they are; anything else is JSON (that the handler's job.payload reads back)."""
+    sent = job_message("mail", payload, now=NOW)
+    assert (sent.body, sent.content_type) == (body, content_type)
+    if content_type:
+        assert json.loads(sent.body) == payload
+
+
+def test_bytes_keep_the_content_type_given() -> None:
+    sent = message(payload=b"a,b", content_type="text/csv")
+    assert (sent.body, sent.content_type) == (b"a,b", "text/csv")
+
+
+def test_the_message_is_persistent_typed_and_identified() -> None:
+    sent = message("mail", {"a": 1})
+    other = message("mail", {"a": 1})
+    assert sent.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert sent.type == "mail"
+    assert len(str(sent.message_id)) == 32
+    assert sent.message_id != other.message_id
+    assert sent.timestamp == NOW  # the AMQP property keeps whole seconds of it
+    assert message(message_id="order-1").message_id == "order-1"
+    assert message(None).type is None
+
+
+def test_application_headers_travel_untouched() -> None:
+    """The application's own headers, x- ones included, go as given; the caller's mapping is
+    not changed by the headers ricochet adds."""
+    own = {"x-request-id": "r-1", "tenant": "acme", "traceparent": "00-ab-cd-01", "n": 3}
+    sent = message(headers=own, max_retries=2, delay=1)
+    assert sent.headers == {**own, "max-retries": 2, "run-at": "2026-11-24T10:00:01.124Z"}
+    assert own == {"x-request-id": "r-1", "tenant": "acme", "traceparent": "00-ab-cd-01", "n": 3}
+
+
+@pytest.mark.parametrize(
+    ("name", "reserved"),
+    [
+        ("x-death", True),
+        ("x-first-death-exchange", True),
+        ("x-last-death-queue", True),
+        ("x-delivery-count", True),
+        ("x-acquired-count", True),
+        ("failed-at", True),
+        ("failed-dropped-headers", True),
+        ("retry-count", True),
+        ("replay-count", True),
+        ("run-at", True),
+        ("max-retries", True),
+        ("original-routing-key", True),
+        ("x-request-id", False),
+        ("x-deathly", False),
+        ("traceparent", False),
+        ("failed", False),
+        ("Run-At", False),  # header names are case-sensitive: this one is the application's
+        ("retry-counter", False),
+    ],
+)
+def test_reserved_header_names(name: str, reserved: bool) -> None:
+    assert is_reserved(name) is reserved
