@@ -8,7 +8,6 @@ import pytest
 from ricochet import RetryLater
 from ricochet.broker.cancels import CancelLog
 from ricochet.delivery.retry import (
-    RETRIES_HEADER,
     Action,
     Decision,
     FailureKind,
@@ -17,6 +16,7 @@ from ricochet.delivery.retry import (
     parse_run_at,
     read_facts,
 )
+from ricochet.headers import RETRIES
 
 NOW = dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -132,7 +132,7 @@ def rejected(count: int) -> dict[str, Any]:
             Decision(Action.FAIL, FailureKind.EXHAUSTED),
         ),
         (
-            {RETRIES_HEADER: 3},
+            {RETRIES: 3},
             "0.1.0",
             False,
             Outcome.LATER,
@@ -141,27 +141,27 @@ def rejected(count: int) -> dict[str, Any]:
         # Back from the delays with retries made: its key leads to tier 1, so a copy goes to its
         # own tier; once a tier sent it back, its key leads right again and a nack does.
         (
-            {RETRIES_HEADER: 1},
+            {RETRIES: 1},
             "0.1.0",
             False,
             Outcome.TRANSIENT,
             Decision(Action.RETRY_BY_COPY, tier=2, retries=2),
         ),
         (
-            {RETRIES_HEADER: 2},
+            {RETRIES: 2},
             "jobs.attempt.2",
             False,
             Outcome.TRANSIENT,
             Decision(Action.RETRY, tier=3),
         ),
         (
-            {RETRIES_HEADER: 1, **rejected(1)},
+            {RETRIES: 1, **rejected(1)},
             "jobs.attempt.2",
             False,
             Outcome.TRANSIENT,
             Decision(Action.RETRY, tier=3),
         ),
-        ({RETRIES_HEADER: 1}, "0.1.0", False, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        ({RETRIES: 1}, "0.1.0", False, Outcome.SUCCEEDED, Decision(Action.ACK)),
         # A fresh scheduled job back from the delays retries by nack, into tier 1.
         (
             {"run-at": "2026-11-24T11:59:00Z"},
@@ -189,11 +189,11 @@ def test_decisions_of_the_wait(
     ("headers", "attempt"),
     [
         ({}, 1),
-        ({RETRIES_HEADER: 2}, 3),
-        ({RETRIES_HEADER: 2, **rejected(1)}, 4),
-        ({RETRIES_HEADER: "2"}, 1),  # not ricochet's: ignored
-        ({RETRIES_HEADER: -1}, 1),
-        ({RETRIES_HEADER: True}, 1),
+        ({RETRIES: 2}, 3),
+        ({RETRIES: 2, **rejected(1)}, 4),
+        ({RETRIES: "2"}, 1),  # not ricochet's: ignored
+        ({RETRIES: -1}, 1),
+        ({RETRIES: True}, 1),
     ],
 )
 def test_attempt_counts_retries_before_and_since_a_copy(

@@ -70,11 +70,16 @@ def record(kind: str, message_id: str) -> aio_pika.Message:
     )
 
 
+def cancel_record(message_id: str) -> aio_pika.Message:
+    """The record that cancels a job, for the cancel store."""
+    return record(CANCEL, message_id)
+
+
 async def publish_cancel(connection: AbstractConnection, names: Names, message_id: str) -> None:
     """Record a cancel in the store, confirmed; MissingQueue when there is no store."""
     channel = await confirming_channel(connection)
     try:
-        await publish_to_queue(channel, names.cancels, record(CANCEL, message_id))
+        await publish_to_queue(channel, names.cancels, cancel_record(message_id))
     finally:
         await channel.close()
 

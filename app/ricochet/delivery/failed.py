@@ -12,8 +12,6 @@ from aio_pika.abc import AbstractMessage
 from ricochet.broker.amqp import Delivery, table_size
 from ricochet.delivery.retry import (
     POISON_DELIVERIES,
-    RETRIES_HEADER,
-    RUN_AT_HEADER,
     Facts,
     FailureKind,
     is_int,
@@ -21,6 +19,7 @@ from ricochet.delivery.retry import (
 )
 from ricochet.delivery.tracebacks import format_traceback
 from ricochet.errors import InvalidProperties, InvalidSchedule, PoisonMessage, RicochetError
+from ricochet.headers import RETRIES, RUN_AT
 from ricochet.log import redact
 
 REASON_MAX_CHARS = 1000
@@ -62,7 +61,7 @@ def copied_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {
         k: _sendable(v)
         for k, v in headers.items()
-        if not k.startswith(DEATH_HEADERS) and k != RETRIES_HEADER
+        if not k.startswith(DEATH_HEADERS) and k != RETRIES
     }
 
 
@@ -205,7 +204,7 @@ def not_run_failure(delivery: Delivery, kind: FailureKind) -> RicochetError:
     if kind is FailureKind.POISON:
         return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
     return InvalidSchedule(
-        f"{RUN_AT_HEADER} header {delivery.headers.get(RUN_AT_HEADER)!r} is not an ISO-8601 "
+        f"{RUN_AT} header {delivery.headers.get(RUN_AT)!r} is not an ISO-8601 "
         "date-time with a UTC offset or Z"
     )
 
@@ -258,7 +257,7 @@ def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
     made so far (none: no header)."""
     headers = copied_headers(delivery.headers)
     if retries:
-        headers[RETRIES_HEADER] = retries
+        headers[RETRIES] = retries
     return copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), headers)
 
 

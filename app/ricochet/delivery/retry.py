@@ -8,18 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
-from ricochet.headers import MAX_RETRIES
+from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
 # A redelivery returned more often than this may be the job that cut its worker off: it runs
 # with nothing else unacked beside it (see runs_alone).
 SUSPECT_RETURNS = 1
-# The retries a job made before ricochet published it again (to wait out a RetryLater or a
-# schedule, or to reach its tier from there): RabbitMQ 4 restarts x-death on a published copy,
-# so the copy carries its count. Retries so far = this + the broker's count since.
-RETRIES_HEADER = "ricochet-retries"
-RUN_AT_HEADER = "run-at"
 
 
 class Outcome(enum.Enum):
@@ -178,7 +173,7 @@ def _retries(rejection: Mapping[str, Any] | None) -> int:
 
 
 def _copied_retries(headers: Mapping[str, Any]) -> int:
-    value = headers.get(RETRIES_HEADER)
+    value = headers.get(RETRIES)
     return value if is_int(value) and value > 0 else 0
 
 
@@ -198,9 +193,9 @@ def parse_run_at(value: Any) -> dt.datetime | None:
 
 def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime) -> tuple[int | None, bool]:
     """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable)."""
-    if RUN_AT_HEADER not in headers:
+    if RUN_AT not in headers:
         return None, False
-    when = parse_run_at(headers[RUN_AT_HEADER])
+    when = parse_run_at(headers[RUN_AT])
     if when is None:
         return None, True
     ahead_ms = math.ceil((when - now).total_seconds() * 1000)
@@ -249,9 +244,9 @@ def read_facts(
     one. cancelled: whether its message_id was cancelled. now: the time its run-at is read
     against.
 
-    A job ricochet published again carries the retries it had made (RETRIES_HEADER); they add
-    to the broker's count, and its routing key leads to the tier of its next retry only once a
-    tier sent it back.
+    A job ricochet published again carries the retries it had made (the RETRIES header:
+    RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
+    routing key leads to the tier of its next retry only once a tier sent it back.
     """
     forged, rejection = _read_death(headers, queue, from_tier)
     rejections = _retries(rejection)
