@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import aio_pika
@@ -56,13 +57,20 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
 
 
 async def raw(
-    url: str, queue: str, prefetch: int, target: int, mode: str, ack_every: int, failed: str
+    url: str,
+    queue: str,
+    prefetch: int,
+    target: int,
+    mode: str,
+    ack_every: int,
+    copies_to: list[str],
 ) -> None:
     """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
 
     ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
-    ricochet's 10 ms tier and back) and ack the second. fail: publish a persistent copy to the
-    failed exchange, await its confirm, then ack. probe: nack a probe three times, timing its
+    ricochet's 10 ms tier and back) and ack the second. fail: publish a persistent copy to each
+    queue of copies_to in turn, each confirmed before the next, then ack (the worker's copy to
+    Q.failed, then its notice to Q.failed.events). probe: nack a probe three times, timing its
     tiers as the ricochet handler does, and ack everything else. ack_every > 1 acks with
     multiple=True once per that many deliveries, which is safe here only because this loop
     settles its deliveries in order and never fails one.
@@ -73,7 +81,6 @@ async def raw(
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
     await channel.set_qos(prefetch_count=prefetch)
-    failed_exchange = await channel.get_exchange(failed, ensure=False) if mode == "fail" else None
 
     def fails(message: AbstractIncomingMessage) -> bool:
         if mode == "retry":
@@ -87,7 +94,7 @@ async def raw(
         if fails(message):
             await message.nack(requeue=False)
             return
-        if failed_exchange is not None:
+        if mode == "fail":
             copy = aio_pika.Message(
                 message.body,
                 headers={"failed-reason": "benchmark: this job always fails"},
@@ -95,7 +102,8 @@ async def raw(
                 type=message.type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            await failed_exchange.publish(copy, routing_key="", mandatory=True)
+            for copy_queue in copies_to:
+                await channel.default_exchange.publish(copy, routing_key=copy_queue, mandatory=True)
         received += 1
         n = received
         if n % ack_every == 0 or n == target:
@@ -150,7 +158,7 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
 def main() -> None:
     # An A/B run against another checkout of ricochet (python -m bench --base-src DIR).
     if src := os.environ.get("BENCH_APP_SRC"):
-        sys.path.insert(0, src)
+        sys.path.insert(0, str(Path(src) / "app"))  # its src layout
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("consumer", choices=["raw", "ricochet"])
     parser.add_argument("--target", type=int, required=True, help="jobs to settle")
@@ -160,7 +168,9 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=32, help="raw: the prefetch")
     parser.add_argument("--mode", choices=RAW_MODES, default="ack", help="raw: the broker work")
     parser.add_argument("--ack-every", type=int, default=1, help="raw: multiple=True acks")
-    parser.add_argument("--failed", default="", help="raw, fail mode: the failed exchange")
+    parser.add_argument(
+        "--copy-to", action="append", default=[], help="raw, fail mode: a queue for the copy"
+    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
     parser.add_argument("--no-otel", action="store_true", help="opentelemetry not importable")
     args = parser.parse_args()
@@ -181,7 +191,7 @@ def main() -> None:
                 args.target,
                 args.mode,
                 args.ack_every,
-                args.failed,
+                args.copy_to,
             )
         )
     else:

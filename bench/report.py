@@ -4,16 +4,17 @@ from typing import Any
 
 # scenario -> (label, the least ratio to the raw loop the issue asks for)
 RATIO_TARGETS = {
-    "happy": ("happy path", 0.9),
+    "happy": ("happy path", 1.0),
     "retry": ("retry path", 0.8),
     "failure": ("failure path", 0.5),
 }
 LABELS = {
     "raw": "raw loop: ack",
     "raw-retry": "raw loop: nack, ack the retry",
-    "raw-failure": "raw loop: confirmed copy, ack",
+    "raw-failure": "raw loop: copy, notice, ack",
     **{k: v[0] for k, v in RATIO_TARGETS.items()},
     "happy-no-otel": "happy path, opentelemetry absent",
+    "happy-warnings": "happy path, WARNING: no line a job",
     "raw-retry-jitter": "raw loop: nack into jittered lanes, ack the retry",
     "retry-jitter": "retry path, jitter 0.5",
 }

@@ -58,12 +58,14 @@ RAW = {
 JITTER = 0.5  # the jittered scenarios' RICOCHET_RETRY_JITTER
 # Variants: NAME-no-otel runs the worker with opentelemetry not importable (as without the
 # otel extra), which every full run measures beside the happy path (installed, no tracer
-# configured: the default). Only on request (--scenarios): NAME-uvloop runs the worker on uvloop,
-# NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log line per successful job),
-# NAME@base runs the app/ of another checkout (--base-src), raw-multiple acks the raw loop's
-# deliveries prefetch/2 at a time with multiple=True.
+# configured: the default), and NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log
+# line per successful job), the row beside the default INFO that shows what the line costs.
+# Only on request (--scenarios): NAME-uvloop runs the worker on uvloop, NAME@base runs the app/
+# of another checkout (--base-src), raw-multiple acks the raw loop's deliveries prefetch/2 at a
+# time with multiple=True.
 NO_OTEL = "-no-otel"
-FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}"]
+WARNINGS = "-warnings"
+FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}", f"happy{WARNINGS}"]
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
@@ -135,7 +137,8 @@ class Child:
 
 
 def worker_settings(queue: str, queue_type: str, prefetch: int, **overrides: Any) -> Settings:
-    """The worker's settings: defaults (INFO JSON logs included), no HTTP server."""
+    """The worker's settings: defaults (INFO JSON logs, one line a job, as users run it), no
+    HTTP server."""
     values: dict[str, Any] = {
         "amqp_url": URL,
         "queue": queue,
@@ -229,7 +232,7 @@ async def throughput(
             args = ["ricochet", f"--outcome={outcome}"]
             args += ["--uvloop"] if scenario.endswith("-uvloop") else []
             args += ["--no-otel"] if scenario.endswith(NO_OTEL) else []
-            if scenario.endswith("-warnings"):
+            if scenario.endswith(WARNINGS):
                 env["RICOCHET_LOG_LEVEL"] = "WARNING"
             if scenario.endswith("@base"):
                 env["BENCH_APP_SRC"] = str(cfg.base_src)
@@ -240,7 +243,7 @@ async def throughput(
 def base_name(scenario: str) -> str:
     """happy@base, happy-uvloop, happy-warnings and happy-no-otel are variants of happy."""
     name = scenario.split("@")[0]
-    return name.removesuffix("-uvloop").removesuffix("-warnings").removesuffix(NO_OTEL)
+    return name.removesuffix("-uvloop").removesuffix(WARNINGS).removesuffix(NO_OTEL)
 
 
 def raw_twin(scenario: str) -> str:
@@ -255,7 +258,9 @@ def raw_args(settings: Settings, mode: str) -> list[str]:
         f"--queue={settings.queue}",
         f"--prefetch={settings.prefetch}",
         f"--mode={mode}",
-        f"--failed={settings.queue}.failed",
+        # The failure path's broker work: the copy to Q.failed, then the notice to Q.failed.events.
+        f"--copy-to={Names(settings.queue).failed}",
+        f"--copy-to={Names(settings.queue).events}",
     ]
 
 

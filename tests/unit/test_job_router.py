@@ -1,17 +1,14 @@
-"""Job attributes, its log context, and Router dispatch."""
+"""Job attributes and Router dispatch."""
 
 import asyncio
-import contextvars
 import threading
 
 import pytest
-import structlog
 from pydantic import BaseModel
 from ricochet import Job, PermanentError, Router
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import HandlerTimeout, InvalidPayload, UnknownJobType
 from ricochet.handlers.invoker import Invoker
-from ricochet.handlers.job import bind_log_context
 
 
 def job(body: bytes, amqp_type: str | None = None) -> Job:
@@ -32,19 +29,6 @@ def test_payload_errors_are_permanent() -> None:
     with pytest.raises(PermanentError, match="not valid JSON"):
         job(b"not json").payload  # noqa: B018
     assert job(b'{"a": 1}').payload == {"a": 1}
-
-
-def test_log_context_is_the_jobs_own() -> None:
-    """Binding a job's log context tags the lines of the context it is bound in, and no other."""
-    context = contextvars.copy_context()
-    context.run(bind_log_context, job(b'{"type": "a"}'))
-    assert context.run(structlog.contextvars.get_contextvars) == {
-        "message_id": "m",
-        "type": "a",
-        "attempt": 1,
-        "max_attempts": 4,
-    }
-    assert structlog.contextvars.get_contextvars() == {}
 
 
 class Order(BaseModel):

@@ -4,11 +4,10 @@ import json
 from functools import cached_property
 from typing import Any
 
-import structlog
-
 from ricochet.broker.amqp import Delivery
 from ricochet.delivery.retry import Facts, job_type
 from ricochet.errors import InvalidPayload
+from ricochet.log import bind_job_fields
 
 
 class Job:
@@ -87,7 +86,7 @@ def bind_log_context(job: Job) -> None:
     Each job runs in a task of its own, with its own copy of the context: binding there tags
     every line logged for this job (an async handler's too) and leaks into no other.
     """
-    structlog.contextvars.bind_contextvars(
+    bind_job_fields(
         message_id=job.message_id,
         type=job.type,
         attempt=job.attempt,
