@@ -26,7 +26,8 @@ def draw(results: dict[str, Any], path: Path) -> None:
     )
     width = 0.8 / len(qts)
 
-    scenarios = list(LABELS)
+    measured = results["queue_types"][qts[0]]["throughput"]
+    scenarios = [s for s in LABELS if s in measured]  # a run may predate a scenario
     for i, qt in enumerate(qts):
         tp = results["queue_types"][qt]["throughput"]
         xs = [s + i * width for s in range(len(scenarios))]
@@ -106,4 +107,34 @@ def draw(results: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_herd(results: dict[str, Any], path: Path) -> None:
+    """The herd: when 1,000 jobs that failed together come back, one panel per jitter."""
+    qts = list(results["queue_types"])
+    runs = {qt: results["queue_types"][qt]["wait"]["herd"] for qt in qts}
+    jitters = [run["jitter"] for run in runs[qts[0]]]
+    fig, axes = plt.subplots(1, len(jitters), figsize=(15, 4), sharey=True)
+    for ax, i in zip(axes, range(len(jitters)), strict=True):
+        for qt in qts:
+            run = runs[qt][i]
+            bins = {float(k): v for k, v in run["back_s_histogram"].items()}
+            ax.bar(
+                [b + 0.125 for b in bins],
+                list(bins.values()),
+                width=0.25,
+                alpha=0.6,
+                color=COLORS.get(qt),
+                label=qt,
+            )
+        delay_s = runs[qts[0]][i]["delay_ms"] / 1000
+        ax.axvline(delay_s, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"jitter {jitters[i]:g}: tier delay {delay_s:g} s")
+        ax.set_xlabel("seconds after the first failure")
+    axes[0].set_ylabel("jobs back in each 0.25 s")
+    axes[0].legend()
+    fig.suptitle(f"{runs[qts[0]][0]['jobs']:,} jobs failing at once, and when they come back")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.probe import PROBE_TYPE, observed_delays_s, probe_fails
+from bench.probe import PROBE_TYPE, lateness_s, observed_delays_s, probe_fails
 
 RAW_MODES = ("ack", "retry", "fail", "probe")
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
@@ -151,7 +151,7 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
             measuring.cancel()
             await serving  # raises what stopped the worker
             raise RuntimeError("the worker stopped before the jobs were done")
-        emit("done", **measuring.result(), delays_s=observed_delays_s)
+        emit("done", **measuring.result(), delays_s=observed_delays_s, lateness_s=lateness_s)
         await serving
 
 
@@ -195,7 +195,7 @@ def main() -> None:
             )
         )
     else:
-        with open(os.devnull, "w") as log_stream:
+        with open(os.environ.get("BENCH_LOG", os.devnull), "a") as log_stream:
             asyncio.run(ricochet(args.outcome, args.target, log_stream))
 
 

@@ -15,6 +15,8 @@ LABELS = {
     **{k: v[0] for k, v in RATIO_TARGETS.items()},
     "happy-no-otel": "happy path, opentelemetry absent",
     "happy-warnings": "happy path, WARNING: no line a job",
+    "raw-retry-jitter": "raw loop: nack into jittered lanes, ack the retry",
+    "retry-jitter": "retry path, jitter 0.5",
 }
 # The happy path with opentelemetry installed and no tracer configured, against it not importable.
 TRACING_OFF_TARGET = 0.95
@@ -35,6 +37,17 @@ RSS_GROWTH_TARGET_MB = 10.0
 
 
 def evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every verdict of a full run: the paths, tracing, delays, memory, and the wait's."""
+    from bench.wait import evaluate as evaluate_wait
+
+    verdicts = _evaluate(queue_types)
+    for qt, r in queue_types.items():
+        if "wait" in r:  # runs from before the wait was measured have none
+            verdicts += evaluate_wait(qt, r["wait"], r["throughput"])
+    return verdicts
+
+
+def _evaluate(queue_types: dict[str, Any]) -> list[dict[str, Any]]:
     """One verdict per target and queue type: what was measured, what was asked, met or not."""
     verdicts: list[dict[str, Any]] = []
     for qt, r in queue_types.items():
@@ -128,6 +141,8 @@ def table(results: dict[str, Any]) -> str:
         "|---|" + "---:|---:|---:|---:|" * len(qts),
     ]
     for scenario, label in LABELS.items():
+        if scenario not in results["queue_types"][qts[0]]["throughput"]:
+            continue  # a run from before the scenario was measured
         cells = []
         for qt in qts:
             tp = results["queue_types"][qt]["throughput"][scenario]

@@ -29,6 +29,7 @@ from ricochet.settings import Settings
 from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 
+from bench import wait
 from bench.enqueue import enqueue_throughput
 from bench.report import enqueue_table, evaluate, print_table
 from bench.stats import median, paired_ratios, percentile
@@ -42,9 +43,19 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
     "happy": ("bench.handlers:noop", "succeeded", "raw"),
     "retry": ("bench.handlers:fail_once", "succeeded", "raw-retry"),
     "failure": ("bench.handlers:fail", "failed", "raw-failure"),
+    # The retry path through a jittered tier (RICOCHET_RETRY_JITTER=0.5: lanes and a random
+    # exchange), against the raw loop nacking into the same lanes.
+    "retry-jitter": ("bench.handlers:fail_once", "succeeded", "raw-retry-jitter"),
 }
 # The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
-RAW = {"raw": "ack", "raw-retry": "retry", "raw-failure": "fail", "raw-multiple": "ack"}
+RAW = {
+    "raw": "ack",
+    "raw-retry": "retry",
+    "raw-retry-jitter": "retry",
+    "raw-failure": "fail",
+    "raw-multiple": "ack",
+}
+JITTER = 0.5  # the jittered scenarios' RICOCHET_RETRY_JITTER
 # Variants: NAME-no-otel runs the worker with opentelemetry not importable (as without the
 # otel extra), which every full run measures beside the happy path (installed, no tracer
 # configured: the default), and NAME-warnings runs it with RICOCHET_LOG_LEVEL=WARNING (no log
@@ -73,7 +84,9 @@ class Config:
     prefetch: int = 32
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
-    parts: list[str] = field(default_factory=lambda: ["delay", "memory", "outage", "enqueue"])
+    parts: list[str] = field(
+        default_factory=lambda: ["delay", "memory", "outage", "enqueue", "wait"]
+    )
     enqueue_jobs: int = 2_000
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
@@ -138,11 +151,15 @@ def worker_settings(queue: str, queue_type: str, prefetch: int, **overrides: Any
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The same settings as RICOCHET_* variables, the way a deployment passes them."""
+    """The same settings as RICOCHET_* variables, the way a deployment passes them: those not at
+    their default, so that an A/B run's older checkout is not given settings it does not know."""
+    defaults = Settings.model_fields
     return {
-        f"RICOCHET_{key.upper()}": str(value)
+        f"RICOCHET_{key.upper()}": ",".join(map(str, value))
+        if isinstance(value, tuple)
+        else str(value)
         for key, value in settings.model_dump().items()
-        if value is not None
+        if value is not None and value != defaults[key].default
     }
 
 
@@ -156,7 +173,7 @@ async def ricochet_queue(
         yield settings_env(settings)
     finally:
         channel = await connection.channel()
-        for spec in [*p.queues, *p.tiers]:
+        for spec in [*p.declared_queues, *p.tiers, *p.lanes]:
             await channel.queue_delete(spec.name)
         for name, _, _ in p.exchanges:
             await channel.exchange_delete(name)
@@ -200,7 +217,9 @@ async def throughput(
     queue = run_name(scenario, qt)
     name = base_name(scenario)
     handler, outcome, _ = SCENARIOS.get(name, SCENARIOS["happy"])
-    retry = {"max_retries": 1, "retry_delay_ms": 10}
+    retry: dict[str, Any] = {"max_retries": 1, "retry_delay_ms": 10}
+    if "jitter" in scenario:
+        retry["retry_jitter"] = JITTER
     settings = worker_settings(queue, qt, cfg.prefetch, handler=handler, **retry)
     async with ricochet_queue(connection, settings) as env:
         await publish(channel, queue, 0, cfg.jobs)
@@ -505,6 +524,29 @@ async def outages(
     return result
 
 
+def _settings_for(queue: str, qt: str, prefetch: int = 32, **overrides: Any) -> Settings:
+    return worker_settings(queue, qt, prefetch, **overrides)
+
+
+async def waits(
+    connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
+) -> dict[str, Any]:
+    """The herd with each jitter, then scheduled and RetryLater probes under load."""
+    result: dict[str, Any] = {"herd": []}
+    for jitter in wait.HERD_JITTERS:
+        run = await wait.herd(connection, channel, _settings_for, qt, jitter)
+        print(
+            f"  {qt:8} herd jitter {jitter}: waits p10 {run['wait_p10_s']} s, "
+            f"p90 {run['wait_p90_s']} s, at most {run['most_back_in_one_bin']} back in "
+            f"{wait.HERD_BIN_S} s",
+            flush=True,
+        )
+        result["herd"].append(run)
+    print(f"  {qt:8} schedules and RetryLater under {cfg.load_per_s:.0f} jobs/s", flush=True)
+    result["lateness"] = await wait.lateness(connection, channel, cfg, _settings_for, qt)
+    return result
+
+
 async def enqueues(connection: AbstractConnection, cfg: Config, qt: str) -> dict[str, Any]:
     """Enqueue throughput of the Client and SyncClient beside a raw confirmed publish."""
     print(f"  {qt:8} enqueue, {cfg.enqueue_jobs} jobs a run", flush=True)
@@ -547,6 +589,8 @@ async def bench(cfg: Config) -> dict[str, Any]:
             if "memory" in cfg.parts:
                 print(f"  {qt:8} memory over {cfg.memory_jobs} jobs", flush=True)
                 results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
+            if "wait" in cfg.parts:
+                results["queue_types"][qt]["wait"] = await waits(connection, channel, cfg, qt)
         results["seconds"] = round(time.monotonic() - started)
         results["machine"]["cpu_steal_pct"] = steal_pct(cpu_before, cpu_times())
         return results
@@ -576,6 +620,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
     parser.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 2000)")
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="only the wait: the herd, the retry path with jitter, schedule lateness",
+    )
     args = parser.parse_args(argv)
     cfg = Config()
     if args.quick:
@@ -599,6 +648,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.outage:
         cfg.scenarios, cfg.parts = [], ["outage"]
         cfg.out = cfg.out / "outage"
+    if args.wait:
+        cfg.scenarios, cfg.parts = ["retry-jitter"], ["wait"]
+        cfg.out = cfg.out / "wait"
     if args.enqueue:
         cfg.scenarios, cfg.parts = [], ["enqueue"]
         cfg.out = cfg.out / "enqueue"
@@ -612,6 +664,13 @@ def main(argv: list[str] | None = None) -> None:
     results = asyncio.run(bench(cfg))
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if "wait" in cfg.parts:
+        from bench.chart import draw_herd
+
+        draw_herd(results, cfg.out / "herd.png")
+        for qt, r in results["queue_types"].items():
+            for v in wait.evaluate(qt, r["wait"], r["throughput"]):
+                print(f"{'met    ' if v['met'] else 'NOT MET'}  {qt:8} {v['target']}: {v['value']}")
     if cfg.parts == ["enqueue"]:
         print()
         print(enqueue_table(results))

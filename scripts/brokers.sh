@@ -19,7 +19,7 @@ set -euo pipefail
 
 DIR=${RICOCHET_BROKERS_DIR:-/var/tmp/ricochet-brokers}
 ALL=(local trixie sid)
-PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus"
+PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus rabbitmq_random_exchange"
 
 die() { echo "brokers: $*" >&2; exit 1; }
 

@@ -6,7 +6,7 @@ import signal
 import time
 from pathlib import Path
 
-from ricochet import Job, PermanentError
+from ricochet import Job, PermanentError, RetryLater
 
 
 def _mark(event: str, job: Job) -> None:
@@ -36,12 +36,15 @@ def stuck(job: Job) -> None:
 
 async def fault(job: Job) -> None:
     """Journal start and done; the payload may ask to work ("sleep_s"), fail the first N attempts
-    ("fail": N), fail for good ("fail": "permanent"), hang ("hang_s") or kill the whole worker
-    process ("poison": true) every time it is handled."""
+    ("fail": N), fail for good ("fail": "permanent"), wait on its first attempt ("later": s, a
+    RetryLater), hang ("hang_s") or kill the whole worker process ("poison": true) every time it
+    is handled."""
     payload = job.payload
     _mark("start", job)
     if payload.get("poison"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if "later" in payload and job.attempt == 1:
+        raise RetryLater(payload["later"])
     await asyncio.sleep(float(payload.get("hang_s", payload.get("sleep_s", 0))))
     fail = payload.get("fail", 0)
     if fail == "permanent":

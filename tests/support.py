@@ -21,7 +21,7 @@ from aio_pika.exceptions import ChannelNotFoundEntity
 from aiohttp import web
 from pydantic import SecretStr
 from ricochet.broker.management import open_api, vhost
-from ricochet.broker.topology import MAX_TIERS, Names
+from ricochet.broker.topology import DELAY_LEVELS, LANES, MAX_TIERS, Names
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
@@ -47,6 +47,8 @@ def make_settings(queue: str, **overrides: Any) -> Settings:
         "connect_timeout_s": 5,
         "shutdown_timeout_s": 5,
     }
+    if "retry_delays_ms" in overrides:  # an explicit ladder replaces the formula's delays
+        del values["retry_delay_ms"]
     values.update(overrides)
     return Settings(**values)
 
@@ -208,10 +210,28 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
     """Remove every queue and exchange ricochet may have declared for this main queue."""
     n = Names(queue)
     channel = await connection.channel()
-    tiers = [n.tier(k) for k in range(1, MAX_TIERS + 1)]
-    for name in [n.queue, n.failed, n.events, n.record, *tiers]:
+    tiers = range(1, MAX_TIERS + 1)
+    lanes = [n.lane(k, i) for k in tiers for i in range(1, LANES)]
+    delays = [n.delay(k) for k in range(DELAY_LEVELS)]
+    for name in [
+        n.queue,
+        n.failed,
+        n.events,
+        n.record,
+        n.cancels,
+        *map(n.tier, tiers),
+        *lanes,
+        *delays,
+    ]:
         await channel.queue_delete(name)
-    for name in [n.dlx, n.first_tier_exchange, n.return_exchange, n.failed]:
+    for name in [
+        n.dlx,
+        n.first_tier_exchange,
+        n.return_exchange,
+        n.failed,
+        *map(n.lanes, tiers),
+        *delays,
+    ]:
         await channel.exchange_delete(name)
     await channel.close()
 

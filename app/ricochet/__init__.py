@@ -2,7 +2,7 @@
 
 from ricochet.client.client import Client
 from ricochet.client.sync import SyncClient
-from ricochet.errors import BrokerUnavailable, InvalidJob, NotConfirmed, PermanentError
+from ricochet.errors import BrokerUnavailable, InvalidJob, NotConfirmed, PermanentError, RetryLater
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Router
 
@@ -13,6 +13,7 @@ __all__ = [
     "Job",
     "NotConfirmed",
     "PermanentError",
+    "RetryLater",
     "Router",
     "SyncClient",
 ]

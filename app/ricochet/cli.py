@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import connect, connection_name
 from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
@@ -372,3 +373,14 @@ def publish(
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(sent)
+
+
+@main.command()
+@click.argument("message_id")
+def cancel(message_id: str) -> None:
+    """Cancel the job MESSAGE_ID: while it waits (scheduled, in a retry tier, or after a
+    RetryLater) it never runs again; an unknown or finished job is left as it is."""
+    settings = _settings()
+    names = Names(settings.queue)
+    _run(_with_connection(settings, "cancel", lambda c: publish_cancel(c, names, message_id)))
+    click.echo(f"cancelled {message_id}")

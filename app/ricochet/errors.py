@@ -1,5 +1,11 @@
 """The error tree: every error ricochet raises on purpose derives from RicochetError."""
 
+import datetime as dt
+import math
+
+# The longest a RetryLater may ask to wait: a day, as the longest retry tier.
+RETRY_LATER_MAX_S = 86_400
+
 
 class RicochetError(Exception):
     """Raised for any failure that ricochet itself detects."""
@@ -44,6 +50,30 @@ class InvalidProperties(PermanentError):
 
 class UnknownJobType(PermanentError):
     """Raised when a Router has no handler for the job's type."""
+
+
+class InvalidSchedule(PermanentError):
+    """Raised for a job whose run-at header cannot be read as a time with a UTC offset."""
+
+
+class RetryLater(RicochetError):
+    """Raised by a handler whose job must not run again before `after` (seconds or a timedelta,
+    0 < after <= 86,400 s): a transient failure that spends an attempt."""
+
+    def __init__(self, after: float | dt.timedelta, message: str = "") -> None:
+        seconds = after.total_seconds() if isinstance(after, dt.timedelta) else after
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or not 0 < seconds <= RETRY_LATER_MAX_S
+        ):
+            raise ValueError(
+                f"RetryLater after={after!r} is invalid: allowed 0 < after <= "
+                f"{RETRY_LATER_MAX_S} seconds (a number or a timedelta)"
+            )
+        super().__init__(message or f"retry no earlier than {seconds:g} s from now")
+        self.after_s = float(seconds)
 
 
 class HandlerTimeout(RicochetError):

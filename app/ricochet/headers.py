@@ -2,12 +2,15 @@
 
 The client refuses them in an enqueue's own headers (InvalidJob), so that a job cannot claim a
 retry history, a failure or a schedule that it does not have. The worker's bookkeeping headers
-belong here too, as they are added.
+are here too.
 """
 
 # Set by the client from enqueue's own arguments; read by the worker.
 MAX_RETRIES = "max-retries"
 RUN_AT = "run-at"
+# The worker's: the retries a job had made when ricochet published it again (to wait out a
+# RetryLater or a schedule, or to reach its tier from there).
+RETRIES = "ricochet-retries"
 
 RESERVED_NAMES = frozenset(
     {
@@ -21,6 +24,7 @@ RESERVED_NAMES = frozenset(
         # Set from enqueue's max_retries, delay and run_at.
         MAX_RETRIES,
         RUN_AT,
+        RETRIES,
     }
 )
 RESERVED_PREFIXES = ("x-first-death-", "x-last-death-", "failed-", "original-")

@@ -21,7 +21,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ricochet.errors import ConfigError
 from ricochet.log import redact, url_host
@@ -31,6 +32,9 @@ ENV_FILE_VARIABLE = "RICOCHET_ENV_FILE"
 MAX_DELAY_MS = 86_400_000
 # A console token is typed or pasted by people; this many characters make guessing it hopeless.
 TOKEN_MIN_CHARS = 16
+MAX_RETRIES = 25
+# The settings of the formula that an explicit ladder (RICOCHET_RETRY_DELAYS_MS) replaces.
+FORMULA_SETTINGS = ("retry_delay_ms", "retry_delay_multiplier", "retry_delay_max_ms")
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
@@ -74,6 +78,26 @@ def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
 
 
+def _ladder(value: Any) -> Any:
+    """RICOCHET_RETRY_DELAYS_MS as written ("1000,5000,5000") into its integers."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            return None
+        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", value):
+            raise ValueError("not comma-separated integers")
+        return tuple(int(part) for part in value.split(","))
+    return value
+
+
+def _check_ladder(delays: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    if delays is not None and not (
+        1 <= len(delays) <= MAX_RETRIES and all(10 <= d <= MAX_DELAY_MS for d in delays)
+    ):
+        raise ValueError("out of range")
+    return delays
+
+
 class ClientSettings(BaseSettings):
     """What an application's client reads: the broker and the main queue.
 
@@ -99,7 +123,7 @@ class Settings(ClientSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
     queue_type: Literal["quorum", "classic"] = "quorum"
-    max_retries: int = Field(3, ge=0, le=25)
+    max_retries: int = Field(3, ge=0, le=MAX_RETRIES)
     retry_delay_ms: int = Field(30_000, ge=10, le=MAX_DELAY_MS)
     # Floats are finite: an infinite timeout would never fire, and NaN compares false to all.
     retry_delay_multiplier: float = Field(2.0, ge=1.0, le=10.0, allow_inf_nan=False)
@@ -108,6 +132,16 @@ class Settings(ClientSettings):
         le=MAX_DELAY_MS,
         json_schema_extra={"allowed": f">= RICOCHET_RETRY_DELAY_MS and <= {MAX_DELAY_MS}"},
     )
+    # An explicit ladder: tier k waits its k-th delay, and the budget is the number of delays.
+    retry_delays_ms: Annotated[
+        tuple[int, ...] | None, NoDecode, BeforeValidator(_ladder), AfterValidator(_check_ladder)
+    ] = Field(
+        None,
+        json_schema_extra={
+            "allowed": f"1-{MAX_RETRIES} comma-separated integers, each 10-{MAX_DELAY_MS}"
+        },
+    )
+    retry_jitter: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     handler: Annotated[str, AfterValidator(_check_handler)] = Field(
         "ricochet.handlers.example:router", json_schema_extra={"allowed": "module.path:attribute"}
     )
@@ -147,11 +181,36 @@ class Settings(ClientSettings):
         },
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ladder_or_formula(cls, values: Any) -> Any:
+        """With an explicit ladder the budget is its length, and the formula's settings are
+        not used: setting one of them too is a conflict, named, rather than silently ignored."""
+        if not isinstance(values, dict) or values.get("retry_delays_ms") in (None, ""):
+            return values
+        try:
+            ladder = _check_ladder(_ladder(values["retry_delays_ms"]))
+        except ValueError:
+            return values  # the field's own check says what is wrong with it
+        if not isinstance(ladder, tuple):
+            return values
+        for name in FORMULA_SETTINGS:
+            if name in values:
+                raise _conflict("retry_delays_ms", name)
+        if "max_retries" in values and str(values["max_retries"]).strip() != str(len(ladder)):
+            raise _conflict("retry_delays_ms", "max_retries")
+        return {**values, "max_retries": len(ladder)}
+
     @model_validator(mode="after")
     def _max_delay_not_below_first(self) -> "Settings":
         if self.retry_delay_max_ms < self.retry_delay_ms:
             raise ValueError("retry_delay_max_ms below retry_delay_ms")
         return self
+
+
+def _conflict(name: str, other: str) -> PydanticCustomError:
+    a, b = (ENV_PREFIX + n.upper() for n in (name, other))
+    return PydanticCustomError("conflict", f"{a} and {b} conflict: set one of them, not both")
 
 
 def _allowed(field: FieldInfo) -> str:
@@ -173,6 +232,8 @@ def _allowed(field: FieldInfo) -> str:
 def _describe(error: ValidationError, model: type[ClientSettings] = Settings) -> str:
     """One line naming the variable, the value and the allowed range."""
     first = error.errors()[0]
+    if first["type"] == "conflict":
+        return str(first["msg"])
     if first["type"] == "extra_forbidden":
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
     # The cross-field check has no location: it is about the cap on the delays.

@@ -98,14 +98,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     write = terminalreporter.write_line
     width = max(44, *(len(t.fault) for t in TALLIES))  # long fault names keep the columns aligned
     terminalreporter.section("fault suite: every job accounted for")
-    write(f"{'fault':<{width}} {'jobs':>6} {'done':>6} {'failed':>6} {'lost':>5} {'dups':>5}")
+    write(
+        f"{'fault':<{width}} {'jobs':>6} {'done':>6} {'failed':>6} {'lost':>5} {'dups':>5} "
+        f"{'cancelled':>9}"
+    )
     for t in TALLIES:
         write(
             f"{t.fault:<{width}} {t.published:>6} {t.completed:>6} {t.failed:>6} "
-            f"{t.lost:>5} {t.duplicates:>5}"
+            f"{t.lost:>5} {t.duplicates:>5} {t.cancelled:>9}"
         )
     write(
         f"{'total':<{width}} {sum(t.published for t in TALLIES):>6} "
         f"{sum(t.completed for t in TALLIES):>6} {sum(t.failed for t in TALLIES):>6} "
-        f"{sum(t.lost for t in TALLIES):>5} {sum(t.duplicates for t in TALLIES):>5}"
+        f"{sum(t.lost for t in TALLIES):>5} {sum(t.duplicates for t in TALLIES):>5} "
+        f"{sum(t.cancelled for t in TALLIES):>9}"
     )

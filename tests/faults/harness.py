@@ -14,6 +14,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly
 from ricochet.broker.topology import Names, declare, plan
 from ricochet.settings import Settings
@@ -33,6 +34,7 @@ class Tally:
     failed: int
     lost: int
     duplicates: int
+    cancelled: int = 0  # cancelled on purpose while waiting, and never run afterwards
 
 
 TALLIES: list[Tally] = []
@@ -103,7 +105,9 @@ class FaultRun:
     published: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # message_id -> failed-kind
     copies: Counter[str] = field(default_factory=Counter)  # failed copies per message_id
+    cancelled: set[str] = field(default_factory=set)
     workers: list[WorkerProcess] = field(default_factory=list)
+    _starts_at_cancel: Counter[str] = field(default_factory=Counter)
 
     @property
     def names(self) -> Names:
@@ -166,6 +170,13 @@ class FaultRun:
         await channel.close()
         self.published.extend(m.message_id or "" for m in messages)
 
+    async def cancel(self, ids: list[str]) -> None:
+        """Cancel these jobs (`ricochet cancel` for each): none of them may run from now on."""
+        for message_id in ids:
+            await publish_cancel(self.connection, self.names, message_id)
+        self.cancelled.update(ids)
+        self._starts_at_cancel = self.starts()
+
     async def reconnect(self) -> None:
         """A new connection for the test, after a fault that closed the old one."""
         await close_quietly(self.connection)
@@ -176,7 +187,11 @@ class FaultRun:
         return Counter(m for event, m, _ in journal(self.journal_path) if event == "done")
 
     def started(self) -> set[str]:
-        return {m for event, m, _ in journal(self.journal_path) if event == "start"}
+        return set(self.starts())
+
+    def starts(self) -> Counter[str]:
+        """How often each id's handler was started."""
+        return Counter(m for event, m, _ in journal(self.journal_path) if event == "start")
 
     async def collect_failed(self, channel: AbstractChannel) -> None:
         """Take the failed copies that arrived so far (the test owns its failed queue)."""
@@ -192,7 +207,7 @@ class FaultRun:
 
         async def settled() -> bool:
             await self.collect_failed(channel)
-            return set(self.published) <= set(self.done()) | set(self.failed)
+            return set(self.published) - self.cancelled <= set(self.done()) | set(self.failed)
 
         try:
             await wait_for(settled, timeout_s, f"every job of {self.name} to settle")
@@ -210,13 +225,19 @@ class FaultRun:
             if worker.alive:
                 assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
         channel = await self.connection.channel()
-        for queue in [self.names.queue, *(spec.name for spec in plan(self.settings).tiers)]:
+        declared = plan(self.settings)
+        waits = [*declared.tiers, *declared.lanes, *declared.delays]
+        if self.cancelled:  # a cancelled job leaves when it comes due: wait for the longest
+            await asyncio.sleep(max(spec.delay_ms or 0 for spec in declared.tiers) / 1000 + 1)
+        for queue in [self.names.queue, *(spec.name for spec in waits)]:
             assert await depth(channel, queue) == 0, f"{queue} still holds jobs"
         await self.collect_failed(channel)
         await channel.close()
         done = self.done()
         published = set(self.published)
-        lost = published - set(done) - set(self.failed)
+        ran_after_cancel = set(self.starts() - self._starts_at_cancel) & self.cancelled
+        assert not ran_after_cancel, f"cancelled jobs ran: {sorted(ran_after_cancel)[:10]}"
+        lost = published - set(done) - set(self.failed) - self.cancelled
         if not any_failed:
             assert set(self.failed) == (expected_failed or set()), self.failed
         tally = Tally(
@@ -229,6 +250,7 @@ class FaultRun:
             duplicates=sum(n - 1 for n in done.values())
             + sum(n - 1 for n in self.copies.values())
             + len(set(done) & set(self.failed)),
+            cancelled=len(published & self.cancelled - set(done) - set(self.failed)),
         )
         TALLIES.append(tally)
         assert not lost, f"lost {len(lost)} jobs: {sorted(lost)[:10]}"

@@ -85,7 +85,8 @@ class Node:
             "vm_memory_high_watermark.relative = 0.4\n"
             "disk_free_limit.absolute = 50MB\n"
         )
-        (home / "enabled_plugins").write_text("[].\n")
+        # The random exchange spreads jittered retries over their lanes.
+        (home / "enabled_plugins").write_text("[rabbitmq_random_exchange].\n")
         shutil.chown(self.base, BROKER_USER, BROKER_USER)
         for path in [home, *home.iterdir()]:
             shutil.chown(path, BROKER_USER, BROKER_USER)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet import BrokerUnavailable, Client, InvalidJob, Job, NotConfirmed
+from ricochet import BrokerUnavailable, Client, InvalidJob, Job, NotConfirmed, SyncClient
 from ricochet.broker.topology import declare
 from ricochet.errors import ConfigError
 
@@ -219,9 +219,25 @@ async def test_concurrent_enqueues_share_one_connection_and_close_waits_for_them
         await client.enqueue("mail", {})
 
 
-async def test_cancel_waits_for_scheduled_jobs(queue_name: str) -> None:
-    """Cancelling arrives with scheduled jobs; until then it says so."""
-    client = Client(AMQP_URL, queue_name)
-    with pytest.raises(NotImplementedError, match="scheduled jobs"):
-        await client.cancel("m1")
-    await client.close()
+async def test_cancel_drops_a_scheduled_job(start_worker: StartWorker, queue_name: str) -> None:
+    """Client.cancel and SyncClient.cancel: the job scheduled with delay= never runs, the one not
+    cancelled does; cancelling an unknown id is no error."""
+    ran: list[str | None] = []
+
+    async def handler(job: Job) -> None:
+        ran.append(job.message_id)
+
+    worker = await start_worker(handler)
+    async with Client(AMQP_URL, queue_name) as client:
+        for message_id in ("async-cancelled", "sync-cancelled", "kept"):
+            await client.enqueue("mail", {}, message_id=message_id, delay=1.5)
+        await client.cancel("async-cancelled")
+        await client.cancel("never-enqueued")
+    sync = SyncClient(AMQP_URL, queue_name)
+    try:
+        await asyncio.to_thread(sync.cancel, "sync-cancelled")
+    finally:
+        await asyncio.to_thread(sync.close)
+    await wait_for(lambda: ran == ["kept"], 10, "the job not cancelled")
+    await wait_for(lambda: worker.count("cancelled") == 2, 10, "two cancelled jobs")
+    assert ran == ["kept"]

@@ -49,12 +49,19 @@ class _Frames:
         pass
 
 
+class _Channel:
+    """A channel as a subscription uses it for copies to queues: its default exchange."""
+
+    def __init__(self, default: object) -> None:
+        self.default_exchange = default
+
+
 async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
     """A nack cancelled before it was written (a drain timeout on a stalled socket) still
     counts as running: the acks of the jobs around it never cover its delivery tag, so the job
     that failed is not settled as if it had succeeded."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), None, 131072, 32, set())  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), _Channel(None), 131072, 32, set())  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
         subscription.acks.delivered(delivery)  # type: ignore[arg-type]
@@ -93,7 +100,7 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     copies of other ids go out meanwhile."""
     acked: list[tuple[int, bool]] = []
     exchange = _Exchange()
-    subscription = Subscription(_Frames(), exchange, 131072, 32, set())  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), _Channel(exchange), 131072, 32, set())  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
         subscription.acks.delivered(delivery)  # type: ignore[arg-type]
@@ -133,7 +140,7 @@ async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
     original is not acked, so the broker hands it to the new channel whole, with one copy and
     one alert to come, not two."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), _ClosedExchange(), 131072, 32, set())  # type: ignore[arg-type]
+    subscription = Subscription(_Frames(), _Channel(_ClosedExchange()), 131072, 32, set())  # type: ignore[arg-type]
     delivery = _Delivery(1, acked)
     subscription.acks.delivered(delivery)  # type: ignore[arg-type]
     copied = await subscription.copy_then_ack(

@@ -195,6 +195,7 @@ def test_application_headers_travel_untouched() -> None:
         ("run-at", True),
         ("max-retries", True),
         ("original-routing-key", True),
+        ("ricochet-retries", True),  # the worker's count of a copy's retries
         ("x-request-id", False),
         ("x-deathly", False),
         ("traceparent", False),

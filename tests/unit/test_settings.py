@@ -256,3 +256,71 @@ def test_console_token_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cret" not in str(s.model_dump())
     monkeypatch.setenv("RICOCHET_CONSOLE_TOKEN", "")
     assert load_settings().console_token is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "retries", "ladder"),
+    [
+        ({"RICOCHET_RETRY_DELAYS_MS": "1000,5000, 5000"}, 3, (1000, 5000, 5000)),
+        ({"RICOCHET_RETRY_DELAYS_MS": "10"}, 1, (10,)),
+        ({"RICOCHET_RETRY_DELAYS_MS": "250", "RICOCHET_MAX_RETRIES": "1"}, 1, (250,)),
+        ({"RICOCHET_RETRY_DELAYS_MS": ""}, 3, None),  # unset, as an empty value in an env file
+        ({"RICOCHET_RETRY_DELAYS_MS": ",".join(["86400000"] * 25)}, 25, (86_400_000,) * 25),
+    ],
+)
+def test_an_explicit_ladder_sets_the_budget(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], retries: int, ladder: object
+) -> None:
+    """RICOCHET_RETRY_DELAYS_MS gives the tiers' delays, and the budget is their number (a
+    RICOCHET_MAX_RETRIES that says the same is no conflict)."""
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    s = load_settings()
+    assert (s.max_retries, s.retry_delays_ms) == (retries, ladder)
+
+
+@pytest.mark.parametrize("value", ["5", "a,b", "1000,", "1000;2000", ",".join(["100"] * 26), "-10"])
+def test_an_explicit_ladder_out_of_range(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """A ladder of anything but 1-25 integers of 10-86400000 ms is named with the range."""
+    monkeypatch.setenv("RICOCHET_RETRY_DELAYS_MS", value)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value) == (
+        f"RICOCHET_RETRY_DELAYS_MS={value!r} is invalid: allowed 1-25 comma-separated integers, "
+        "each 10-86400000"
+    )
+
+
+@pytest.mark.parametrize(
+    ("other", "value"),
+    [
+        ("RICOCHET_MAX_RETRIES", "3"),
+        ("RICOCHET_RETRY_DELAY_MS", "30000"),
+        ("RICOCHET_RETRY_DELAY_MULTIPLIER", "2.0"),
+        ("RICOCHET_RETRY_DELAY_MAX_MS", "3600000"),
+    ],
+)
+def test_a_ladder_and_the_formula_conflict(
+    monkeypatch: pytest.MonkeyPatch, other: str, value: str
+) -> None:
+    """A ladder set with a setting of the formula (or another budget) names both variables."""
+    monkeypatch.setenv("RICOCHET_RETRY_DELAYS_MS", "1000,2000")
+    monkeypatch.setenv(other, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert "RICOCHET_RETRY_DELAYS_MS" in str(error.value)
+    assert other in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("0", True), ("0.5", True), ("1", True), ("1.01", False), ("-0.1", False), ("nan", False)],
+)
+def test_jitter_range(monkeypatch: pytest.MonkeyPatch, value: str, ok: bool) -> None:
+    """RICOCHET_RETRY_JITTER is a share of the delay, 0.0-1.0."""
+    monkeypatch.setenv("RICOCHET_RETRY_JITTER", value)
+    if ok:
+        assert load_settings().retry_jitter == float(value)
+        return
+    with pytest.raises(ConfigError, match=r"RICOCHET_RETRY_JITTER=.* is invalid: allowed"):
+        load_settings()

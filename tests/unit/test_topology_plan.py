@@ -2,12 +2,20 @@
 
 import pytest
 from ricochet.broker.topology import (
+    DELAY_LEVELS,
+    DELAY_UNIT_MS,
+    LANES,
     Binding,
     Kept,
     Names,
+    delay_bindings,
+    delay_key,
+    ladder_ms,
+    lane_delays_ms,
     plan,
     quorum_tier_kept,
     stale_bindings,
+    stale_lanes,
     stale_tiers,
 )
 from ricochet.settings import Settings
@@ -35,7 +43,7 @@ def test_default_plan_matches_spec() -> None:
     assert (failed.name, events.name) == ("jobs.failed", "jobs.failed.events")
     assert "x-max-length" in events.arguments
     assert "x-max-length" not in failed.arguments
-    assert set(p.bindings) == {
+    assert set(p.bindings) - set(delay_bindings(p.names)) == {
         Binding("jobs.return", "jobs"),
         Binding("jobs.failed", "jobs.failed"),
         Binding("jobs.failed", "jobs.failed.events"),
@@ -44,7 +52,7 @@ def test_default_plan_matches_spec() -> None:
         Binding("jobs.dlx", "jobs.retry.3", "jobs.attempt.2"),
         Binding("jobs.dlx", "jobs.failed", "jobs.attempt.3", to_exchange=True),
     }
-    exchanges = {name: (kind.value, args) for name, kind, args in p.exchanges}
+    exchanges = {name: (kind, args) for name, kind, args in p.exchanges}
     assert exchanges["jobs.dlx"] == ("direct", {"alternate-exchange": "jobs.dlx.first"})
     assert exchanges["jobs.dlx.first"][0] == exchanges["jobs.return"][0] == "fanout"
 
@@ -155,3 +163,98 @@ def test_a_quorum_tier_goes_only_when_the_api_shows_it_empty(
     """Dead-letters the broker has not delivered and unacked jobs keep a tier, as ready ones do;
     figures that are missing keep it too."""
     assert quorum_tier_kept(figures) == kept
+
+
+def test_an_explicit_ladder_replaces_the_formula() -> None:
+    """RICOCHET_RETRY_DELAYS_MS: tier k waits the k-th delay, and there are as many tiers."""
+    settings = Settings(queue="q", retry_delays_ms="1000,5000,5000,60000")
+    assert settings.max_retries == 4
+    assert ladder_ms(settings) == [1000, 5000, 5000, 60000]
+    assert [t.delay_ms for t in plan(settings).tiers] == [1000, 5000, 5000, 60000]
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "jitter", "lanes"),
+    [
+        (7000, 0.5, [6500, 6000, 5500, 5000, 4500, 4000, 3500]),
+        (7000, 1.0, [6000, 5000, 4000, 3000, 2000, 1000, 0]),
+        (10, 0.1, [10, 10, 10, 9, 9, 9, 9]),  # whole milliseconds
+    ],
+)
+def test_lanes_spread_a_tier_evenly_down_to_its_jitter(
+    delay_ms: int, jitter: float, lanes: list[int]
+) -> None:
+    """A jittered tier's lanes wait from the full delay (the tier's own queue) evenly down to
+    delay x (1 - jitter)."""
+    assert len(lanes) == LANES - 1
+    assert lane_delays_ms(delay_ms, jitter) == lanes
+
+
+def test_a_jittered_tier_is_a_random_exchange_over_its_lanes() -> None:
+    """With jitter, each tier's source leads to a random exchange bound to the tier's queue and
+    its lanes; the direct routes to the tiers' queues are stale; without, the lanes are."""
+    p = plan(Settings(queue="q", max_retries=2, retry_delay_ms=1000, retry_jitter=0.5))
+    kinds = {name: kind for name, kind, _ in p.exchanges}
+    assert kinds["q.retry.1.lanes"] == kinds["q.retry.2.lanes"] == "x-random"
+    assert Binding("q.dlx.first", "q.retry.1.lanes", to_exchange=True) in p.bindings
+    assert Binding("q.dlx", "q.retry.2.lanes", "q.attempt.1", to_exchange=True) in p.bindings
+    for k in (1, 2):
+        fed = {b.destination for b in p.bindings if b.source == f"q.retry.{k}.lanes"}
+        assert fed == {f"q.retry.{k}", *(f"q.retry.{k}.lane.{i}" for i in range(1, LANES))}
+    assert {lane.arguments["x-dead-letter-routing-key"] for lane in p.lanes} == {
+        "q.attempt.1",
+        "q.attempt.2",
+    }
+    assert Binding("q.dlx", "q.retry.2", "q.attempt.1") in stale_bindings(p)
+    assert Binding("q.dlx.first", "q.retry.1") in stale_bindings(p)
+    assert not set(stale_bindings(p)) & set(p.bindings)
+    assert stale_lanes(p) == list(range(3, 26))
+    assert stale_lanes(plan(Settings(queue="q", max_retries=2))) == list(range(1, 26))
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "units"),
+    [(0, 0), (1, 1), (100, 1), (101, 2), (1000, 10), (30 * 86_400_000, 25_920_000)],
+)
+def test_a_delay_key_spells_whole_units_rounded_up(delay_ms: int, units: int) -> None:
+    """The key holds a job at least its delay: units of 100 ms, rounded up, in binary, the
+    longest level first."""
+    key = delay_key(delay_ms)
+    assert len(key.split(".")) == DELAY_LEVELS
+    assert int(key.replace(".", ""), 2) == units
+    assert units * DELAY_UNIT_MS >= delay_ms
+
+
+def test_each_level_of_the_delays_waits_on_its_digit_and_passes_on_the_rest() -> None:
+    """Level k waits 2^k units in its queue on a 1 and goes on to the level below on a 0; the
+    lowest level leads back to the main queue."""
+    p = plan(Settings(queue="q"))
+    assert [d.arguments["x-message-ttl"] for d in p.delays] == [
+        2**k * DELAY_UNIT_MS for k in range(DELAY_LEVELS)
+    ]
+    assert p.delays[0].arguments["x-dead-letter-exchange"] == "q.return"
+    assert p.delays[3].arguments["x-dead-letter-exchange"] == "q.delay.2"
+    assert "x-dead-letter-routing-key" not in p.delays[3].arguments
+    assert Binding("q.delay.0", "q.delay.0", "*." * 24 + "1.#") in p.bindings
+    assert Binding("q.delay.0", "q.return", "*." * 24 + "0.#", to_exchange=True) in p.bindings
+    assert Binding("q.delay.24", "q.delay.24", "1.#") in p.bindings
+    assert Binding("q.delay.24", "q.delay.23", "0.#", to_exchange=True) in p.bindings
+    assert Names("q").delay_entry == "q.delay.24"
+
+
+def test_the_cancel_store_is_a_stream_kept_past_the_longest_wait() -> None:
+    """A stream every worker can read from its start, kept 31 days: longer than a 30-day
+    schedule."""
+    store = plan(Settings(queue="q", queue_type="classic")).cancel_store
+    assert store is not None
+    assert store.name == "q.cancels"
+    assert store.arguments["x-queue-type"] == "stream"
+    assert store.arguments["x-max-age"] == "31D"
+
+
+def test_a_job_back_from_the_delays_was_published_to_the_main_queue() -> None:
+    """The key that spelled a job's wait is not the one it was published with: that was Q."""
+    n = Names("jobs")
+    assert n.published_key(delay_key(90_000)) == "jobs"
+    assert n.published_key("jobs.attempt.2") == "jobs.attempt.2"
+    assert n.published_key("0.1.1") == "0.1.1"  # not a delay key: a key of the producer's own

@@ -147,3 +147,21 @@ def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
     finished = exporter.get_finished_spans()
     assert [s.name for s in finished] == ["q settle", "q process"] * 2
     assert all(not s.events and s.status.description is None for s in finished)
+
+
+@pytest.mark.parametrize(
+    ("decision", "outcome"),
+    [
+        (Decision(Action.DELAY, delay_ms=1500, retries=1), "retried"),  # a RetryLater
+        (Decision(Action.RETRY_BY_COPY, tier=2, retries=2), "retried"),
+    ],
+)
+def test_an_attempt_that_waits_is_recorded_as_retried(decision: Decision, outcome: str) -> None:
+    """A RetryLater, and a retry of a job back from the delays, end their attempt as a retry."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("tests").start_as_current_span("attempt") as span:
+        spans.record_outcome(span, decision, Failure(ConnectionError("later")))
+    (finished,) = exporter.get_finished_spans()
+    assert dict(finished.attributes or {})["ricochet.outcome"] == outcome

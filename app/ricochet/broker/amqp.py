@@ -25,6 +25,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
 from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
@@ -33,6 +34,11 @@ from ricochet.errors import ConfigError
 
 # What a dropped connection or a closed channel raises from any call on it.
 CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
+# What the broker closes the connection with for a command it cannot carry out: an exchange of
+# a type no enabled plugin provides, say.
+COMMAND_INVALID = ConnectionCommandInvalid
+# Absent, transient, persistent: the delivery modes aio-pika decodes.
+KNOWN_DELIVERY_MODES = (None, 1, 2)
 
 
 class Delivery:

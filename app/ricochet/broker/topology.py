@@ -1,17 +1,20 @@
 """The broker topology: the only module that spells queue names and x-* queue arguments."""
 
 import asyncio
+import functools
+import math
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelPreconditionFailed
+from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ricochet.broker.amqp import broker_version
+from ricochet.broker.amqp import COMMAND_INVALID, broker_version
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.management import open_api, vhost
 from ricochet.errors import ConfigError, ManagementUnavailable
@@ -30,18 +33,74 @@ DELIVERY_LIMIT = "x-delivery-limit"
 TIER_FIGURES = ("messages", "messages_ready", "messages_unacknowledged", "messages_dlx")
 # A new queue's figures reach the API within two statistics intervals (5 s each by default).
 FIGURES_WAIT_S = 15
+# Jitter: each tier is this many queues ("lanes") with delays spread evenly over
+# [d x (1 - jitter), d]; a random exchange puts each job in one of them.
+LANES = 8
+RANDOM_EXCHANGE = "x-random"  # the rabbitmq_random_exchange plugin, shipped with RabbitMQ
+# The delays (schedules, RetryLater): level k waits 2^k units; a job's routing key spells its delay
+# in binary, one level per digit, so any delay takes at most one queue per level.
+DELAY_UNIT_MS = 100
+DELAY_LEVELS = 25  # (2^25 - 1) x 100 ms: 38.8 days, beyond the longest schedule of 30 days
+LONGEST_DELAY_MS = (2**DELAY_LEVELS - 1) * DELAY_UNIT_MS
+# The cancel store: a stream every worker reads from its start. It keeps each cancel at least as
+# long as the longest wait (a 30-day schedule) and a day more; older segments are dropped.
+CANCELS_MAX_AGE = "31D"
+CANCELS_MAX_AGE_S = 31 * 86_400
+CANCELS_SEGMENT_BYTES = 1_000_000  # retention drops whole segments: small ones go on time
 
 
 # The settings plan() reads: recorded in the broker by a declaration (broker/record.py), so
 # that commands which only read the topology take them from there, not from their own settings.
 PLAN_FIELDS = frozenset(
-    {"queue_type", "max_retries", "retry_delay_ms", "retry_delay_multiplier", "retry_delay_max_ms"}
+    {
+        "queue_type",
+        "max_retries",
+        "retry_delay_ms",
+        "retry_delay_multiplier",
+        "retry_delay_max_ms",
+        "retry_delays_ms",
+        "retry_jitter",
+    }
 )
 
 
 def tier_delays_ms(first_ms: int, multiplier: float, cap_ms: int, tiers: int) -> list[int]:
     """Delay of each retry tier k = 1..tiers: first * multiplier^(k-1), capped, whole ms."""
     return [round(min(first_ms * multiplier ** (k - 1), cap_ms)) for k in range(1, tiers + 1)]
+
+
+def ladder_ms(settings: Settings) -> list[int]:
+    """Each tier's delay: the explicit ladder when set, else the formula's."""
+    if settings.retry_delays_ms is not None:
+        return list(settings.retry_delays_ms)
+    return tier_delays_ms(
+        settings.retry_delay_ms,
+        settings.retry_delay_multiplier,
+        settings.retry_delay_max_ms,
+        settings.max_retries,
+    )
+
+
+def lane_delays_ms(delay_ms: int, jitter: float) -> list[int]:
+    """The delays of a jittered tier's lanes 1..LANES-1, evenly down to delay x (1 - jitter);
+    the tier's own queue is the lane of the full delay."""
+    step = delay_ms * jitter / (LANES - 1)
+    return [round(delay_ms - i * step) for i in range(1, LANES)]
+
+
+def delay_key(delay_ms: int) -> str:
+    """The routing key that holds a job for delay_ms (rounded up to a whole unit, never less):
+    the units in binary, most significant level first, one word per level."""
+    units = min(math.ceil(max(delay_ms, 0) / DELAY_UNIT_MS), 2**DELAY_LEVELS - 1)
+    return ".".join(format(units, f"0{DELAY_LEVELS}b"))
+
+
+_DELAY_KEY = re.compile(rf"[01](\.[01]){{{DELAY_LEVELS - 1}}}")
+
+
+def _level_pattern(k: int, digit: str) -> str:
+    """The topic pattern of level k's digit in a delay key."""
+    return "*." * (DELAY_LEVELS - 1 - k) + digit + ".#"
 
 
 @dataclass(frozen=True)
@@ -79,13 +138,47 @@ class Names:
     def tier(self, k: int) -> str:
         return f"{self.queue}.retry.{k}"
 
+    def lanes(self, k: int) -> str:
+        """The random exchange that spreads tier k's jobs over its lanes (with jitter)."""
+        return f"{self.queue}.retry.{k}.lanes"
+
+    def lane(self, k: int, i: int) -> str:
+        """Lane i = 1..LANES-1 of tier k; lane 0 is the tier's own queue."""
+        return f"{self.queue}.retry.{k}.lane.{i}"
+
+    def delay(self, k: int) -> str:
+        """Level k of the delays: a topic exchange, and the queue of that name that waits 2^k
+        units."""
+        return f"{self.queue}.delay.{k}"
+
+    @property
+    def delay_entry(self) -> str:
+        """Where a job to delay is published, with delay_key as its routing key."""
+        return self.delay(DELAY_LEVELS - 1)
+
+    @property
+    def cancels(self) -> str:
+        return f"{self.queue}.cancels"
+
+    def published_key(self, routing_key: str) -> str:
+        """The key a job was published with, as far as its own key tells: one back from the
+        delays carries the key that spelled its wait, and jobs go to Q by its name."""
+        return self.queue if _DELAY_KEY.fullmatch(routing_key) else routing_key
+
     def attempt_key(self, k: int) -> str:
         return f"{self.queue}.attempt.{k}"
 
     def is_attempt_key(self, routing_key: str) -> bool:
         """Whether a delivery's routing key says it came back from a retry tier."""
+        return self.tier_of_key(routing_key) is not None
+
+    def tier_of_key(self, routing_key: str) -> int | None:
+        """The k of a routing key Q.attempt.k (the tier a job came back from), else None."""
         prefix = f"{self.queue}.attempt."
-        return routing_key.startswith(prefix) and routing_key[len(prefix) :].isdigit()
+        digits = routing_key[len(prefix) :]
+        if routing_key.startswith(prefix) and digits.isascii() and digits.isdigit():
+            return int(digits)
+        return None
 
 
 @dataclass(frozen=True)
@@ -112,10 +205,28 @@ class Plan:
     """Everything ricochet declares for one set of settings."""
 
     names: Names
-    exchanges: list[tuple[str, aio_pika.ExchangeType, dict[str, Any]]]
+    exchanges: list[tuple[str, str, dict[str, Any]]]  # name, type, arguments
     queues: list[QueueSpec]
     bindings: list[Binding]
     tiers: list[QueueSpec] = field(default_factory=list)
+    # The lanes of jittered tiers (none without jitter), tier by tier.
+    lanes: list[QueueSpec] = field(default_factory=list)
+    # The levels of the delays (schedules, RetryLater), and the cancel store.
+    delays: list[QueueSpec] = field(default_factory=list)
+    cancel_store: QueueSpec | None = None
+
+    @property
+    def declared_queues(self) -> list[QueueSpec]:
+        """Every queue but the tiers and lanes (whose delays may differ from the settings')."""
+        return [*self.queues, *self.delays, *([self.cancel_store] if self.cancel_store else [])]
+
+    @property
+    def jittered(self) -> bool:
+        return bool(self.lanes)
+
+    def lanes_of(self, k: int) -> list[QueueSpec]:
+        """Tier k's lanes 1..LANES-1 (none without jitter)."""
+        return self.lanes[(k - 1) * (LANES - 1) : k * (LANES - 1)]
 
 
 def _dead_lettering(queue_type: str) -> dict[str, Any]:
@@ -142,44 +253,51 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
     qtype = {QUEUE_TYPE: settings.queue_type}
     dl = _dead_lettering(settings.queue_type)
     unlimited = _no_delivery_limit(settings.queue_type, broker_version)
-    delays = tier_delays_ms(
-        settings.retry_delay_ms,
-        settings.retry_delay_multiplier,
-        settings.retry_delay_max_ms,
-        settings.max_retries,
-    )
-    tiers = [
-        QueueSpec(
-            n.tier(k),
-            {
-                **qtype,
-                TTL: delay,
-                "x-dead-letter-exchange": n.return_exchange,
-                "x-dead-letter-routing-key": n.attempt_key(k),
-                **dl,
-            },
-            delay_ms=delay,
-        )
+    delays = ladder_ms(settings)
+    r = len(delays)
+
+    def waits(name: str, delay: int, k: int) -> QueueSpec:
+        """A queue of tier k that holds each job for delay ms, then sends it back to Q."""
+        arguments = {
+            **qtype,
+            TTL: delay,
+            "x-dead-letter-exchange": n.return_exchange,
+            "x-dead-letter-routing-key": n.attempt_key(k),
+            **dl,
+        }
+        return QueueSpec(name, arguments, delay_ms=delay)
+
+    tiers = [waits(n.tier(k), delay, k) for k, delay in enumerate(delays, start=1)]
+    jitter = settings.retry_jitter
+    lane_specs = [
+        waits(n.lane(k, i), lane_delay, k)
         for k, delay in enumerate(delays, start=1)
+        if jitter > 0
+        for i, lane_delay in enumerate(lane_delays_ms(delay, jitter), start=1)
     ]
-    r = settings.max_retries
     bindings = [
         Binding(n.return_exchange, n.queue),
         Binding(n.failed, n.failed),
         Binding(n.failed, n.events),
         Binding(n.dlx, n.failed, n.attempt_key(r), to_exchange=True),
-        Binding(n.first_tier_exchange, n.tier(1))
-        if r
-        else Binding(n.first_tier_exchange, n.failed, to_exchange=True),
-        *(Binding(n.dlx, n.tier(k), n.attempt_key(k - 1)) for k in range(2, r + 1)),
+        *(tier_source(n, k, jittered=jitter > 0) for k in range(1, r + 1)),
+        *([] if r else [Binding(n.first_tier_exchange, n.failed, to_exchange=True)]),
+        *(Binding(n.lanes(k), lane) for k in range(1, r + 1) if jitter > 0 for lane in lanes(n, k)),
+        *delay_bindings(n),
     ]
     return Plan(
         names=n,
         exchanges=[
-            (n.dlx, aio_pika.ExchangeType.DIRECT, {"alternate-exchange": n.first_tier_exchange}),
-            (n.first_tier_exchange, aio_pika.ExchangeType.FANOUT, {}),
-            (n.return_exchange, aio_pika.ExchangeType.FANOUT, {}),
-            (n.failed, aio_pika.ExchangeType.FANOUT, {}),
+            (
+                n.dlx,
+                aio_pika.ExchangeType.DIRECT.value,
+                {"alternate-exchange": n.first_tier_exchange},
+            ),
+            (n.first_tier_exchange, aio_pika.ExchangeType.FANOUT.value, {}),
+            (n.return_exchange, aio_pika.ExchangeType.FANOUT.value, {}),
+            (n.failed, aio_pika.ExchangeType.FANOUT.value, {}),
+            *((n.lanes(k), RANDOM_EXCHANGE, {}) for k in range(1, r + 1) if jitter > 0),
+            *((n.delay(k), aio_pika.ExchangeType.TOPIC.value, {}) for k in range(DELAY_LEVELS)),
         ],
         queues=[
             QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl, **unlimited}),
@@ -188,7 +306,61 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         ],
         bindings=bindings,
         tiers=tiers,
+        lanes=lane_specs,
+        delays=[
+            QueueSpec(
+                n.delay(k),
+                {
+                    **qtype,
+                    TTL: 2**k * DELAY_UNIT_MS,
+                    # No routing key of its own: the job keeps its delay key to the end.
+                    "x-dead-letter-exchange": _level_below(n, k),
+                    **dl,
+                },
+            )
+            for k in range(DELAY_LEVELS)
+        ],
+        cancel_store=QueueSpec(
+            n.cancels,
+            {
+                QUEUE_TYPE: "stream",
+                "x-max-age": CANCELS_MAX_AGE,
+                "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
+            },
+        ),
     )
+
+
+def _level_below(n: Names, k: int) -> str:
+    """Where level k of the delays passes a job on: the level below, and from level 0 back to Q."""
+    return n.delay(k - 1) if k else n.return_exchange
+
+
+def delay_bindings(n: Names) -> list[Binding]:
+    """Each level of the delays waits (its queue) on a 1 digit and passes a 0 on to the level
+    below at once."""
+    return [
+        binding
+        for k in range(DELAY_LEVELS)
+        for binding in (
+            Binding(n.delay(k), n.delay(k), _level_pattern(k, "1")),
+            Binding(n.delay(k), _level_below(n, k), _level_pattern(k, "0"), to_exchange=True),
+        )
+    ]
+
+
+def tier_source(n: Names, k: int, *, jittered: bool) -> Binding:
+    """The binding that routes tier k's jobs: a fresh job's dead-letter through the first-tier
+    exchange, one back from tier k-1 by its key; into the tier's queue, or its lanes."""
+    destination = n.lanes(k) if jittered else n.tier(k)
+    if k == 1:
+        return Binding(n.first_tier_exchange, destination, to_exchange=jittered)
+    return Binding(n.dlx, destination, n.attempt_key(k - 1), to_exchange=jittered)
+
+
+def lanes(n: Names, k: int) -> list[str]:
+    """The queues a jittered tier k spreads its jobs over: its own (the full delay) first."""
+    return [n.tier(k), *(n.lane(k, i) for i in range(1, LANES))]
 
 
 def stale_tiers(p: Plan) -> dict[int, str]:
@@ -197,7 +369,8 @@ def stale_tiers(p: Plan) -> dict[int, str]:
 
 
 def stale_bindings(p: Plan) -> list[Binding]:
-    """Bindings an earlier max-retries may have made that this plan must not keep."""
+    """Bindings an earlier max-retries or jitter may have made that this plan must not keep
+    (those into a random exchange of lanes go with their lanes, see stale_lanes)."""
     n, r = p.names, len(p.tiers)
     stale = [
         Binding(n.dlx, n.failed, n.attempt_key(j), to_exchange=True)
@@ -209,8 +382,16 @@ def stale_bindings(p: Plan) -> list[Binding]:
         if r
         else Binding(n.first_tier_exchange, n.tier(1))
     )
+    if p.jittered:  # the tiers' queues are fed through their lanes' exchanges now
+        stale.extend(tier_source(n, k, jittered=False) for k in range(1, r + 1))
     # The hold goes first, right after the first-tier route is back (declare's order).
     return [hold_binding(n), *stale]
+
+
+def stale_lanes(p: Plan) -> list[int]:
+    """The tiers whose lanes an earlier jitter or budget may have left: all but the plan's."""
+    wanted = range(1, len(p.tiers) + 1) if p.jittered else range(0)
+    return [k for k in range(1, MAX_TIERS + 1) if k not in wanted]
 
 
 def hold_binding(n: Names) -> Binding:
@@ -343,12 +524,20 @@ class _Declarer:
             queue = await ch.get_queue(b.destination, ensure=False)
             await queue.bind(b.source, routing_key=b.routing_key)
 
+    async def exchange_exists(self, name: str) -> bool:
+        try:
+            await (await self.channel()).get_exchange(name, ensure=True)
+        except ChannelNotFoundEntity:
+            return False  # the broker closed the channel: the next call opens another
+        return True
+
     async def unbind(self, b: Binding) -> None:
-        """Remove a binding; one into a queue only if the queue exists (the broker would close
-        the channel)."""
+        """Remove a binding, only if its destination exists (the broker would close the
+        channel)."""
         if b.to_exchange:
-            dest = await (await self.channel()).get_exchange(b.destination, ensure=False)
-            await dest.unbind(b.source, routing_key=b.routing_key)
+            if await self.exchange_exists(b.destination):
+                dest = await (await self.channel()).get_exchange(b.destination, ensure=False)
+                await dest.unbind(b.source, routing_key=b.routing_key)
         elif await self.message_count(b.destination) is not None:
             await self.unbind_queue(b)
 
@@ -359,23 +548,21 @@ class _Declarer:
 
 
 async def _unbind_tier_source(d: _Declarer, p: Plan, k: int) -> None:
-    """Stop routing to tier k, which exists; tier 1's dead-letters are held on Q until the
-    plan's bindings are back (a higher tier's fall through to tier 1 meanwhile)."""
-    if k == 1:
-        await d.bind(hold_binding(p.names))
-    await d.unbind_queue(_tier_source(p, k))
-
-
-def _tier_source(p: Plan, k: int) -> Binding:
+    """Stop routing to tier k's queue, which exists: straight from its source, or through its
+    lanes' exchange. Tier 1's dead-letters are held on Q until the plan's bindings are back
+    when nothing else takes them (a higher tier's fall through to tier 1 meanwhile)."""
     n = p.names
-    return (
-        Binding(n.dlx, n.tier(k), n.attempt_key(k - 1))
-        if k > 1
-        else Binding(n.first_tier_exchange, n.tier(1))
-    )
+    if k == 1 and not p.jittered:
+        await d.bind(hold_binding(n))
+    await d.unbind_queue(tier_source(n, k, jittered=False))
+    if await d.exchange_exists(n.lanes(k)):
+        await d.unbind_queue(Binding(n.lanes(k), n.tier(k)))
 
 
-async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec) -> None:
+async def _declare_waiting(
+    d: _Declarer, spec: QueueSpec, unbind: Callable[[], Awaitable[None]], what: str
+) -> None:
+    """Declare a tier or a lane; unbind() stops routing to it before a delay change."""
     ch = await d.channel()
     try:
         await ch.declare_queue(spec.name, durable=True, arguments=spec.arguments)
@@ -385,19 +572,29 @@ async def _declare_tier(d: _Declarer, p: Plan, k: int, spec: QueueSpec) -> None:
             raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {error}") from None
     # The delay changed. TTLs are fixed per queue (messages expire from the head only), so an
     # empty tier is redeclared; one that still holds jobs keeps its old delay until it drains.
-    await _unbind_tier_source(d, p, k)
+    await unbind()
     kept = await d.delete_if_empty(spec.name)
     if kept is None:
         await (await d.channel()).declare_queue(spec.name, durable=True, arguments=spec.arguments)
-        log.info("tier redeclared", queue=spec.name, delay_ms=spec.delay_ms)
+        log.info(f"{what} redeclared", queue=spec.name, delay_ms=spec.delay_ms)
     else:
         log.warning(
-            "tier keeps its old delay until it drains",
+            f"{what} keeps its old delay until it drains",
             queue=spec.name,
             wanted_delay_ms=spec.delay_ms,
             messages=kept.messages,
             reason=kept.reason,
         )
+
+
+async def _declare_tiers(d: _Declarer, p: Plan) -> None:
+    n = p.names
+    for k, spec in enumerate(p.tiers, start=1):
+        await _declare_waiting(d, spec, functools.partial(_unbind_tier_source, d, p, k), "tier")
+        for lane in p.lanes_of(k):
+            # A random exchange picks among the lanes bound: one unbound is simply not picked.
+            unbind = functools.partial(d.unbind_queue, Binding(n.lanes(k), lane.name))
+            await _declare_waiting(d, lane, unbind, "lane")
 
 
 async def _retire_stale_tiers(d: _Declarer, p: Plan) -> None:
@@ -418,18 +615,59 @@ async def _retire_stale_tiers(d: _Declarer, p: Plan) -> None:
             )
 
 
+async def _retire_stale_lanes(d: _Declarer, p: Plan) -> None:
+    """Unbind the lanes of tiers that no longer want them (jitter off, a smaller budget) and
+    remove the empty ones; the lanes' exchange stays while a lane still holds jobs, so that the
+    next start finds them."""
+    n = p.names
+    for k in stale_lanes(p):
+        if not await d.exchange_exists(n.lanes(k)):
+            continue
+        await d.unbind(tier_source(n, k, jittered=True))
+        kept_any = False
+        for i in range(1, LANES):
+            name = n.lane(k, i)
+            if await d.message_count(name) is None:
+                continue
+            await d.unbind_queue(Binding(n.lanes(k), name))
+            kept = await d.delete_if_empty(name)
+            if kept is None:
+                log.info("stale lane removed", queue=name)
+            else:
+                kept_any = True
+                log.warning(
+                    "stale lane still holds jobs",
+                    queue=name,
+                    messages=kept.messages,
+                    reason=kept.reason,
+                )
+        if not kept_any:
+            await (await d.channel()).exchange_delete(n.lanes(k))
+
+
+async def _declare_exchange(d: _Declarer, name: str, kind: str, arguments: dict[str, Any]) -> None:
+    try:
+        await (await d.channel()).declare_exchange(name, kind, durable=True, arguments=arguments)
+    except COMMAND_INVALID as error:
+        if kind != RANDOM_EXCHANGE:
+            raise
+        raise ConfigError(
+            f"RICOCHET_RETRY_JITTER needs the random exchange, which the broker lacks ({error}): "
+            "enable it with `rabbitmq-plugins enable rabbitmq_random_exchange`, or set "
+            "RICOCHET_RETRY_JITTER=0"
+        ) from None
+
+
 async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
     p = plan(settings, broker_version(connection))
     d = _Declarer(connection, settings, p.names)
     try:
-        ch = await d.channel()
         for name, kind, arguments in p.exchanges:
-            await ch.declare_exchange(name, kind, durable=True, arguments=arguments)
-        for spec in p.queues:
+            await _declare_exchange(d, name, kind, arguments)
+        for spec in p.declared_queues:
             await d.queue(spec)
-        for k, spec in enumerate(p.tiers, start=1):
-            await _declare_tier(d, p, k, spec)
+        await _declare_tiers(d, p)
         await _retire_stale_tiers(d, p)
         # Stale bindings go before new ones: a key with no binding falls through to tier 1,
         # while a key bound twice for a moment would copy the job. The first-tier exchange is
@@ -440,6 +678,7 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
             await d.bind(b)
         for b in stale_bindings(p):
             await d.unbind(b)
+        await _retire_stale_lanes(d, p)
         for b in p.bindings:
             if b not in first:
                 await d.bind(b)

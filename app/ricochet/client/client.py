@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -12,8 +13,10 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError, PublishError
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, refusal
+from ricochet.broker.cancels import cancel_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.publish import OnePerMessageId, confirming_channel, publish_confirmed
+from ricochet.broker.topology import Names
 from ricochet.client.message import Delay, job_message
 from ricochet.errors import MissingQueue, NotConfirmed
 from ricochet.log import redact
@@ -27,6 +30,25 @@ CONNECT_TIMEOUT_S = 10.0
 CONFIRM_TIMEOUT_S = 30.0
 # Publishes awaiting their confirm on the client's channel at once; more callers wait their turn.
 MAX_UNCONFIRMED = 256
+
+
+@dataclass(frozen=True)
+class _Publish:
+    """A publish as its errors name it: what it was, what it did, how to make it again."""
+
+    subject: str
+    done: str
+    again: str
+
+
+def _enqueuing(job_id: str) -> _Publish:
+    return _Publish(f"job {job_id!r}", "enqueued", "enqueue it again with the same message_id")
+
+
+def _cancelling(job_id: str) -> _Publish:
+    return _Publish(
+        f"the cancel of job {job_id!r}", "recorded", "cancel it again (a cancel made twice is one)"
+    )
 
 
 class Client:
@@ -114,7 +136,7 @@ class Client:
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    await self._publish(channel, message, job_id)
+                    await self._publish(channel, message, self.queue, _enqueuing(job_id))
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
@@ -122,8 +144,28 @@ class Client:
         return job_id
 
     async def cancel(self, message_id: str) -> None:
-        """Cancel a job that waits (scheduled or between retries) so that it never runs."""
-        raise NotImplementedError("cancel arrives with scheduled jobs (section 15)")
+        """Cancel a job that waits (scheduled, between retries, or after a RetryLater): when it
+        comes due, no worker runs it. An unknown or finished job is left as it is.
+
+        Returns once the broker has confirmed the cancel in the queue's cancel store;
+        BrokerUnavailable or NotConfirmed as for enqueue (a cancel made twice is one cancel).
+        """
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        self._enqueuing += 1
+        try:
+            channel = await self._open_channel()
+            async with self._unconfirmed, self._one_per_id.alone(message_id):
+                await self._publish(
+                    channel,
+                    cancel_record(message_id),
+                    Names(self.queue).cancels,
+                    _cancelling(message_id),
+                )
+        finally:
+            self._enqueuing -= 1
+            if not self._enqueuing:
+                self._settled.set()
 
     async def close(self) -> None:
         """Wait until the jobs being enqueued are confirmed (or refused), then disconnect."""
@@ -154,29 +196,29 @@ class Client:
             return self._channel
 
     async def _publish(
-        self, channel: AbstractChannel, message: aio_pika.Message, job_id: str
+        self, channel: AbstractChannel, message: aio_pika.Message, queue: str, what: _Publish
     ) -> None:
         """One publish, never repeated: a second could enqueue the job twice."""
         try:
             async with asyncio.timeout(self._confirm_timeout_s):
-                await publish_confirmed(channel.default_exchange, message, self.queue)
+                await publish_confirmed(channel.default_exchange, message, queue)
         except PublishError:
             raise NotConfirmed(
-                f"job {job_id!r} was not enqueued: {MissingQueue(self.queue)}"
+                f"{what.subject} was not {what.done}: {MissingQueue(queue)}"
             ) from None
         except DeliveryError as error:
             raise NotConfirmed(
-                f"job {job_id!r} was not enqueued: the broker refused it ({refusal(error)})"
+                f"{what.subject} was not {what.done}: the broker refused it ({refusal(error)})"
             ) from None
         except TimeoutError:
             raise NotConfirmed(
-                f"job {job_id!r}: the broker did not confirm it within {self._confirm_timeout_s:g}"
-                " s (is it blocking publishers on a resource alarm?); it may be enqueued yet:"
-                " enqueue it again with the same message_id if it must not be lost"
+                f"{what.subject}: the broker did not confirm it within {self._confirm_timeout_s:g}"
+                f" s (is it blocking publishers on a resource alarm?); it may be {what.done} yet:"
+                f" {what.again} if it must not be lost"
             ) from None
         except CONNECTION_ERRORS as error:
             raise NotConfirmed(
-                f"job {job_id!r}: the connection was lost before the broker confirmed it"
-                f" ({type(error).__name__}: {redact(str(error))}); it may be enqueued:"
-                " enqueue it again with the same message_id"
+                f"{what.subject}: the connection was lost before the broker confirmed it"
+                f" ({type(error).__name__}: {redact(str(error))}); it may be {what.done}:"
+                f" {what.again}"
             ) from None

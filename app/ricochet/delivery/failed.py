@@ -10,9 +10,16 @@ import aio_pika
 from aio_pika.abc import AbstractMessage
 
 from ricochet.broker.amqp import Delivery, table_size
-from ricochet.delivery.retry import POISON_DELIVERIES, Facts, FailureKind, is_int, job_type
+from ricochet.delivery.retry import (
+    POISON_DELIVERIES,
+    Facts,
+    FailureKind,
+    is_int,
+    job_type,
+)
 from ricochet.delivery.tracebacks import format_traceback
-from ricochet.errors import InvalidProperties, PoisonMessage, RicochetError
+from ricochet.errors import InvalidProperties, InvalidSchedule, PoisonMessage, RicochetError
+from ricochet.headers import RETRIES, RUN_AT
 from ricochet.log import redact
 
 REASON_MAX_CHARS = 1000
@@ -49,8 +56,13 @@ COPIED_PROPERTIES = (
 
 def copied_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The application headers as a copy carries them: without the broker's dead-letter
-    bookkeeping, and with long strings that are not UTF-8 as byte arrays of the same bytes."""
-    return {k: _sendable(v) for k, v in headers.items() if not k.startswith(DEATH_HEADERS)}
+    bookkeeping and ricochet's count of retries, and with long strings that are not UTF-8 as
+    byte arrays of the same bytes."""
+    return {
+        k: _sendable(v)
+        for k, v in headers.items()
+        if not k.startswith(DEATH_HEADERS) and k != RETRIES
+    }
 
 
 def _sendable(value: Any) -> Any:
@@ -184,12 +196,17 @@ class FailedCopy:
     log_fields: dict[str, str]
 
 
-def not_run_failure(delivery: Delivery) -> RicochetError:
+def not_run_failure(delivery: Delivery, kind: FailureKind) -> RicochetError:
     """Why a delivery failed without its handler running: properties that could not be decoded,
-    else deliveries that kept coming back unacked (a poison job)."""
+    deliveries that kept coming back unacked (a poison job), else a run-at that cannot be read."""
     if delivery.unreadable is not None:
         return InvalidProperties(f"properties could not be decoded: {delivery.unreadable}")
-    return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+    if kind is FailureKind.POISON:
+        return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+    return InvalidSchedule(
+        f"{RUN_AT} header {delivery.headers.get(RUN_AT)!r} is not an ISO-8601 "
+        "date-time with a UTC offset or Z"
+    )
 
 
 def failed_copy(
@@ -206,7 +223,7 @@ def failed_copy(
     and what to log of it; without a failure (the handler did not run) the failure is the
     delivery's own (not_run_failure)."""
     if failure is None:
-        failure = Failure(not_run_failure(delivery))
+        failure = Failure(not_run_failure(delivery, kind))
     headers = failed_headers(
         delivery.headers,
         failure,
@@ -232,6 +249,16 @@ def cleaned_copy(delivery: Delivery) -> aio_pika.Message:
     return copy_of(
         delivery.body, delivery.properties(COPIED_PROPERTIES), copied_headers(delivery.headers)
     )
+
+
+def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
+    """The copy of a job that ricochet publishes again to wait or to reach its tier: without
+    the broker's dead-letter headers (RabbitMQ 4 would drop them anyway), with the retries it
+    made so far (none: no header)."""
+    headers = copied_headers(delivery.headers)
+    if retries:
+        headers[RETRIES] = retries
+    return copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), headers)
 
 
 @dataclass(frozen=True)

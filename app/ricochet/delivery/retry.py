@@ -1,12 +1,14 @@
 """The decision: a delivery's facts read once from its headers, and what happens to it (pure)."""
 
+import datetime as dt
 import enum
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
-from ricochet.headers import MAX_RETRIES
+from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
@@ -21,6 +23,7 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     TRANSIENT = "transient"
     PERMANENT = "permanent"
+    LATER = "later"  # a transient failure that asks for its next attempt no earlier than a time
 
 
 class Action(enum.Enum):
@@ -31,6 +34,11 @@ class Action(enum.Enum):
     RETRY = "retry"
     FAIL = "fail"
     SANITIZE = "sanitize"  # republish without the forged x-death, then ack
+    CANCEL = "cancel"  # cancelled while it waited: ack, never run
+    DELAY = "delay"  # publish a copy to the delays, due in delay_ms, then ack
+    # A retry whose routing key does not lead to its tier (it came back from the delays): publish
+    # a copy to the tier's route, then ack.
+    RETRY_BY_COPY = "retry_by_copy"
 
 
 class FailureKind(enum.StrEnum):
@@ -43,11 +51,14 @@ class FailureKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """The action; for RETRY the tier the nack sends it to, for FAIL the kind of failure."""
+    """The action; for RETRY the tier the nack sends it to, for FAIL the kind of failure; for
+    DELAY how long, and for a copy the retries it carries."""
 
     action: Action
     kind: FailureKind | None = None
     tier: int | None = None
+    delay_ms: int | None = None
+    retries: int | None = None
 
 
 class Facts(NamedTuple):
@@ -59,6 +70,12 @@ class Facts(NamedTuple):
     forged: bool = False
     poison: bool = False
     unreadable: bool = False
+    cancelled: bool = False
+    # Milliseconds until its run-at, when that is still ahead; bad_run_at: one that cannot be read.
+    due_in_ms: int | None = None
+    bad_run_at: bool = False
+    # Whether a nack sends it to the tier of its attempt: its routing key says so.
+    keyed_for_tier: bool = True
 
 
 def job_type(amqp_type: str | None, body: bytes) -> str | None:
@@ -155,6 +172,36 @@ def _retries(rejection: Mapping[str, Any] | None) -> int:
     return int(rejection["count"]) if rejection else 0
 
 
+def _copied_retries(headers: Mapping[str, Any]) -> int:
+    value = headers.get(RETRIES)
+    return value if is_int(value) and value > 0 else 0
+
+
+def parse_run_at(value: Any) -> dt.datetime | None:
+    """A run-at header's time: ISO-8601 with a UTC offset or Z (an AMQP timestamp counts as
+    UTC); None when it cannot be read, a time without an offset included."""
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime) -> tuple[int | None, bool]:
+    """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable)."""
+    if RUN_AT not in headers:
+        return None, False
+    when = parse_run_at(headers[RUN_AT])
+    if when is None:
+        return None, True
+    ahead_ms = math.ceil((when - now).total_seconds() * 1000)
+    return (ahead_ms if ahead_ms > 0 else None), False
+
+
 def runs_alone(
     headers: Mapping[str, Any], *, redelivered: bool, from_tier: bool, queue: str
 ) -> bool:
@@ -183,6 +230,9 @@ def read_facts(
     max_retries: int,
     type_max_retries: int | None,
     unreadable: bool = False,
+    key_tier: int | None = None,
+    cancelled: bool = False,
+    now: dt.datetime | None = None,
 ) -> Facts:
     """The facts of a delivery from the main queue; a forged one counts as a first attempt.
 
@@ -190,18 +240,31 @@ def read_facts(
     the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
     was first published with, which the tiers replace on the way back. type_max_retries: the
     budget the handler of the job's type sets, if any. unreadable: whether some of its message
-    properties could not be decoded.
+    properties could not be decoded. key_tier: the k of its routing key Q.attempt.k, if it has
+    one. cancelled: whether its message_id was cancelled. now: the time its run-at is read
+    against.
+
+    A job ricochet published again carries the retries it had made (the RETRIES header:
+    RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
+    routing key leads to the tier of its next retry only once a tier sent it back.
     """
     forged, rejection = _read_death(headers, queue, from_tier)
-    retries = _retries(rejection)
-    returns = _returns(headers, redelivered, retries)
+    rejections = _retries(rejection)
+    copied = _copied_retries(headers)
+    returns = _returns(headers, redelivered, rejections)
+    attempt = 1 + copied + rejections
+    due_in_ms, bad_run_at = _due_in_ms(headers, now or dt.datetime.now(dt.UTC))
     return Facts(
-        attempt=1 + retries,
+        attempt=attempt,
         max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),
         original_routing_key=_first_routing_key(rejection) or routing_key,
         forged=forged,
         poison=not forged and returns is not None and returns > POISON_DELIVERIES,
         unreadable=unreadable,
+        cancelled=cancelled,
+        due_in_ms=due_in_ms,
+        bad_run_at=bad_run_at,
+        keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),
     )
 
 
@@ -209,32 +272,54 @@ def read_facts(
 RUN = Decision(Action.RUN)
 ACK = Decision(Action.ACK)
 SANITIZE = Decision(Action.SANITIZE)
+CANCEL = Decision(Action.CANCEL)
 FAIL_POISON = Decision(Action.FAIL, FailureKind.POISON)
 FAIL_PERMANENT = Decision(Action.FAIL, FailureKind.PERMANENT)
 FAIL_EXHAUSTED = Decision(Action.FAIL, FailureKind.EXHAUSTED)
 
 
-def decide(facts: Facts, outcome: Outcome | None) -> Decision:
+def decide(facts: Facts, outcome: Outcome | None, retry_after_ms: int | None = None) -> Decision:
     """What happens to a delivery: before its handler ran (outcome None), then after.
 
-    A delivery with unreadable properties fails for good, a forged x-death is cleaned and a
-    poison job failed, all without running the handler; a success is acked; a permanent failure
-    fails at once; a transient one retries in the tier of its attempt while attempts remain
-    (tier k sends it back as attempt k + 1), else it fails.
+    A delivery with unreadable properties fails for good, a forged x-death is cleaned, a
+    cancelled job is dropped and a poison job failed, all without running the handler; one
+    whose run-at is ahead waits for it (spending no attempt), one whose run-at cannot be read
+    fails for good. A success is acked; a permanent failure fails at once; a transient one
+    retries in the tier of its attempt while attempts remain (tier k sends it back as attempt
+    k + 1), else it fails; a RetryLater waits retry_after_ms instead of the tier's delay.
     """
     if facts.unreadable:
         # Before the clean copy of a forged x-death, which would read as a readable job.
         return FAIL_PERMANENT
     if facts.forged:
         return SANITIZE
+    if facts.cancelled:
+        return CANCEL
     if facts.poison:
         return FAIL_POISON
     if outcome is None:
-        return RUN
+        return _before_run(facts)
+    return _after_run(facts, outcome, retry_after_ms)
+
+
+def _before_run(facts: Facts) -> Decision:
+    if facts.bad_run_at:
+        return FAIL_PERMANENT
+    if facts.due_in_ms is not None:
+        return Decision(Action.DELAY, delay_ms=facts.due_in_ms, retries=facts.attempt - 1)
+    return RUN
+
+
+def _after_run(facts: Facts, outcome: Outcome, retry_after_ms: int | None) -> Decision:
     if outcome is Outcome.SUCCEEDED:
         return ACK
     if outcome is Outcome.PERMANENT:
         return FAIL_PERMANENT
-    if facts.attempt < facts.max_attempts:
-        return Decision(Action.RETRY, tier=facts.attempt)
-    return FAIL_EXHAUSTED
+    if facts.attempt >= facts.max_attempts:
+        return FAIL_EXHAUSTED
+    if outcome is Outcome.LATER:
+        assert retry_after_ms is not None
+        return Decision(Action.DELAY, delay_ms=retry_after_ms, retries=facts.attempt)
+    if not facts.keyed_for_tier:
+        return Decision(Action.RETRY_BY_COPY, tier=facts.attempt, retries=facts.attempt)
+    return Decision(Action.RETRY, tier=facts.attempt)

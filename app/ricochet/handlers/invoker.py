@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from ricochet.delivery.retry import Outcome
-from ricochet.errors import ConfigError, HandlerTimeout, PermanentError
+from ricochet.errors import ConfigError, HandlerTimeout, PermanentError, RetryLater
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Route, Router, is_async_callable
 
@@ -79,6 +79,8 @@ class Invoker:
             route, args = self._resolve(job)
             give_up_on = route.give_up_on
             await self._call(route, args)
+        except RetryLater as error:  # asked for a time, which a give_up_on class never overrides
+            return Outcome.LATER, error
         except Exception as error:  # transient by contract, unless the route gives up on it
             outcome = Outcome.PERMANENT if isinstance(error, give_up_on) else Outcome.TRANSIENT
             return outcome, error

@@ -14,7 +14,7 @@ class Metrics:
         self.queue = queue
         self.jobs = Counter(
             "ricochet_jobs",
-            "Jobs handled, by outcome (succeeded, retried, failed).",
+            "Jobs handled, by outcome (succeeded, retried, failed, cancelled).",
             ["queue", "outcome"],
             registry=self.registry,
         )
@@ -150,6 +150,7 @@ class QueueMetrics:
         self._succeeded = metrics.jobs.labels(queue, "succeeded")
         self._retried = metrics.jobs.labels(queue, "retried")
         self._failed = metrics.jobs.labels(queue, "failed")
+        self.cancelled = metrics.jobs.labels(queue, "cancelled")
 
     def succeeded_on(self, attempt: int) -> None:
         self._succeeded.inc()
@@ -160,6 +161,11 @@ class QueueMetrics:
         self._retried.inc()
         self._metrics.retries.labels(self._queue, str(tier)).inc()
         self._metrics.count_attempt(tier, "retried")
+
+    def retried_later(self, attempt: int) -> None:
+        """A job asked to wait before its next attempt (RetryLater) on this attempt."""
+        self._retried.inc()
+        self._metrics.count_attempt(attempt, "retried")
 
     def failed_as(self, kind: str, attempt: int) -> None:
         self._failed.inc()

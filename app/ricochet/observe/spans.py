@@ -17,7 +17,15 @@ if tracing.ENABLED:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind, StatusCode
 
-OUTCOMES = {Action.ACK: "succeeded", Action.RETRY: "retried", Action.FAIL: "failed"}
+# What an attempt came to, by what its delivery's settling does after the handler ran: a
+# RetryLater waits in the delays, a retry back from them goes to its tier by a copy.
+OUTCOMES = {
+    Action.ACK: "succeeded",
+    Action.RETRY: "retried",
+    Action.RETRY_BY_COPY: "retried",
+    Action.DELAY: "retried",
+    Action.FAIL: "failed",
+}
 
 
 @contextlib.contextmanager

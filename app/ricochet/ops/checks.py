@@ -90,9 +90,15 @@ def _figure(check: str, name: str, field: str, state: BrokerState) -> int | Chec
     return value
 
 
+def checked_queues(plan: Plan) -> list[QueueSpec]:
+    """Every queue of the plan: the consumed ones, the tiers and their lanes, the delays' levels
+    and the cancel store."""
+    return [*plan.queues, *plan.tiers, *plan.lanes, *plan.declared_queues[len(plan.queues) :]]
+
+
 def queue_names(plan: Plan) -> list[str]:
     """Every queue doctor reads: the plan's and the stale tiers."""
-    return [spec.name for spec in [*plan.queues, *plan.tiers]] + [*stale_tiers(plan).values()]
+    return [spec.name for spec in checked_queues(plan)] + [*stale_tiers(plan).values()]
 
 
 def exchange_names(plan: Plan) -> list[str]:
@@ -144,8 +150,9 @@ def _delivery_limit_check(name: str, queue: JSON, lift: str) -> Check:
     )
 
 
-def _queue_check(spec: QueueSpec, queue_type: str, queue: JSON | None, lift: str) -> Check:
+def _queue_check(spec: QueueSpec, settings_type: str, queue: JSON | None, lift: str) -> Check:
     name = f"queue {spec.name}"
+    queue_type = spec.arguments.get(QUEUE_TYPE, settings_type)  # the cancel store is a stream
     if queue is None:
         return Check(name, "fail", f"missing: {DECLARE}")
     rebuild = (
@@ -153,10 +160,9 @@ def _queue_check(spec: QueueSpec, queue_type: str, queue: JSON | None, lift: str
         "then run `ricochet topology`"
     )
     if queue.get("type") != queue_type:
+        wants = "RICOCHET_QUEUE_TYPE wants" if queue_type == settings_type else "ricochet wants"
         return Check(
-            name,
-            "fail",
-            f"is a {queue.get('type')} queue, RICOCHET_QUEUE_TYPE wants {queue_type}; {rebuild}",
+            name, "fail", f"is a {queue.get('type')} queue, {wants} {queue_type}; {rebuild}"
         )
     actual = queue.get("arguments", {})
     wanted = dict(spec.arguments)
@@ -183,7 +189,7 @@ def queue_checks(plan: Plan, queue_type: str, state: BrokerState) -> list[Check]
     lift = delivery_limit_policy_command(plan.names)
     return [
         _queue_check(spec, queue_type, state.queues.get(spec.name), lift)
-        for spec in [*plan.queues, *plan.tiers]
+        for spec in checked_queues(plan)
     ]
 
 
@@ -197,8 +203,8 @@ def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
             checks.append(Check(label, "fail", f"missing: {DECLARE}"))
             continue
         differences = _argument_differences(arguments, found.get("arguments", {}))
-        if found.get("type") != kind.value:
-            differences.insert(0, f"type {found.get('type')} (wants {kind.value})")
+        if found.get("type") != kind:
+            differences.insert(0, f"type {found.get('type')} (wants {kind})")
         if differences:
             delete = _curl_delete(state, f"exchanges/{_q(state.vhost)}/{_q(name)}")
             checks.append(
@@ -210,7 +216,7 @@ def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
                 )
             )
         else:
-            checks.append(Check(label, "ok", f"{kind.value}, as the settings declare it"))
+            checks.append(Check(label, "ok", f"{kind}, as the settings declare it"))
     return checks
 
 

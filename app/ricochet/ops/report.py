@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ricochet.broker.topology import Plan
+from ricochet.broker.topology import DELAY_UNIT_MS, Plan
 from ricochet.delivery.failed import FailureInfo
 from ricochet.ops.failed_queue import CopyDetails
 from ricochet.ops.selection import Outcome
@@ -33,13 +33,19 @@ def plan_table(plan: Plan) -> str:
         ["queue", "delay", "arguments"],
         [
             (q.name, duration(q.delay_ms), ", ".join(f"{k}={v}" for k, v in q.arguments.items()))
-            for q in [plan.queues[0], *plan.tiers, *plan.queues[1:]]
+            for q in [
+                plan.queues[0],
+                *plan.tiers,
+                *plan.lanes,
+                *plan.queues[1:],
+                *plan.declared_queues[len(plan.queues) :],
+            ]
         ],
     )
     exchanges = table(
         ["exchange", "type", "arguments"],
         [
-            (name, kind.value, ", ".join(f"{k}={v}" for k, v in args.items()))
+            (name, kind, ", ".join(f"{k}={v}" for k, v in args.items()))
             for name, kind, args in plan.exchanges
         ],
     )
@@ -86,11 +92,22 @@ class QueueStatus:
 def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
     """(name, role, delay_ms) of every queue in the plan, in the order a job meets them."""
     n = plan.names
+    lanes = [
+        (spec.name, f"tier {k} lane {i}", spec.delay_ms)
+        for k in range(1, len(plan.tiers) + 1)
+        for i, spec in enumerate(plan.lanes_of(k), start=1)
+    ]
     return [
         (n.queue, "main", None),
         *((spec.name, f"tier {k}", spec.delay_ms) for k, spec in enumerate(plan.tiers, start=1)),
+        *lanes,
+        *(
+            (spec.name, f"delay level {k}", 2**k * DELAY_UNIT_MS)
+            for k, spec in enumerate(plan.delays)
+        ),
         (n.failed, "failed", None),
         (n.events, "failed events", None),
+        (n.cancels, "cancels", None),
     ]
 
 

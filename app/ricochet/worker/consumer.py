@@ -14,8 +14,9 @@ import structlog
 from aio_pika.abc import AbstractChannel
 
 from ricochet.broker.amqp import Delivery
-from ricochet.broker.topology import Plan
-from ricochet.delivery.failed import Failure, cleaned_copy, failed_copy
+from ricochet.broker.cancels import CancelLog
+from ricochet.broker.topology import Plan, delay_key
+from ricochet.delivery.failed import Failure, cleaned_copy, counted_copy, failed_copy
 from ricochet.delivery.retry import (
     Action,
     Decision,
@@ -26,6 +27,7 @@ from ricochet.delivery.retry import (
     read_facts,
     runs_alone,
 )
+from ricochet.errors import RetryLater
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import bind_log_context, job_of
 from ricochet.observe.metrics import Metrics, QueueMetrics
@@ -45,9 +47,11 @@ class Consumer:
         prefetch: int,
         invoker: Invoker,
         metrics: Metrics,
+        cancelled: CancelLog,
         ran: Callable[[Outcome], None] = lambda _: None,
     ):
         self._plan = plan
+        self._cancelled = cancelled
         self._prefetch = prefetch  # the channel's QoS, as the worker sets it
         self._ran = ran  # told the outcome of every handler call
         self._queue = plan.names.queue
@@ -135,16 +139,23 @@ class Consumer:
     async def _process(self, subscription: Subscription, delivery: Delivery) -> None:
         await self._gate.passed()
         kind = job_type(delivery.type, delivery.body)  # once: the budget and the Job both need it
+        names = self._plan.names
         facts = read_facts(
             delivery.headers,
             redelivered=delivery.redelivered,
             routing_key=delivery.routing_key,
-            from_tier=self._plan.names.is_attempt_key(delivery.routing_key),
+            from_tier=names.is_attempt_key(delivery.routing_key),
             queue=self._queue,
             max_retries=self._max_retries,
             type_max_retries=self._invoker.max_retries(kind),
             unreadable=delivery.unreadable is not None,
+            key_tier=names.tier_of_key(delivery.routing_key),
+            cancelled=delivery.message_id in self._cancelled,
+            now=dt.datetime.now(dt.UTC),
         )
+        original = names.published_key(facts.original_routing_key)
+        if original != facts.original_routing_key:  # back from the delays
+            facts = facts._replace(original_routing_key=original)
         decision = decide(facts, None)
         # Unreadable properties, a forged x-death or a poison job: no attempt.
         if decision.action is not Action.RUN:
@@ -159,7 +170,8 @@ class Consumer:
             outcome, error = await self._invoker(job)
             self._metrics.duration.observe(time.perf_counter() - started)
             self._ran(outcome)
-            decision = decide(facts, outcome)
+            later_ms = round(error.after_s * 1000) if isinstance(error, RetryLater) else None
+            decision = decide(facts, outcome, later_ms)
             failure = None if error is None else Failure(error)
             record_outcome(span, decision, failure)
             with settle_span(self._queue, span, decision):
@@ -195,6 +207,12 @@ class Consumer:
             clean = cleaned_copy(delivery)
             if await subscription.copy_then_ack(delivery, clean, self._queue):
                 log.warning("forged x-death header removed", message_id=delivery.message_id)
+        elif decision.action is Action.CANCEL:
+            subscription.ack(delivery)
+            self._metrics.cancelled.inc()
+            log.info("job cancelled", message_id=delivery.message_id)
+        elif decision.action in (Action.DELAY, Action.RETRY_BY_COPY):
+            await self._copy_on(subscription, delivery, facts, decision, failure)
         else:
             assert decision.kind is not None
             failed = failed_copy(
@@ -212,3 +230,41 @@ class Consumer:
             ):
                 self._metrics.failed_as(decision.kind, facts.attempt)
                 log.error("job failed", **failed.log_fields)
+
+    async def _copy_on(
+        self,
+        subscription: Subscription,
+        delivery: Delivery,
+        facts: Facts,
+        decision: Decision,
+        failure: Failure | None,
+    ) -> None:
+        """Publish the job again, with the retries it made, then ack it: to the delays until it
+        is due (its run-at, or a RetryLater), or to the route of its tier (a retry after it came
+        back from the delays, whose routing key does not lead there)."""
+        names = self._plan.names
+        assert decision.retries is not None
+        copy = counted_copy(delivery, decision.retries)
+        if decision.action is Action.DELAY:
+            assert decision.delay_ms is not None
+            key, exchange = delay_key(decision.delay_ms), names.delay_entry
+        else:
+            assert decision.tier is not None
+            key, exchange = names.attempt_key(decision.tier - 1), names.dlx
+        if not await subscription.copy_then_ack(delivery, copy, key, exchange=exchange):
+            return
+        if decision.action is Action.RETRY_BY_COPY:
+            assert failure is not None
+            assert decision.tier is not None
+            self._metrics.retried_in(decision.tier)
+            tier = self._plan.tiers[decision.tier - 1]
+            log.warning(
+                "job failed, retrying", error=failure.reason, tier=tier.name, delay_ms=tier.delay_ms
+            )
+        elif failure is None:
+            log.info("job scheduled", delay_ms=decision.delay_ms)
+        else:
+            self._metrics.retried_later(facts.attempt)
+            log.warning(
+                "job failed, retrying later", error=failure.reason, delay_ms=decision.delay_ms
+            )

@@ -30,14 +30,16 @@ class Subscription:
     def __init__(
         self,
         frames: Frames,
-        default: AbstractExchange,
+        channel: AbstractChannel,
         frame_max: int,
         prefetch: int,
         running: set[asyncio.Task[None]],
     ) -> None:
         self.frames = frames
+        self._channel = channel
         # Copies go straight to their queue: a confirm then means that very queue took it.
-        self._default = default
+        self._default = channel.default_exchange
+        self._exchanges: dict[str, AbstractExchange] = {}
         self._copying = OnePerMessageId()
         self.frame_max = frame_max
         # The channel's QoS, which bounds its consumer's deliveries but not basic.get's.
@@ -64,7 +66,7 @@ class Subscription:
         running: set[asyncio.Task[None]],
     ) -> "Subscription":
         frames = await Frames.under(channel)
-        return cls(frames, channel.default_exchange, frame_max, prefetch, running)
+        return cls(frames, channel, frame_max, prefetch, running)
 
     @property
     def consuming(self) -> bool:
@@ -189,20 +191,23 @@ class Subscription:
         self,
         delivery: Delivery,
         copy: aio_pika.Message,
-        queue: str,
+        routing_key: str,
+        *,
+        exchange: str = "",
         notify: str | None = None,
     ) -> bool:
-        """Publish the copy to the queue until it is confirmed, then a second copy to the notify
-        queue (if any), then ack the original; False if the channel closed first (the broker
-        hands the original back).
+        """Publish the copy (to a queue by name, or through an exchange) until it is confirmed,
+        then a second copy to the notify queue (if any), then ack the original; False if the
+        channel closed first (the broker hands the original back).
 
         The original stays unacked while the copy is refused: a requeue would raise its delivery
         count until the job looked like poison and lost its real reason. A notify queue that
         refuses its copy costs a notice, never the job.
         """
         try:
+            target = await self._exchange(exchange)
             async with self._copying.alone(copy.message_id):
-                await publish_until_confirmed(self._default, copy, queue)
+                await publish_until_confirmed(target, copy, routing_key)
                 if notify is not None:
                     await self._notify(copy, notify)
         except CONNECTION_ERRORS as error:
@@ -212,6 +217,13 @@ class Subscription:
             return False
         self.acks.ack_soon(delivery)
         return True
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if not name:
+            return self._default
+        if name not in self._exchanges:
+            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
+        return self._exchanges[name]
 
     async def _notify(self, copy: aio_pika.Message, queue: str) -> None:
         try:

@@ -9,9 +9,11 @@ from aio_pika.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max
+from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.record import declare_recorded
+from ricochet.broker.topology import Names
 from ricochet.delivery.retry import Outcome
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import PAUSED, RESUMED, pause_alert
@@ -39,6 +41,7 @@ class Worker:
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._consumer: Consumer | None = None
+        self._cancels = CancelReader(Names(settings.queue))
         self._policy = PausePolicy(
             settings.pause_failure_ratio,
             settings.pause_min_jobs,
@@ -76,6 +79,7 @@ class Worker:
     async def _consume(self, connection: AbstractConnection) -> None:
         """Declare, then consume until a stop is requested (drained here) or the connection dies."""
         plan = await declare_recorded(connection, self._settings)
+        await self._cancels.follow(connection)  # before any job: every cancel made until now
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=self._settings.prefetch)
         if self._consumer is None:
@@ -85,15 +89,18 @@ class Worker:
                 self._settings.prefetch,
                 self._invoker,
                 self._metrics,
+                self._cancels.cancelled,
                 self._ran,
             )
         consumer = self._consumer
         await consumer.start(channel, frame_max(connection))
         log.info("consuming", queue=plan.names.queue, prefetch=self._settings.prefetch)
-        interruptions = (consumer.interrupted, self._pause_due)
+        interruptions = (consumer.interrupted, self._pause_due, self._cancels.lost)
         while not await self._lifecycle.serve_until_lost(connection, channel, *interruptions):
-            if channel.is_closed or connection.is_closed:
-                return  # lost: keep_connected starts over on a new connection
+            if channel.is_closed or connection.is_closed or self._cancels.lost.is_set():
+                # Lost (cancels too: a due job must not run unchecked): keep_connected starts
+                # over on a new connection.
+                return
             if self._pause_due.is_set():
                 resumed = await self._pause(consumer)
             else:

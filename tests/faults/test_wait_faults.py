@@ -1,0 +1,104 @@
+"""Faults while jobs wait: scheduled, waiting out a RetryLater, in jittered lanes, cancelled.
+
+Every job is accounted for: 0 lost, and no cancelled job runs after its cancel."""
+
+import datetime as dt
+import time
+from collections.abc import Callable
+
+import aio_pika
+
+from tests.broker import Broker
+from tests.faults.harness import FaultRun, progress
+from tests.support import close_connections, wait_for
+
+JOBS = 600
+
+
+def scheduled(run: FaultRun, n: int, in_s: float) -> list[aio_pika.Message]:
+    """n jobs with a run-at in_s seconds from now."""
+    at = dt.datetime.fromtimestamp(time.time() + in_s, dt.UTC).isoformat()
+    first = len(run.published)
+    return [
+        aio_pika.Message(
+            b"{}",
+            message_id=f"scheduled-{first + i}",
+            headers={"run-at": at},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        for i in range(n)
+    ]
+
+
+async def until_started(run: FaultRun, ids: list[str]) -> None:
+    await wait_for(lambda: set(ids) <= run.started(), 60, f"{len(ids)} first attempts")
+
+
+async def test_kill_9_while_jobs_are_scheduled(fault_run: Callable[..., FaultRun]) -> None:
+    """SIGKILL while scheduled jobs wait in the delays and others run: every job runs, the
+    scheduled ones once their time has come."""
+    run = fault_run("kill -9 while jobs are scheduled", prefetch=32)
+    messages = scheduled(run, JOBS // 2, in_s=4)
+    await run.publish_messages(messages)
+    await run.publish(JOBS // 2, sleep_s=0.002)
+    worker = await run.start_worker()
+    await progress(run, JOBS // 4)
+    worker.kill()
+    await run.start_worker()
+    tally = await run.account()
+    assert tally.duplicates <= 32
+    assert not {m.message_id for m in messages} & run.started() - set(run.done())
+
+
+async def test_kill_9_while_jobs_wait_out_a_retry_later(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """SIGKILL while jobs wait out a RetryLater: each comes back and completes."""
+    run = fault_run("kill -9 while jobs wait out a RetryLater", prefetch=32)
+    ids = await run.publish(JOBS // 2, later=2)
+    worker = await run.start_worker()
+    await until_started(run, ids)
+    worker.kill()
+    await run.start_worker()
+    tally = await run.account()
+    assert tally.duplicates <= 32
+
+
+async def test_connection_drops_while_jobs_wait_in_jittered_lanes(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """The broker closes the worker's connection while jobs wait in a jittered tier's lanes:
+    the worker reconnects and every job completes."""
+    run = fault_run(
+        "connection drops, jobs in jittered lanes",
+        retry_jitter=0.5,
+        retry_delay_ms=2000,
+        max_retries=1,
+        prefetch=64,
+    )
+    ids = await run.publish(JOBS // 2, fail=1)
+    await run.start_worker()
+    await until_started(run, ids)
+    assert close_connections(run.settings.queue, "worker", fault_broker) >= 1
+    await run.account()
+
+
+async def test_cancels_survive_kill_9_and_connection_drops(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """Half the scheduled jobs and half of those waiting in a tier are cancelled; the worker is
+    killed, and its successor loses its connection: no cancelled job runs, every other
+    completes."""
+    run = fault_run("cancel, then kill -9 and a dropped connection", retry_delay_ms=8000)
+    messages = scheduled(run, JOBS // 4, in_s=12)
+    await run.publish_messages(messages)
+    tiered = await run.publish(JOBS // 4, fail=1)
+    worker = await run.start_worker()
+    await until_started(run, tiered)
+    ids = [m.message_id or "" for m in messages]
+    await run.cancel(ids[::2] + tiered[::2])
+    worker.kill()
+    await run.start_worker()
+    assert close_connections(run.settings.queue, "worker", fault_broker) >= 1
+    tally = await run.account()
+    assert tally.cancelled == len(ids[::2] + tiered[::2])

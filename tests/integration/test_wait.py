@@ -1,0 +1,354 @@
+"""Shaping the wait end to end: schedules, RetryLater, explicit ladders, jitter and cancels, all
+held by the broker (SPEC section 15)."""
+
+import asyncio
+import datetime as dt
+import itertools
+import json
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import Job, RetryLater
+from ricochet.broker.cancels import publish_cancel
+from ricochet.broker.topology import Names
+
+from tests.support import (
+    StartWorker,
+    depth,
+    exists,
+    make_settings,
+    publish,
+    ricochet_env,
+    run_cli,
+    take,
+    wait_for,
+)
+
+QUEUE_TYPES = ["quorum", "classic"]
+# An idle worker runs a due job within this of its time (SPEC section 15).
+ON_TIME_S = 1.0
+
+
+@dataclass
+class Clock:
+    """Async handler recording each attempt's wall-clock time. Payload {"later": [s, ...]}
+    raises RetryLater(s) on attempt 1, 2, ...; {"fail": N} fails attempts 1..N transiently."""
+
+    runs: dict[str | None, list[tuple[int, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    async def __call__(self, job: Job) -> None:
+        self.runs[job.message_id].append((job.attempt, time.time()))
+        payload = job.payload
+        later = payload.get("later", [])
+        if job.attempt <= len(later):
+            raise RetryLater(later[job.attempt - 1])
+        if job.attempt <= payload.get("fail", 0):
+            raise ConnectionError(f"transient trouble on attempt {job.attempt}")
+
+    def times(self, message_id: str) -> list[float]:
+        return [at for _, at in self.runs[message_id]]
+
+    def attempts(self, message_id: str) -> list[int]:
+        return [attempt for attempt, _ in self.runs[message_id]]
+
+    def gaps(self, message_id: str) -> list[float]:
+        """Seconds between one attempt's start and the next's."""
+        return [b - a for a, b in itertools.pairwise(self.times(message_id))]
+
+
+def iso(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat()
+
+
+async def ran(clock: Clock, message_id: str, times: int = 1, timeout_s: float = 20) -> None:
+    await wait_for(
+        lambda: len(clock.runs[message_id]) >= times, timeout_s, f"{message_id} x{times}"
+    )
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_scheduled_jobs_run_on_time_whatever_else_waits(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
+) -> None:
+    """A run-at header holds a job until its time, and no later than a second after, as its
+    first attempt; one due in a week does not hold back one due in a second, nor one in the past,
+    which runs at once."""
+    clock = Clock()
+    await start_worker(clock, queue_type=queue_type)
+    now = time.time()
+    due = {"week": now + 7 * 86_400, "3s": now + 3, "1s": now + 1, "0.3s": now + 0.3}
+    for message_id, at in due.items():
+        await publish(channel, queue_name, "{}", message_id=message_id, headers={"run-at": iso(at)})
+    await publish(channel, queue_name, "{}", message_id="past", headers={"run-at": iso(now - 60)})
+    await ran(clock, "3s")
+    assert clock.times("past")[0] - now < ON_TIME_S
+    for message_id in ("3s", "1s", "0.3s"):
+        assert clock.attempts(message_id) == [1]
+        late = clock.times(message_id)[0] - due[message_id]
+        assert 0 <= late <= ON_TIME_S, (message_id, late)
+    assert "week" not in clock.runs
+
+
+async def test_a_run_at_that_cannot_be_read_fails_at_once_as_permanent(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """No time zone, or not a time at all: the job goes to the failed queue without running."""
+    clock = Clock()
+    await start_worker(clock)
+    for message_id, value in (("naive", "2030-01-01T10:00:00"), ("word", "tomorrow")):
+        await publish(channel, queue_name, "{}", message_id=message_id, headers={"run-at": value})
+    copies = await take(channel, Names(queue_name).failed, 2)
+    assert {c.message_id for c in copies} == {"naive", "word"}
+    for copy in copies:
+        assert copy.headers["failed-kind"] == "permanent"
+        assert copy.headers["failed-exception"] == "ricochet.errors.InvalidSchedule"
+    assert not clock.runs
+
+
+async def test_nothing_but_the_broker_holds_a_waiting_job(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A worker takes a scheduled job and stops; the job still runs on time on another worker
+    started later."""
+    clock = Clock()
+    first = await start_worker(clock)
+    at = time.time() + 3
+    await publish(channel, queue_name, "{}", message_id="held", headers={"run-at": iso(at)})
+
+    async def taken() -> bool:
+        return await depth(channel, queue_name) == 0
+
+    await wait_for(taken, 10, "the job taken into the delays")
+    await first.stop()
+    await asyncio.sleep(1)
+    await start_worker(clock)
+    await ran(clock, "held")
+    assert 0 <= clock.times("held")[0] - at <= ON_TIME_S
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_retry_later_waits_its_time_and_spends_an_attempt(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
+) -> None:
+    """RetryLater(after): the next attempt starts no earlier than after, and no later than
+    after + max(1 s, 10 %); it counts as a retry, on every broker."""
+    clock = Clock()
+    await start_worker(clock, queue_type=queue_type, max_retries=3)
+    await publish(channel, queue_name, json.dumps({"later": [1.5, 0.2]}), message_id="later")
+    await ran(clock, "later", 3)
+    assert clock.attempts("later") == [1, 2, 3]
+    first, second, third = clock.times("later")
+    assert 1.5 <= second - first <= 1.5 + 1.0
+    assert 0.2 <= third - second <= 0.2 + 1.0
+
+
+async def test_retry_later_on_the_last_attempt_fails_as_exhausted(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """With no attempt left, a RetryLater sends the job to the failed queue as exhausted."""
+    clock = Clock()
+    await start_worker(clock, max_retries=1)
+    await publish(channel, queue_name, json.dumps({"later": [0.2, 0.2]}), message_id="spent")
+    (copy,) = await take(channel, Names(queue_name).failed, 1)
+    assert copy.headers["failed-kind"] == "exhausted"
+    assert copy.headers["retry-count"] == 1
+    assert "ricochet-retries" not in copy.headers  # a replay gets a full budget again
+    assert copy.headers["original-routing-key"] == queue_name  # not the key of its wait
+    assert clock.attempts("spent") == [1, 2]
+
+
+async def test_a_retry_after_retry_later_waits_in_the_tier_of_its_attempt(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Attempt 1 asks to wait 0.2 s; attempt 2 fails: it waits tier 2's delay (1.5 s), not
+    tier 1's, and tier 3's after that."""
+    clock = Clock()
+    await start_worker(clock, retry_delays_ms="100,1500,200")
+    await publish(channel, queue_name, json.dumps({"later": [0.2], "fail": 3}), message_id="mixed")
+    await ran(clock, "mixed", 4)
+    assert clock.attempts("mixed") == [1, 2, 3, 4]
+    gaps = clock.gaps("mixed")
+    assert 0.2 <= gaps[0] <= 1.2
+    assert 1.5 <= gaps[1] <= 2.5
+    assert 0.2 <= gaps[2] <= 1.2
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_an_explicit_ladder_sets_each_tier_and_the_budget(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
+) -> None:
+    """RICOCHET_RETRY_DELAYS_MS=100,1200,100: three tiers waiting those delays, then failed."""
+    clock = Clock()
+    await start_worker(clock, queue_type=queue_type, retry_delays_ms="100,1200,100")
+    await publish(channel, queue_name, json.dumps({"fail": 9}), message_id="ladder")
+    (copy,) = await take(channel, Names(queue_name).failed, 1)
+    assert copy.headers["retry-count"] == 3
+    short, long, last = clock.gaps("ladder")
+    assert 0.1 <= short < 0.8
+    assert 1.2 <= long < 2.0
+    assert 0.1 <= last < 0.8
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_jitter_spreads_jobs_failing_together(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
+) -> None:
+    """200 jobs failing at once with jitter 0.5 on a 2 s tier come back after 1-2 s, and the
+    10th to 90th percentile of their waits covers at least half of the 1 s spread."""
+    clock = Clock()
+    await start_worker(
+        clock, queue_type=queue_type, retry_delays_ms="2000", retry_jitter=0.5, prefetch=200
+    )
+    ids = [f"herd-{i}" for i in range(200)]
+    for message_id in ids:
+        await publish(channel, queue_name, json.dumps({"fail": 1}), message_id=message_id)
+    for message_id in ids:
+        await ran(clock, message_id, 2, timeout_s=30)
+    waits = sorted(b - a for a, b in (clock.times(m) for m in ids))
+    assert waits[0] >= 1.0
+    assert waits[-1] <= 2.0 + 0.5
+    deciles = statistics.quantiles(waits, n=10)
+    assert deciles[-1] - deciles[0] >= 0.5 * 2.0 * 0.5, deciles
+
+
+async def cancel(connection: AbstractConnection, queue: str, message_id: str) -> None:
+    await publish_cancel(connection, Names(queue), message_id)
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_a_cancelled_job_never_runs_again(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+    queue_type: str,
+) -> None:
+    """Cancelled while scheduled, in a retry tier, or waiting out a RetryLater: when it comes
+    due it is acked as cancelled, and counted; other jobs and unknown ids change nothing."""
+    clock = Clock()
+    worker = await start_worker(clock, queue_type=queue_type, retry_delays_ms="1500")
+    at = iso(time.time() + 1.5)
+    await publish(channel, queue_name, "{}", message_id="scheduled", headers={"run-at": at})
+    await publish(channel, queue_name, json.dumps({"fail": 1}), message_id="in-tier")
+    await publish(channel, queue_name, json.dumps({"later": [1.5]}), message_id="later")
+    await publish(channel, queue_name, "{}", message_id="kept", headers={"run-at": at})
+    await ran(clock, "in-tier")
+    await ran(clock, "later")
+    for message_id in ("scheduled", "in-tier", "later", "unknown"):
+        await cancel(connection, queue_name, message_id)
+    await wait_for(lambda: worker.count("cancelled") == 3, 10, "three cancelled jobs")
+    await ran(clock, "kept")
+    await asyncio.sleep(0.5)
+    assert "scheduled" not in clock.runs
+    assert clock.attempts("in-tier") == [1]
+    assert clock.attempts("later") == [1]
+    assert worker.count("failed") == 0
+
+
+async def test_a_worker_started_after_a_cancel_honours_it(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+) -> None:
+    """The cancel is made while no worker runs; a worker started afterwards drops the job."""
+    clock = Clock()
+    first = await start_worker(clock)
+    await publish(
+        channel, queue_name, "{}", message_id="late", headers={"run-at": iso(time.time() + 2.5)}
+    )
+    await publish(channel, queue_name, "{}", message_id="marker")
+    await ran(clock, "marker")
+    await first.stop()
+    await cancel(connection, queue_name, "late")
+    second = await start_worker(clock)
+    await wait_for(lambda: second.count("cancelled") == 1, 10, "the cancelled job")
+    assert "late" not in clock.runs
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_restarting_with_jitter_on_or_off_loses_and_duplicates_nothing(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+    queue_type: str,
+) -> None:
+    """Jobs waiting in a tier when a worker restarts with jitter, and in the lanes when it
+    restarts without jitter and with another ladder, each come back once; the lanes go once
+    they are empty."""
+    clock = Clock()
+    n = Names(queue_name)
+    plain = {"queue_type": queue_type, "retry_delays_ms": "1500,1500"}
+    jittered = {**plain, "retry_jitter": 0.5}
+    batches = {
+        "on": [f"on-{i}" for i in range(30)],
+        "off": [f"off-{i}" for i in range(30)],
+    }
+    for before, after, ids in (
+        (plain, jittered, batches["on"]),
+        (jittered, {"queue_type": queue_type, "retry_delays_ms": "1000"}, batches["off"]),
+    ):
+        worker = await start_worker(clock, **before)
+        for message_id in ids:
+            await publish(channel, queue_name, json.dumps({"fail": 1}), message_id=message_id)
+        for message_id in ids:
+            await ran(clock, message_id)
+        await worker.stop()
+        restarted = await start_worker(clock, **after)
+        for message_id in ids:
+            await ran(clock, message_id, 2)
+        await restarted.stop()
+    await asyncio.sleep(1)
+    for message_id in [*batches["on"], *batches["off"]]:
+        assert clock.attempts(message_id) == [1, 2], message_id
+    await start_worker(clock, queue_type=queue_type, retry_delays_ms="1000")
+    assert not await exists(connection, n.lane(1, 1))
+    assert not await exists(connection, n.tier(2))
+
+
+async def test_ricochet_cancel_drops_a_scheduled_job(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """`ricochet cancel ID` needs only the broker and the queue; the job never runs, and an
+    unknown id is accepted and changes nothing."""
+    clock = Clock()
+    worker = await start_worker(clock)
+    at = iso(time.time() + 2)
+    for message_id in ("doomed", "spared"):
+        await publish(channel, queue_name, "{}", message_id=message_id, headers={"run-at": at})
+    env = ricochet_env(make_settings(queue_name))
+    env = {k: v for k, v in env.items() if not k.startswith("RICOCHET_RETRY")}
+    for message_id in ("doomed", "never-published"):
+        done = await asyncio.to_thread(run_cli, ["cancel", message_id], env)
+        assert (done.returncode, done.stdout) == (0, f"cancelled {message_id}\n"), done.stderr
+    await ran(clock, "spared")
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    assert "doomed" not in clock.runs
+
+
+async def test_a_worker_whose_cancel_store_goes_starts_over_and_reads_it_again(
+    start_worker: StartWorker,
+    channel: AbstractChannel,
+    connection: AbstractConnection,
+    queue_name: str,
+) -> None:
+    """The cancel store deleted under a running worker: the worker does not go on unchecked; it
+    starts over (declaring the store again), and a cancel made then is honoured."""
+    clock = Clock()
+    worker = await start_worker(clock)
+    n = Names(queue_name)
+    await channel.queue_delete(n.cancels)
+    await wait_for(lambda: exists(connection, n.cancels), 20, "the cancel store declared again")
+    await wait_for(worker.worker.consuming, 20, "the worker consuming again")
+    at = iso(time.time() + 1.5)
+    await publish(channel, queue_name, "{}", message_id="after", headers={"run-at": at})
+    await cancel(connection, queue_name, "after")
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    assert "after" not in clock.runs

@@ -1,0 +1,219 @@
+"""Shaping the wait: RetryLater, run-at, ricochet's retry count, cancels, in the pure decision."""
+
+import datetime as dt
+import math
+from typing import Any
+
+import pytest
+from ricochet import RetryLater
+from ricochet.broker.cancels import CancelLog
+from ricochet.delivery.retry import (
+    Action,
+    Decision,
+    FailureKind,
+    Outcome,
+    decide,
+    parse_run_at,
+    read_facts,
+)
+from ricochet.headers import RETRIES
+
+NOW = dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("after", "seconds"),
+    [(1, 1.0), (0.25, 0.25), (86_400, 86_400.0), (dt.timedelta(minutes=2), 120.0)],
+)
+def test_retry_later_takes_seconds_or_a_timedelta(after: Any, seconds: float) -> None:
+    """RetryLater(after): seconds as int or float, or a timedelta."""
+    assert RetryLater(after).after_s == seconds
+    assert str(RetryLater(after, "rate limited")) == "rate limited"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [0, -1, 86_400.5, dt.timedelta(days=2), dt.timedelta(0), math.nan, math.inf, True, "5", None],
+)
+def test_retry_later_out_of_range(after: Any) -> None:
+    """0 < after <= 86,400 s, else ValueError before anything happens."""
+    with pytest.raises(ValueError, match="RetryLater after="):
+        RetryLater(after)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2026-11-24T12:00:05Z", NOW + dt.timedelta(seconds=5)),
+        ("2026-11-24T13:00:05+01:00", NOW + dt.timedelta(seconds=5)),
+        ("2026-11-24T12:00:05.250000+00:00", NOW + dt.timedelta(seconds=5.25)),
+        (dt.datetime(2026, 11, 24, 12, 0, 5), NOW + dt.timedelta(seconds=5)),  # AMQP timestamp
+        ("2026-11-24T12:00:05", None),  # no offset: whose noon?
+        ("tomorrow", None),
+        ("", None),
+        (b"2026-11-24T12:00:05Z", None),
+        (1764000000, None),
+    ],
+)
+def test_run_at_is_iso_8601_with_an_offset(value: Any, expected: dt.datetime | None) -> None:
+    """run-at: an ISO-8601 date-time with a UTC offset or Z; anything else cannot be read."""
+    assert parse_run_at(value) == expected
+
+
+def facts(
+    headers: dict[str, Any],
+    *,
+    routing_key: str = "jobs",
+    cancelled: bool = False,
+    max_retries: int = 3,
+) -> Any:
+    key_tier = (
+        int(routing_key.rsplit(".", 1)[1]) if routing_key.startswith("jobs.attempt.") else None
+    )
+    return read_facts(
+        headers,
+        redelivered=False,
+        routing_key=routing_key,
+        from_tier=key_tier is not None,
+        queue="jobs",
+        max_retries=max_retries,
+        type_max_retries=None,
+        key_tier=key_tier,
+        cancelled=cancelled,
+        now=NOW,
+    )
+
+
+def rejected(count: int) -> dict[str, Any]:
+    return {"x-death": [{"queue": "jobs", "reason": "rejected", "count": count}]}
+
+
+@pytest.mark.parametrize(
+    ("headers", "routing_key", "cancelled", "outcome", "decision"),
+    [
+        # A schedule ahead waits for it, spending nothing; a past or present one runs.
+        (
+            {"run-at": "2026-11-24T12:00:05Z"},
+            "jobs",
+            False,
+            None,
+            Decision(Action.DELAY, delay_ms=5000, retries=0),
+        ),
+        (
+            {"run-at": "2026-11-24T12:00:00.0001Z"},
+            "jobs",
+            False,
+            None,
+            Decision(Action.DELAY, delay_ms=1, retries=0),
+        ),
+        ({"run-at": "2026-11-24T12:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
+        ({"run-at": "2020-01-01T00:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
+        # One that cannot be read fails for good at once.
+        ({"run-at": "soon"}, "jobs", False, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        # Cancelled: dropped when it comes due, whatever else it says.
+        ({}, "jobs", True, None, Decision(Action.CANCEL)),
+        ({**rejected(2)}, "jobs.attempt.2", True, None, Decision(Action.CANCEL)),
+        ({"run-at": "soon"}, "jobs", True, None, Decision(Action.CANCEL)),
+        # RetryLater spends an attempt and waits its time; the copy carries the retries made.
+        ({}, "jobs", False, Outcome.LATER, Decision(Action.DELAY, delay_ms=1500, retries=1)),
+        (
+            {**rejected(2)},
+            "jobs.attempt.2",
+            False,
+            Outcome.LATER,
+            Decision(Action.DELAY, delay_ms=1500, retries=3),
+        ),
+        # ... and with no attempt left it fails as exhausted.
+        (
+            {**rejected(3)},
+            "jobs.attempt.3",
+            False,
+            Outcome.LATER,
+            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+        ),
+        (
+            {RETRIES: 3},
+            "0.1.0",
+            False,
+            Outcome.LATER,
+            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+        ),
+        # Back from the delays with retries made: its key leads to tier 1, so a copy goes to its
+        # own tier; once a tier sent it back, its key leads right again and a nack does.
+        (
+            {RETRIES: 1},
+            "0.1.0",
+            False,
+            Outcome.TRANSIENT,
+            Decision(Action.RETRY_BY_COPY, tier=2, retries=2),
+        ),
+        (
+            {RETRIES: 2},
+            "jobs.attempt.2",
+            False,
+            Outcome.TRANSIENT,
+            Decision(Action.RETRY, tier=3),
+        ),
+        (
+            {RETRIES: 1, **rejected(1)},
+            "jobs.attempt.2",
+            False,
+            Outcome.TRANSIENT,
+            Decision(Action.RETRY, tier=3),
+        ),
+        ({RETRIES: 1}, "0.1.0", False, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        # A fresh scheduled job back from the delays retries by nack, into tier 1.
+        (
+            {"run-at": "2026-11-24T11:59:00Z"},
+            "0.1.0",
+            False,
+            Outcome.TRANSIENT,
+            Decision(Action.RETRY, tier=1),
+        ),
+    ],
+)
+def test_decisions_of_the_wait(
+    headers: dict[str, Any],
+    routing_key: str,
+    cancelled: bool,
+    outcome: Outcome | None,
+    decision: Decision,
+) -> None:
+    """Schedules, cancels and RetryLater in the decision table."""
+    later_ms = 1500 if outcome is Outcome.LATER else None
+    found = facts(headers, routing_key=routing_key, cancelled=cancelled)
+    assert decide(found, outcome, later_ms) == decision
+
+
+@pytest.mark.parametrize(
+    ("headers", "attempt"),
+    [
+        ({}, 1),
+        ({RETRIES: 2}, 3),
+        ({RETRIES: 2, **rejected(1)}, 4),
+        ({RETRIES: "2"}, 1),  # not ricochet's: ignored
+        ({RETRIES: -1}, 1),
+        ({RETRIES: True}, 1),
+    ],
+)
+def test_attempt_counts_retries_before_and_since_a_copy(
+    headers: dict[str, Any], attempt: int
+) -> None:
+    """Attempt = 1 + the retries a copy carries + the broker's count since it was published."""
+    routing_key = "jobs.attempt.1" if "x-death" in headers else "jobs"
+    assert facts(headers, routing_key=routing_key).attempt == attempt
+
+
+def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:
+    """Memory stays bounded: a cancel older than the kept time is dropped (and one read that
+    old is never kept)."""
+    log = CancelLog(kept_s=100)
+    log.add("a", at_s=0, now_s=10)
+    log.add("b", at_s=50, now_s=60)
+    log.add("old", at_s=0, now_s=140)
+    assert "a" not in log
+    assert "old" not in log
+    assert "b" in log
+    log.add("a", at_s=140, now_s=150)
+    log.prune(now_s=170)
+    assert ("a" in log, "b" in log, len(log)) == (True, False, 1)
