@@ -68,8 +68,10 @@ async def test_status_monitor_and_doctor_read_the_declared_tiers(
 
     doctor = run_cli(["doctor", "--json"], bare_env(queue_name, **management_env()))
     checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
-    # No worker consumes in this test: that check fails, and no other.
-    assert [name for name, c in checks.items() if c["status"] == "fail"] == ["consumers"]
+    # No worker consumes in this test: that check may fail (or warn while the management API
+    # has no figures yet for the new queue), and no other.
+    assert {name for name, c in checks.items() if c["status"] == "fail"} <= {"consumers"}
+    assert checks["stale tiers"]["status"] == "ok", checks["stale tiers"]
 
 
 def management_env() -> dict[str, str]:
