@@ -41,7 +41,7 @@ test: install tools lint lint-docker typecheck  ## lint, type-check, then every 
 # broker: make test runs them once.
 BROKERS ?= local trixie sid
 BROKER_TESTS ?= tests/integration tests/faults/test_process_faults.py tests/faults/test_fuzz.py \
-	tests/faults/test_failed_queue_faults.py \
+	tests/faults/test_failed_queue_faults.py tests/faults/test_wait_faults.py \
 	--ignore=tests/integration/test_alert_rules.py --ignore=tests/integration/test_install.py
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
 	scripts/brokers.sh start $(BROKERS)
