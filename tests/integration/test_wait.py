@@ -15,6 +15,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job, RetryLater
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.topology import Names
+from ricochet.worker.session import State
 
 from tests.support import (
     StartWorker,
@@ -346,7 +347,7 @@ async def test_a_worker_whose_cancel_store_goes_starts_over_and_reads_it_again(
     n = Names(queue_name)
     await channel.queue_delete(n.cancels)
     await wait_for(lambda: exists(connection, n.cancels), 20, "the cancel store declared again")
-    await wait_for(worker.worker.consuming, 20, "the worker consuming again")
+    await wait_for(lambda: worker.worker.state is State.CONSUMING, 20, "the worker consuming again")
     at = iso(time.time() + 1.5)
     await publish(channel, queue_name, "{}", message_id="after", headers={"run-at": at})
     await cancel(connection, queue_name, "after")

@@ -8,7 +8,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "app" / "ricochet"
 # Bottom to top; a module may import from its own layer and the layers below it.
 LAYERS = [
-    {"errors", "headers", "log", "settings", "tracing"},
+    {"backoff", "errors", "headers", "log", "settings", "tracing"},
     {"broker"},
     {"delivery"},
     {"handlers"},

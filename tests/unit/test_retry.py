@@ -14,7 +14,6 @@ from ricochet.delivery.retry import (
     decide,
     max_attempts,
     read_facts,
-    runs_alone,
 )
 
 
@@ -253,21 +252,19 @@ def test_unreadable_properties_are_a_fact() -> None:
         ({"x-acquired-count": 8}, True, 2, False),
     ],
 )
-def test_runs_alone(
-    headers: dict[str, object], redelivered: bool, retries: int, alone: bool
-) -> None:
+def test_alone(headers: dict[str, object], redelivered: bool, retries: int, alone: bool) -> None:
     """A redelivery the broker counts returned more than once beyond the job's own retries, and
     not yet poison, runs alone; one returned once, or with no count, runs beside others."""
     if retries:
         headers = {**headers, "x-death": [death(count=retries)]}
-    assert runs_alone(headers, redelivered=redelivered, from_tier=True, queue="jobs") is alone
+    assert facts(headers, redelivered=redelivered).alone is alone
 
 
 def test_forged_death_never_runs_alone() -> None:
     """A delivery whose x-death a publisher forged is cleaned without running its handler: it
     needs no room, whatever its count."""
     forged = {"x-death": "not a list", "x-delivery-count": 3}
-    assert not runs_alone(forged, redelivered=True, from_tier=True, queue="jobs")
+    assert not facts(forged, redelivered=True).alone
 
 
 FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")

@@ -6,15 +6,9 @@ import socket
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_delay,
-    stop_never,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, stop_after_delay, stop_never, wait_exponential_jitter
 
+from ricochet.backoff import backoff
 from ricochet.broker.amqp import read_properties_leniently
 from ricochet.errors import BrokerUnavailable
 from ricochet.log import redact
@@ -48,12 +42,11 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
     connection would come back to every worker, forever.
     """
     read_properties_leniently()
-    retrying = AsyncRetrying(
-        stop=stop_never if timeout_s is None else stop_after_delay(timeout_s),
+    retrying = backoff(
+        _UNREACHABLE,
+        _log_attempt,
         wait=wait_exponential_jitter(multiplier=0.2, max=5),
-        retry=retry_if_exception_type(_UNREACHABLE),
-        before_sleep=_log_attempt,
-        reraise=True,
+        stop=stop_never if timeout_s is None else stop_after_delay(timeout_s),
     )
     try:
         connection: AbstractConnection = await retrying(

@@ -16,8 +16,9 @@ import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from aio_pika.exceptions import DeliveryError, PublishError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+from tenacity import RetryCallState, wait_exponential_jitter
 
+from ricochet.backoff import backoff
 from ricochet.broker.amqp import refusal
 from ricochet.errors import MissingQueue
 
@@ -102,13 +103,10 @@ async def publish_until_confirmed(
         await publish_confirmed(exchange, message, routing_key)
     except DeliveryError:
         # Rare, so the retry machinery waits until it is needed (bench/README.md, failure path).
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(DeliveryError),
-            wait=wait_exponential_jitter(
-                multiplier=UNCONFIRMED_FIRST_WAIT_S, max=UNCONFIRMED_MAX_WAIT_S
-            ),
-            before_sleep=_log_unconfirmed,
-        ):
+        wait = wait_exponential_jitter(
+            multiplier=UNCONFIRMED_FIRST_WAIT_S, max=UNCONFIRMED_MAX_WAIT_S
+        )
+        async for attempt in backoff(DeliveryError, _log_unconfirmed, wait=wait):
             with attempt:
                 await publish_confirmed(exchange, message, routing_key)
 

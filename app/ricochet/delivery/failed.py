@@ -244,13 +244,6 @@ def failed_copy(
     return FailedCopy(copy, log_fields)
 
 
-def cleaned_copy(delivery: Delivery) -> aio_pika.Message:
-    """The copy of a delivery without the broker's dead-letter headers (a forged x-death)."""
-    return copy_of(
-        delivery.body, delivery.properties(COPIED_PROPERTIES), copied_headers(delivery.headers)
-    )
-
-
 def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
     """The copy of a job that ricochet publishes again to wait or to reach its tier: without
     the broker's dead-letter headers (RabbitMQ 4 would drop them anyway), with the retries it

@@ -13,7 +13,7 @@ from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
 # A redelivery returned more often than this may be the job that cut its worker off: it runs
-# with nothing else unacked beside it (see runs_alone).
+# with nothing else unacked beside it (see read_facts).
 SUSPECT_RETURNS = 1
 
 
@@ -76,6 +76,8 @@ class Facts(NamedTuple):
     bad_run_at: bool = False
     # Whether a nack sends it to the tier of its attempt: its routing key says so.
     keyed_for_tier: bool = True
+    # Whether it must run with no other delivery of its worker unacked beside it (see read_facts).
+    alone: bool = False
 
 
 def job_type(amqp_type: str | None, body: bytes) -> str | None:
@@ -202,24 +204,6 @@ def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime) -> tuple[int | None
     return (ahead_ms if ahead_ms > 0 else None), False
 
 
-def runs_alone(
-    headers: Mapping[str, Any], *, redelivered: bool, from_tier: bool, queue: str
-) -> bool:
-    """Whether a delivery must run with no other delivery of its worker unacked beside it.
-
-    The broker counts a return against every delivery that is unacked when a worker dies, so a
-    job that crashes its worker raises the count of every job held beside it. A job returned
-    once was most likely cut off with the others (a dropped connection, a redeploy) and runs
-    beside them. One returned more often may be the job that crashes its worker: it runs alone,
-    each time, until it succeeds or the poison limit fails it. A poison or forged delivery is
-    settled without running its handler, and without a count nothing can be judged poison: none
-    of those is held back.
-    """
-    forged, rejection = _read_death(headers, queue, from_tier)
-    returns = _returns(headers, redelivered, _retries(rejection))
-    return not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES
-
-
 def read_facts(
     headers: Mapping[str, Any],
     *,
@@ -247,6 +231,14 @@ def read_facts(
     A job ricochet published again carries the retries it had made (the RETRIES header:
     RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
     routing key leads to the tier of its next retry only once a tier sent it back.
+
+    alone: the broker counts a return against every delivery that is unacked when a worker
+    dies, so a job that crashes its worker raises the count of every job held beside it. A job
+    returned once was most likely cut off with the others (a dropped connection, a redeploy)
+    and runs beside them. One returned more often may be the job that crashes its worker: it
+    runs alone, each time, until it succeeds or the poison limit fails it. A poison or forged
+    delivery is settled without running its handler, and without a count nothing can be judged
+    poison: none of those is held back.
     """
     forged, rejection = _read_death(headers, queue, from_tier)
     rejections = _retries(rejection)
@@ -265,6 +257,7 @@ def read_facts(
         due_in_ms=due_in_ms,
         bad_run_at=bad_run_at,
         keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),
+        alone=not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES,
     )
 
 

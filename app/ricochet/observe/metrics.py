@@ -5,6 +5,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ricochet.delivery.events import Settled
+from ricochet.delivery.retry import Action, Outcome
+
 
 class Metrics:
     """The counters ricochet exports on /metrics."""
@@ -140,7 +143,9 @@ class Metrics:
 
 
 class QueueMetrics:
-    """The job metrics of one queue, resolved once: labels() costs a lock and a lookup a call."""
+    """The job metrics of one queue, kept as an observer of its worker's handler calls and
+    settlements (ricochet.delivery.events); resolved once: labels() costs a lock and a lookup a
+    call."""
 
     def __init__(self, metrics: Metrics, queue: str) -> None:
         self._metrics = metrics
@@ -150,27 +155,34 @@ class QueueMetrics:
         self._succeeded = metrics.jobs.labels(queue, "succeeded")
         self._retried = metrics.jobs.labels(queue, "retried")
         self._failed = metrics.jobs.labels(queue, "failed")
-        self.cancelled = metrics.jobs.labels(queue, "cancelled")
+        self._cancelled = metrics.jobs.labels(queue, "cancelled")
 
-    def succeeded_on(self, attempt: int) -> None:
-        self._succeeded.inc()
-        self._metrics.count_attempt(attempt, "succeeded")
+    def attempted(self, outcome: Outcome, seconds: float) -> None:
+        """A handler call ended: how long it took."""
+        self.duration.observe(seconds)
 
-    def retried_in(self, tier: int) -> None:
-        """A job sent to tier k failed on its attempt k."""
-        self._retried.inc()
-        self._metrics.retries.labels(self._queue, str(tier)).inc()
-        self._metrics.count_attempt(tier, "retried")
-
-    def retried_later(self, attempt: int) -> None:
-        """A job asked to wait before its next attempt (RetryLater) on this attempt."""
-        self._retried.inc()
-        self._metrics.count_attempt(attempt, "retried")
-
-    def failed_as(self, kind: str, attempt: int) -> None:
-        self._failed.inc()
-        self._metrics.failed.labels(self._queue, kind).inc()
-        self._metrics.count_attempt(attempt, "failed")
+    def settled(self, event: Settled) -> None:
+        """A delivery settled: what became of its attempt, counted (a job cleaned of a forged
+        header, or sent to wait for its run-at, made no attempt)."""
+        decision, attempt = event.decision, event.facts.attempt
+        action = decision.action
+        if action is Action.ACK:
+            self._succeeded.inc()
+            self._metrics.count_attempt(attempt, "succeeded")
+        elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
+            # A job sent to tier k failed on its attempt k.
+            self._retried.inc()
+            self._metrics.retries.labels(self._queue, str(decision.tier)).inc()
+            self._metrics.count_attempt(attempt, "retried")
+        elif action is Action.DELAY and event.failure is not None:  # a RetryLater
+            self._retried.inc()
+            self._metrics.count_attempt(attempt, "retried")
+        elif action is Action.FAIL:
+            self._failed.inc()
+            self._metrics.failed.labels(self._queue, str(decision.kind)).inc()
+            self._metrics.count_attempt(attempt, "failed")
+        elif action is Action.CANCEL:
+            self._cancelled.inc()
 
 
 def _or_nan(value: float | None) -> float:

@@ -12,14 +12,9 @@ from typing import Any
 
 import aiohttp
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, stop_after_attempt, wait_exponential_jitter
 
+from ricochet.backoff import backoff
 from ricochet.log import url_host
 from ricochet.observe.alerts import JOB_FAILED
 from ricochet.observe.metrics import Metrics
@@ -121,12 +116,8 @@ class Webhook:
 
     async def _deliver(self, session: aiohttp.ClientSession, alert: dict[str, Any]) -> None:
         assert self._url is not None
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(ATTEMPTS),
-            wait=self._wait,
-            retry=retry_if_exception_type(_UNDELIVERED),
-            before_sleep=self._log_retry,
-            reraise=True,
+        retrying = backoff(
+            _UNDELIVERED, self._log_retry, wait=self._wait, stop=stop_after_attempt(ATTEMPTS)
         )
         try:
             async for attempt in retrying:

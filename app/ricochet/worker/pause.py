@@ -1,11 +1,17 @@
-"""Pausing on failure spikes (pure): when most jobs fail transiently, their dependency is
-probably down, and retrying them only spends their budgets.
+"""Pausing on failure spikes: when most jobs fail transiently, their dependency is probably
+down, and retrying them only spends their budgets.
 
-The clock is passed in, so every decision is a function of its inputs and is tested with tables.
+The decision is pure: the clock is passed in, so it is a function of its inputs and is tested
+with tables. PauseWatch observes the worker's handler calls and asks for the pause.
 """
 
+import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass
+
+from ricochet.delivery.events import Settled
+from ricochet.delivery.retry import Outcome
 
 
 @dataclass(frozen=True)
@@ -57,3 +63,33 @@ def pause_ratio(policy: PausePolicy, finished: int, failed: int) -> float | None
         return None
     ratio = failed / finished
     return ratio if ratio >= policy.failure_ratio else None
+
+
+class PauseWatch:
+    """Counts every handler call in the window, and sets `due` when too many failed."""
+
+    def __init__(self, policy: PausePolicy) -> None:
+        self.policy = policy
+        self._failures = FailureWindow(policy.window_s)
+        self.due = asyncio.Event()  # set from the request until the pause ends
+        self.ratio = 0.0  # the share of failures that asked for it
+
+    def attempted(self, outcome: Outcome, seconds: float) -> None:
+        if not self.policy.enabled:
+            return
+        now = time.monotonic()
+        self._failures.record(now, outcome is Outcome.TRANSIENT)
+        if self.due.is_set():
+            return
+        ratio = pause_ratio(self.policy, *self._failures.counts(now))
+        if ratio is not None:
+            self.ratio = ratio
+            self.due.set()
+
+    def settled(self, event: Settled) -> None:
+        pass  # what counts is how the handler call ended
+
+    def ended(self) -> None:
+        """The pause is over: the failures before it must not trigger the next."""
+        self.due.clear()
+        self._failures.clear()

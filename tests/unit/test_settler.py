@@ -5,8 +5,9 @@ import asyncio
 import aio_pika
 import pytest
 from aio_pika.exceptions import ChannelInvalidStateError
-from ricochet.worker.acks import plan_acks
-from ricochet.worker.subscription import Subscription
+from ricochet.broker.topology import Names
+from ricochet.delivery.retry import Action, Decision, Facts
+from ricochet.worker.settler import Settler, plan_acks
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ class _Delivery:
 
     def __init__(self, tag: int, acked: list[tuple[int, bool]]) -> None:
         self.delivery_tag = tag
+        self.message_id = f"m{tag}"
         self._acked = acked
 
     async def ack(self, multiple: bool = False) -> None:
@@ -44,16 +46,16 @@ class _Delivery:
         await asyncio.Event().wait()  # a stalled socket: the nack is never written
 
 
-class _Frames:
-    def on_cancelled(self, _: object) -> None:
-        pass
-
-
 class _Channel:
-    """A channel as a subscription uses it for copies to queues: its default exchange."""
+    """A channel as a settler uses it for copies to queues: its default exchange."""
 
     def __init__(self, default: object) -> None:
         self.default_exchange = default
+
+
+FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")
+ACK = Decision(Action.ACK)
+RETRY = Decision(Action.RETRY, tier=1)
 
 
 async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
@@ -61,18 +63,18 @@ async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
     counts as running: the acks of the jobs around it never cover its delivery tag, so the job
     that failed is not settled as if it had succeeded."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), _Channel(None), 131072, 32, set())  # type: ignore[arg-type]
+    settler = Settler(_Channel(None), Names("jobs"), 131072)  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
-        subscription.acks.delivered(delivery)  # type: ignore[arg-type]
-    nack = asyncio.create_task(subscription.dead_letter(deliveries[1]))  # type: ignore[arg-type]
+        settler.delivered(delivery)  # type: ignore[arg-type]
+    nack = asyncio.create_task(settler.settle(deliveries[1], FIRST, RETRY))  # type: ignore[arg-type]
     await asyncio.sleep(0)
     nack.cancel()
     with pytest.raises(asyncio.CancelledError):
         await nack
-    subscription.ack(deliveries[0])  # type: ignore[arg-type]
-    subscription.ack(deliveries[2])  # type: ignore[arg-type]
-    await subscription.acks.drain()
+    await settler.settle(deliveries[0], FIRST, ACK)  # type: ignore[arg-type]
+    await settler.settle(deliveries[2], FIRST, ACK)  # type: ignore[arg-type]
+    await settler.drain()
     assert acked == [(1, False), (3, False)]
 
 
@@ -100,14 +102,14 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     copies of other ids go out meanwhile."""
     acked: list[tuple[int, bool]] = []
     exchange = _Exchange()
-    subscription = Subscription(_Frames(), _Channel(exchange), 131072, 32, set())  # type: ignore[arg-type]
+    settler = Settler(_Channel(exchange), Names("jobs"), 131072)  # type: ignore[arg-type]
     deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
     for delivery in deliveries:
-        subscription.acks.delivered(delivery)  # type: ignore[arg-type]
+        settler.delivered(delivery)  # type: ignore[arg-type]
     ids = ["same", "same", "other"]
     await asyncio.gather(
         *(
-            subscription.copy_then_ack(
+            settler.copy_then_ack(
                 delivery,  # type: ignore[arg-type]
                 aio_pika.Message(b"{}", message_id=message_id),
                 "jobs.failed",
@@ -116,7 +118,7 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
             for delivery, message_id in zip(deliveries, ids, strict=True)
         )
     )
-    await subscription.acks.drain()
+    await settler.drain()
     assert exchange.overlaps == []
     assert sorted(exchange.published) == sorted(
         (key, queue) for key in ids for queue in ("jobs.failed", "jobs.failed.events")
@@ -135,20 +137,20 @@ class _ClosedExchange:
 
 
 async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
-    """A subscription publishes copies on the channel its deliveries came on: once that
+    """A settler publishes copies on the channel its deliveries came on: once that
     channel is gone (a reconnect made another), the copy is not made elsewhere and the
     original is not acked, so the broker hands it to the new channel whole, with one copy and
     one alert to come, not two."""
     acked: list[tuple[int, bool]] = []
-    subscription = Subscription(_Frames(), _Channel(_ClosedExchange()), 131072, 32, set())  # type: ignore[arg-type]
+    settler = Settler(_Channel(_ClosedExchange()), Names("jobs"), 131072)  # type: ignore[arg-type]
     delivery = _Delivery(1, acked)
-    subscription.acks.delivered(delivery)  # type: ignore[arg-type]
-    copied = await subscription.copy_then_ack(
+    settler.delivered(delivery)  # type: ignore[arg-type]
+    copied = await settler.copy_then_ack(
         delivery,  # type: ignore[arg-type]
         aio_pika.Message(b"{}", message_id="m"),
         "jobs.failed",
         notify="jobs.failed.events",
     )
-    await subscription.acks.drain()
+    await settler.drain()
     assert copied is False
     assert acked == []

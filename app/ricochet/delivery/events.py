@@ -1,0 +1,32 @@
+"""What a worker tells its observers (metrics, the job's log lines, the pause window): that a
+handler call ended, and that a delivery was settled."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ricochet.delivery.failed import Failure
+from ricochet.delivery.retry import Decision, Facts, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A delivery the broker has taken back: acked, nacked into its tier, or acked after its
+    copy (failed, cleaned, delayed) was confirmed."""
+
+    message_id: str | None
+    facts: Facts
+    decision: Decision
+    failure: Failure | None = None
+    # The "job failed" line's fields, when it went to the failed queue.
+    failed_fields: Mapping[str, Any] | None = None
+
+
+class Observer(Protocol):
+    """Sees every handler call and every settled delivery; never changes what happens."""
+
+    def attempted(self, outcome: Outcome, seconds: float) -> None:
+        """A handler call ended (how, how long it took)."""
+
+    def settled(self, event: Settled) -> None:
+        """A delivery was settled; a channel lost first settles nothing and tells nothing."""

@@ -1,0 +1,214 @@
+"""One channel's settling: every delivery taken on a channel is settled there, once, by
+Settler.settle, and its observers are told.
+
+A settler is made anew on every channel, so nothing of a lost one (its delivery tags, acks
+still pending) reaches the next. Acks are coalesced: one ack with multiple=True for the
+finished deliveries below the oldest one still running, a single ack for each finished one
+above it.
+"""
+
+import asyncio
+import datetime as dt
+from collections.abc import Collection, Sequence
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractExchange
+from aio_pika.exceptions import DeliveryError
+
+from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, refusal
+from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
+from ricochet.broker.topology import Names, delay_key
+from ricochet.delivery.events import Observer, Settled
+from ricochet.delivery.failed import Failure, counted_copy, failed_copy
+from ricochet.delivery.retry import Action, Decision, Facts
+
+log = structlog.get_logger("ricochet.settler")
+
+
+def plan_acks(running: Collection[int], finished: Collection[int]) -> tuple[int | None, list[int]]:
+    """(the tag to ack with multiple=True, or None; the tags to ack one by one).
+
+    A multiple ack settles every unsettled delivery up to its tag, so it may only reach below
+    the oldest delivery still running. A finished job above that one is acked on its own rather
+    than kept waiting, so that a slow job does not hold the prefetch window shut.
+    """
+    oldest_running = min(running, default=None)
+    below = [t for t in finished if oldest_running is None or t < oldest_running]
+    above = sorted(t for t in finished if oldest_running is not None and t > oldest_running)
+    if len(below) > 1:
+        return max(below), above
+    return None, sorted(below) + above
+
+
+class Settler:
+    """Settles the deliveries of one channel with publisher confirms, as their decision says.
+
+    A delivery counts as running from its arrival (delivered) until it is acked or its nack is
+    written: a nack not yet written must never be overtaken by a multiple ack.
+    """
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        names: Names,
+        frame_max: int,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self._channel = channel
+        # Copies to queues go straight to them: a confirm then means that very queue took it.
+        self._default = channel.default_exchange
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._copying = OnePerMessageId()
+        self._names = names
+        self.frame_max = frame_max
+        self._observers = observers
+        self._running: set[int] = set()
+        self._finished: dict[int, Delivery] = {}
+        self._flushing: asyncio.Task[None] | None = None
+
+    def delivered(self, delivery: Delivery) -> None:
+        """The delivery arrived: no multiple ack may reach it until it is settled."""
+        self._running.add(delivery.delivery_tag)
+
+    async def settle(
+        self,
+        delivery: Delivery,
+        facts: Facts,
+        decision: Decision,
+        failure: Failure | None = None,
+    ) -> None:
+        """Carry out the decision, then tell the observers; a channel that closes first settles
+        nothing (the broker hands the delivery back) and tells nothing."""
+        action = decision.action
+        failed_fields = None
+        if action is Action.ACK or action is Action.CANCEL:
+            self._ack_soon(delivery)
+        elif action is Action.RETRY:
+            if not await self._dead_letter(delivery):
+                return
+        elif action is Action.FAIL:
+            assert decision.kind is not None
+            failed = failed_copy(
+                delivery,
+                facts,
+                failure,
+                decision.kind,
+                queue=self._names.queue,
+                frame_max=self.frame_max,
+                now=dt.datetime.now(dt.UTC),
+            )
+            names = self._names
+            if not await self.copy_then_ack(
+                delivery, failed.message, names.failed, notify=names.events
+            ):
+                return
+            failed_fields = failed.log_fields
+        else:
+            copy, key, exchange = self._copy(delivery, decision)
+            if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
+                return
+        event = Settled(delivery.message_id, facts, decision, failure, failed_fields)
+        for observer in self._observers:
+            observer.settled(event)
+
+    def _copy(self, delivery: Delivery, decision: Decision) -> tuple[aio_pika.Message, str, str]:
+        """(copy, routing key, exchange) of a job published again: cleaned of a forged x-death
+        back to its queue; or with the retries it made, to the delays until it is due (its
+        run-at, or a RetryLater), or to the route of its tier (a retry after it came back from
+        the delays, whose routing key does not lead there)."""
+        # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue
+        # or lose the message), so that job comes back as a clean first attempt instead.
+        copy = counted_copy(delivery, decision.retries or 0)
+        if decision.action is Action.SANITIZE:
+            return copy, self._names.queue, ""
+        if decision.action is Action.DELAY:
+            assert decision.delay_ms is not None
+            return copy, delay_key(decision.delay_ms), self._names.delay_entry
+        assert decision.tier is not None
+        return copy, self._names.attempt_key(decision.tier - 1), self._names.dlx
+
+    async def _dead_letter(self, delivery: Delivery) -> bool:
+        """Nack without requeue (the queue dead-letters it); False if the channel closed first."""
+        try:
+            await delivery.dead_letter()
+        except CONNECTION_ERRORS:
+            log.warning("job not settled: channel closed, the broker delivers it again")
+            return False
+        # Only now, with the nack written, may a multiple ack pass it; a nack cancelled before
+        # that keeps its tag held back for as long as the channel lives.
+        self._running.discard(delivery.delivery_tag)
+        return True
+
+    async def copy_then_ack(
+        self,
+        delivery: Delivery,
+        copy: aio_pika.Message,
+        routing_key: str,
+        *,
+        exchange: str = "",
+        notify: str | None = None,
+    ) -> bool:
+        """Publish the copy (to a queue by name, or through an exchange) until it is confirmed,
+        then a second copy to the notify queue (if any), then ack the original; False if the
+        channel closed first (the broker hands the original back).
+
+        The original stays unacked while the copy is refused: a requeue would raise its delivery
+        count until the job looked like poison and lost its real reason. A notify queue that
+        refuses its copy costs a notice, never the job.
+        """
+        try:
+            target = await self._exchange(exchange)
+            async with self._copying.alone(copy.message_id):
+                await publish_until_confirmed(target, copy, routing_key)
+                if notify is not None:
+                    await self._notify(copy, notify)
+        except CONNECTION_ERRORS as error:
+            log.warning(
+                "copy not published: channel closed, the job stays in the queue", error=str(error)
+            )
+            return False
+        self._ack_soon(delivery)
+        return True
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if not name:
+            return self._default
+        if name not in self._exchanges:
+            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
+        return self._exchanges[name]
+
+    async def _notify(self, copy: aio_pika.Message, queue: str) -> None:
+        try:
+            await publish_confirmed(self._default, copy, queue)
+        except DeliveryError as error:
+            log.error("failure not announced", queue=queue, broker_said=refusal(error))
+
+    def _ack_soon(self, delivery: Delivery) -> None:
+        """Ack the delivery together with the others that finish in the same loop turn."""
+        self._running.discard(delivery.delivery_tag)
+        self._finished[delivery.delivery_tag] = delivery
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    async def drain(self) -> None:
+        """Send every ack still pending (before the channel closes)."""
+        if self._flushing is not None:
+            await asyncio.wait({self._flushing})
+        await self._flush()
+
+    async def _flush(self) -> None:
+        while self._finished:
+            finished, self._finished = self._finished, {}
+            multiple, singles = plan_acks(self._running, finished)
+            try:
+                if multiple is not None:
+                    await finished[multiple].ack(multiple=True)
+                for tag in singles:
+                    await finished[tag].ack()
+            except CONNECTION_ERRORS:
+                log.warning(
+                    "jobs not acked: channel closed, the broker delivers them again",
+                    jobs=len(finished),
+                )
+                return
