@@ -37,6 +37,16 @@ def carrier(headers: Mapping[str, Any]) -> dict[str, str]:
     return text
 
 
+def wanted(headers: Mapping[str, Any]) -> bool:
+    """Whether a span can matter: a tracer provider is configured, or the headers carry a trace
+    to pass on. Otherwise the API's proxy would make a span that records nothing and has no
+    context to pass on, at the cost of most of what tracing costs when it is off."""
+    return ENABLED and (
+        TRACEPARENT in headers
+        or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    )
+
+
 def parent(headers: Mapping[str, Any]) -> "Context":
     """The trace context a job's headers carry."""
     return propagate.extract(carrier(headers))
@@ -47,7 +57,7 @@ def publish_span(queue: str, message_id: str, headers: MutableMapping[str, Any])
     """A producer span around publishing a job, its context injected into the headers.
 
     A traceparent the caller put in the headers is kept: the span becomes its child instead."""
-    if not ENABLED:
+    if not wanted(headers):
         yield
         return
     explicit = TRACEPARENT in headers

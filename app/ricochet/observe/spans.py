@@ -33,8 +33,8 @@ def attempt_span(queue: str, job: Job) -> Iterator[Any]:
     """A consumer span around one attempt of a job and its settling, a child of the context in
     its headers.
 
-    Yields the span (None without OpenTelemetry) for record_outcome() and settle_span()."""
-    if not tracing.ENABLED:
+    Yields the span (None when there is none to make) for record_outcome() and settle_span()."""
+    if not tracing.wanted(job.headers):
         yield None
         return
     span = tracing.TRACER.start_span(
