@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import aio_pika
@@ -37,17 +38,20 @@ class CancelLog:
 
     def __init__(self, kept_s: float) -> None:
         self._kept_s = kept_s
-        self._at: dict[str, float] = {}  # message_id -> cancelled at (epoch seconds)
+        # message_id -> cancelled at (epoch seconds). An OrderedDict: taking its oldest is O(1),
+        # where a dict's first item is found past the slots its deletions left behind.
+        self._at: OrderedDict[str, float] = OrderedDict()
 
     def add(self, message_id: str, at_s: float, now_s: float) -> None:
         """Record a cancel, forgetting those past the kept time."""
         self.prune(now_s)
         if now_s - at_s < self._kept_s:
-            self._at.pop(message_id, None)  # inserted again at the end: the order stays by time
             self._at[message_id] = at_s
+            self._at.move_to_end(message_id)  # a cancel made again: the order stays by time
 
     def prune(self, now_s: float) -> None:
-        for message_id, at_s in list(self._at.items()):
+        while self._at:
+            message_id, at_s = next(iter(self._at.items()))
             if now_s - at_s < self._kept_s:
                 break
             del self._at[message_id]
