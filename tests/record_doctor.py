@@ -18,7 +18,7 @@ from typing import Any
 import aio_pika
 from ricochet.broker.topology import TTL, declare, plan
 from ricochet.ops.doctor import read_state
-from ricochet.ops.versions import broker_version
+from ricochet.ops.versions import reported_version
 from ricochet.settings import Settings
 
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
@@ -41,7 +41,7 @@ async def record(settings: Settings, name: str) -> None:
     state = await read_state(BROKER.management_url, BROKER.amqp_url, plan(settings))
     used = settings.model_dump(include={"queue", "max_retries", "alert_failed_threshold"})
     answers = {"settings": used, "state": asdict(state)}
-    version = broker_version(state.overview)
+    version = reported_version(state.overview)
     assert version is not None, state.overview
     path = DATA / f"doctor_{name}_{version[0]}.{version[1]}.json"
     path.write_text(json.dumps(answers, indent=1, sort_keys=True) + "\n")

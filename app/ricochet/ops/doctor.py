@@ -27,7 +27,7 @@ from ricochet.ops.checks import (
     unwanted_binding_check,
 )
 from ricochet.ops.policies import policy_check
-from ricochet.ops.versions import broker_version, version_check
+from ricochet.ops.versions import reported_version, version_check
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.doctor")
@@ -80,7 +80,7 @@ async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerSt
 def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     """Every check, in the order an operator reads them, against the plan for the broker's
     version (pure)."""
-    version = broker_version(state.overview)
+    version = reported_version(state.overview)
     p = plan(settings, version)
     return [
         version_check(state.overview, settings.queue_type),

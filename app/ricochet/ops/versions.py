@@ -11,8 +11,9 @@ def _version_text(overview: JSON) -> str:
     return str(overview.get("rabbitmq_version") or overview.get("product_version") or "")
 
 
-def broker_version(overview: JSON) -> tuple[int, ...] | None:
-    """The RabbitMQ version the API's overview reports; None when it reports none."""
+def reported_version(overview: JSON) -> tuple[int, ...] | None:
+    """The RabbitMQ version the management API's overview reports (broker.amqp.broker_version
+    reads it from a connection); None when it reports none."""
     return parse_version(_version_text(overview))
 
 
