@@ -35,8 +35,9 @@ test: install tools lint lint-docker typecheck  ## lint, type-check, then every 
 	scripts/test-broker.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The broker matrix: scripts/brokers.sh builds (once) and starts RabbitMQ 4.0 and the newest 4.x
-# in chroots beside the machine's own; each runs the integration tests and the fault tests that
-# need one node, and one line per broker names its version and the result.
+# in chroots beside the machine's own; scripts/test-matrix.sh runs the integration tests and the
+# fault tests that need one node on each at the same time, and one line per broker names its
+# version, the result and the time it took.
 # The alert rules (Prometheus's evaluation) and the locked install (pip) do not change with the
 # broker: make test runs them once.
 BROKERS ?= local trixie sid
@@ -45,15 +46,7 @@ BROKER_TESTS ?= tests/integration tests/faults/test_process_faults.py tests/faul
 	--ignore=tests/integration/test_alert_rules.py --ignore=tests/integration/test_install.py
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
 	scripts/brokers.sh start $(BROKERS)
-	@status=0; summary=""; \
-	for broker in $(BROKERS); do \
-	  version=$$(scripts/brokers.sh version $$broker); \
-	  echo "=== $$broker: RabbitMQ $$version"; \
-	  if (eval "$$(scripts/brokers.sh env $$broker)" && $(BIN)/python -m pytest $(BROKER_TESTS) $(PYTEST_ARGS)); \
-	  then result=passed; else result=FAILED; status=1; fi; \
-	  summary="$$summary$$broker: RabbitMQ $$version $$result\n"; \
-	done; \
-	printf "\n=== broker matrix\n$$summary"; exit $$status
+	scripts/test-matrix.sh "$(BROKERS)" $(BIN)/python -m pytest $(BROKER_TESTS) $(PYTEST_ARGS)
 
 # The README's Quickstart on a real Docker engine (tests/compose): scripts/engine.sh installs
 # Debian's docker.io and Compose v2 when missing, starts an engine of its own (stopped after),
