@@ -1,7 +1,8 @@
 """The pause decision: a sliding window of finished jobs, a ratio and a minimum count."""
 
 import pytest
-from ricochet.worker.pause import FailureWindow, PausePolicy, pause_ratio
+from ricochet.delivery.retry import Outcome
+from ricochet.worker.pause import FailureWindow, PausePolicy, PauseWatch, pause_ratio
 
 POLICY = PausePolicy(failure_ratio=0.8, min_jobs=10, window_s=30, pause_s=30)
 
@@ -54,3 +55,26 @@ def test_clear_forgets_every_job() -> None:
     window.clear()
     window.record(21, False)
     assert window.counts(21) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "due"),
+    [
+        ([Outcome.TRANSIENT] * 4, True),
+        ([Outcome.LATER] * 4, True),  # RetryLater fails transiently too (a 429, say)
+        ([Outcome.TRANSIENT, Outcome.LATER, Outcome.SUCCEEDED, Outcome.SUCCEEDED], True),
+        ([Outcome.PERMANENT] * 4, False),  # the job's own fault: its dependency may be fine
+        ([Outcome.SUCCEEDED, Outcome.SUCCEEDED, Outcome.SUCCEEDED, Outcome.LATER], False),
+    ],
+)
+def test_watch_asks_for_a_pause_when_most_calls_fail_transiently(
+    outcomes: list[Outcome], due: bool
+) -> None:
+    """The watch counts transient failures (RetryLater among them) against every call, and
+    asks for a pause once their share reaches the ratio over at least min_jobs calls."""
+    watch = PauseWatch(PausePolicy(failure_ratio=0.5, min_jobs=4, window_s=60, pause_s=1))
+    for outcome in outcomes:
+        watch.attempted(outcome, 0.01)
+    assert watch.due.is_set() is due
+    watch.ended()
+    assert not watch.due.is_set()

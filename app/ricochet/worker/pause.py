@@ -78,7 +78,8 @@ class PauseWatch:
         if not self.policy.enabled:
             return
         now = time.monotonic()
-        self._failures.record(now, outcome is Outcome.TRANSIENT)
+        # A RetryLater is a transient failure too: a dependency that answers "not now" (a 429).
+        self._failures.record(now, outcome is Outcome.TRANSIENT or outcome is Outcome.LATER)
         if self.due.is_set():
             return
         ratio = pause_ratio(self.policy, *self._failures.counts(now))
