@@ -4,6 +4,7 @@ import json
 from collections import Counter
 
 from aio_pika.abc import AbstractChannel
+from ricochet import RetryLater
 from ricochet.broker.topology import Names
 from ricochet.handlers.job import Job
 from structlog.typing import EventDict
@@ -34,6 +35,15 @@ class Dependency:
     async def __call__(self, job: Job) -> None:
         if not self.up:
             raise ConnectionError("dependency down")
+        self.done.append(job.message_id)
+
+
+class RateLimited(Dependency):
+    """A downstream service that answers "429, retry after 200 ms" until brought up."""
+
+    async def __call__(self, job: Job) -> None:
+        if not self.up:
+            raise RetryLater(0.2, "rate limited")
         self.done.append(job.message_id)
 
 
@@ -87,3 +97,20 @@ async def test_pausing_saves_every_job(
     [first, *_] = hook.delivered("worker.paused")
     assert first["queue"] == queue_name
     assert first["failure_ratio"] >= 0.5
+
+
+async def test_a_rate_limited_dependency_pauses_the_worker_too(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Jobs that ask to be retried later fail transiently, as RetryLater is defined: a
+    dependency that only rate-limits pauses the worker as one that is down does, and every job
+    is done once it is back."""
+    dependency = RateLimited()
+    worker = await start_worker(dependency, **LADDER, **PAUSING)
+    with readiness_at_each_log_line(lambda: worker.lifecycle.ready) as lines:
+        ids = await publish_jobs(channel, queue_name)
+        await wait_for(lambda: len(paused(lines)) >= 1, 10, "a pause")
+        dependency.up = True
+        await wait_for(lambda: Counter(dependency.done) == Counter(ids), 30, "every job done")
+    assert await depth(channel, Names(queue_name).failed) == 0
+    assert all(not line["ready"] and line["failure_ratio"] >= 0.5 for line in paused(lines))
