@@ -1,7 +1,7 @@
-"""The status table points to the way of reading failure reasons when Q.failed is not empty."""
+"""What the status and plan tables show: the hint to read failure reasons, and durations."""
 
 import pytest
-from ricochet.ops.report import QueueStatus, status_table
+from ricochet.ops.report import QueueStatus, duration, status_table
 
 
 @pytest.mark.parametrize(("failed", "hint"), [(0, False), (None, False), (3, True)])
@@ -56,3 +56,19 @@ def test_failed_show_text_has_every_part() -> None:
     assert failed_list_table([failure]).splitlines()[1].split()[:5] == [
         "m1", "mail", "permanent", "2", "2026-01-01T00:00:00",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "shown"),
+    [
+        (None, ""),
+        (90, "90ms"),
+        (1500, "1.5s"),
+        (30_000, "30s"),
+        (52_428_800, "52428.8s"),
+        (1_677_721_600, "19.42d"),  # the longest level of the delays, not 1.67772e+06s
+        (30 * 86_400_000, "30d"),
+    ],
+)
+def test_duration(delay_ms: int | None, shown: str) -> None:
+    assert duration(delay_ms) == shown

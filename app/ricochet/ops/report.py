@@ -8,6 +8,8 @@ from ricochet.delivery.failed import FailureInfo
 from ricochet.ops.failed_queue import CopyDetails
 from ricochet.ops.selection import Outcome
 
+DAY_MS = 86_400_000  # from a day on, durations are shown in days
+
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces."""
@@ -19,12 +21,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def duration(delay_ms: int | None) -> str:
-    """30000 -> '30s', 1500 -> '1.5s', 90 -> '90ms'."""
+    """30000 -> '30s', 1500 -> '1.5s', 90 -> '90ms', 1677721600 -> '19.42d' (a day or more)."""
     if delay_ms is None:
         return ""
     if delay_ms < 1000:
         return f"{delay_ms}ms"
-    return f"{delay_ms / 1000:g}s"
+    if delay_ms < DAY_MS:
+        return f"{delay_ms / 1000:g}s"
+    return f"{delay_ms / DAY_MS:.4g}d"
 
 
 def plan_table(plan: Plan) -> str:
