@@ -24,7 +24,7 @@ from ricochet.monitor.monitor import run_monitor
 from ricochet.observe.metrics import Metrics
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
-from ricochet.ops.replay import run_replay
+from ricochet.ops.replay import replay as replay_failed
 from ricochet.ops.report import (
     checks_table,
     copy_text,
@@ -40,6 +40,8 @@ from ricochet.ops.status import read_status
 from ricochet.settings import Settings, load_settings
 from ricochet.worker.worker import run_worker
 
+# A click command function, as its decorators take and give it.
+Command = Callable[..., Any]
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 
@@ -119,22 +121,49 @@ def monitor() -> None:
     _run(run_monitor(settings, Metrics(settings.queue)))
 
 
-@main.command()
-@click.option("--limit", type=click.IntRange(min=1), help="Move at most N copies.")
-@click.option("--reason", help="Only copies whose failed-reason contains TEXT.")
-@click.option("--type", "job_type", help="Only copies of this job type.")
-@click.option("--message-id", help="Only the copy (or copies) with this message id.")
-@click.option("--dry-run", is_flag=True, help="List what would move; move nothing.")
-@click.option(
+def _filters(*, kind: bool = True) -> Callable[[Command], Command]:
+    """The options that select failed copies (replay has no --kind: a copy's kind is why it
+    failed, and replay is for the jobs that may now succeed whatever it was)."""
+    options = [
+        click.option("--reason", help="Only copies whose failed-reason contains TEXT."),
+        click.option("--type", "job_type", help="Only copies of this job type."),
+        click.option("--message-id", help="Only the copy (or copies) with this message id."),
+        click.option("--limit", type=click.IntRange(min=1), help="At most N copies."),
+    ]
+    if kind:
+        options.insert(
+            2,
+            click.option(
+                "--kind",
+                type=click.Choice(["exhausted", "permanent", "poison"]),
+                help="Only copies that failed this way.",
+            ),
+        )
+
+    def decorate(fn: Command) -> Command:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+_group_by = click.option(
     "--group-by",
     type=click.Choice(["reason", "type", "kind"]),
     help="Print counts per reason, type or kind instead of one line per copy.",
 )
+
+
+@main.command()
+@_filters(kind=False)
+@click.option("--dry-run", is_flag=True, help="List what would move; move nothing.")
+@_group_by
 def replay(
-    limit: int | None,
     reason: str | None,
     job_type: str | None,
     message_id: str | None,
+    limit: int | None,
     dry_run: bool,
     group_by: str | None,
 ) -> None:
@@ -146,28 +175,16 @@ def replay(
         _with_connection(
             settings,
             "replay",
-            lambda c: run_replay(c, names, selection, limit=limit, dry_run=dry_run),
+            lambda c: under_signals(
+                lambda stop: replay_failed(
+                    c, names, selection, limit=limit, dry_run=dry_run, stop=stop
+                ),
+                names,
+                "replay",
+            ),
         )
     )
     click.echo(replay_report(result, dry_run, group_by, names.queue))
-
-
-def _filters(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that select failed copies, shared by failed list and failed discard."""
-    options = [
-        click.option("--reason", help="Only copies whose failed-reason contains TEXT."),
-        click.option("--type", "job_type", help="Only copies of this job type."),
-        click.option(
-            "--kind",
-            type=click.Choice(["exhausted", "permanent", "poison"]),
-            help="Only copies that failed this way.",
-        ),
-        click.option("--message-id", help="Only the copy (or copies) with this message id."),
-        click.option("--limit", type=click.IntRange(min=1), help="At most N copies."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
 
 
 @main.group()
@@ -179,7 +196,7 @@ def failed() -> None:
 
 
 @failed.command("list")
-@_filters
+@_filters()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead.")
 def failed_list(
     reason: str | None,
@@ -227,14 +244,10 @@ def failed_show(message_id: str, as_json: bool) -> None:
 
 
 @failed.command("discard")
-@_filters
+@_filters()
 @click.option("--dry-run", is_flag=True, help="List what would be discarded; remove nothing.")
 @click.option("--yes", is_flag=True, help="Really remove the matching copies, for good.")
-@click.option(
-    "--group-by",
-    type=click.Choice(["reason", "type", "kind"]),
-    help="Print counts per reason, type or kind instead of one line per copy.",
-)
+@_group_by
 def failed_discard(
     reason: str | None,
     job_type: str | None,

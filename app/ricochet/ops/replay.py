@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractConnection
 from ricochet.broker.topology import Names
 from ricochet.delivery.failed import FAILURE_HEADERS, copied_headers, copy_of, properties_of
 from ricochet.delivery.retry import is_int
-from ricochet.ops.scan import Copy, Removal, select, under_signals
+from ricochet.ops.scan import Copy, Removal, select
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.tracing import inject_current
 
@@ -62,19 +62,3 @@ def _replayed(copy: Copy) -> aio_pika.Message:
     headers = replayed_headers(copy.message.headers or {})
     inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
     return copy_of(copy.message.body, properties_of(copy.message), headers)
-
-
-async def run_replay(
-    connection: AbstractConnection,
-    names: Names,
-    selection: Selection,
-    *,
-    limit: int | None,
-    dry_run: bool,
-) -> Outcome:
-    """replay() under Ctrl-C: a first signal finishes the copy in hand and stops cleanly."""
-    return await under_signals(
-        lambda stop: replay(connection, names, selection, limit=limit, dry_run=dry_run, stop=stop),
-        names,
-        "replay",
-    )
