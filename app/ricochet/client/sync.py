@@ -38,10 +38,11 @@ class _Call:
     """A coroutine handed to the loop thread, and the caller's wait for its outcome: a lock the
     caller holds until the loop releases it, the cheapest wake-up one thread can give another."""
 
-    __slots__ = ("_done", "coroutine", "error", "outcome")
+    __slots__ = ("_done", "coroutine", "error", "outcome", "task")
 
     def __init__(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         self.coroutine = coroutine
+        self.task: asyncio.Task[Any] | None = None  # held here: the loop holds its tasks weakly
         self.outcome: Any = None
         self.error: BaseException | None = None
         self._done = threading.Lock()
@@ -54,10 +55,11 @@ class _Call:
         else:
             self.error = task.exception()
             self.outcome = None if self.error else task.result()
+        self.task = None  # the error raised in the caller holds this call: no cycle through it
         self._done.release()
 
     def fail(self, error: BaseException) -> None:
-        """In the loop thread, when the coroutine could not be started."""
+        """When the coroutine could not be started (the loop is closed, say)."""
         self.coroutine.close()
         self.error = error
         self._done.release()
@@ -115,11 +117,11 @@ class _LoopThread:
     def _start_queued(self) -> None:
         for call in self._take_queued():
             try:
-                task = self.loop.create_task(call.coroutine)
+                call.task = self.loop.create_task(call.coroutine)
             except BaseException as error:
                 call.fail(error)
             else:
-                task.add_done_callback(call.settle)
+                call.task.add_done_callback(call.settle)
 
     def stop(self) -> None:
         """Close the client (its enqueues in flight settle first), then end the thread."""
