@@ -31,6 +31,7 @@ TWINS = {
     "client": "raw-publish",
     f"client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
     "raw-publish-from-a-thread": "raw-publish",
+    f"raw-publish-from-{CONCURRENCY}-threads": f"raw-publish-{CONCURRENCY}",
     "sync-client": "raw-publish",
     f"sync-client-{CONCURRENCY}": f"raw-publish-{CONCURRENCY}",
 }
@@ -111,9 +112,9 @@ async def _sync_client(url: str, queue: str, jobs: int, concurrency: int) -> tup
         await asyncio.to_thread(client.close)
 
 
-async def _raw_from_a_thread(url: str, queue: str, jobs: int) -> tuple[float, float]:
-    """The raw publish driven the way SyncClient drives the Client: from a thread of its own,
-    each publish handed to an event loop running in another thread, and waited for."""
+async def _raw_from_threads(url: str, queue: str, jobs: int, threads: int) -> tuple[float, float]:
+    """The raw publish driven from threads of their own, as SyncClient is driven: each publish
+    handed to an event loop running in another thread, and waited for."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -138,17 +139,22 @@ async def _raw_from_a_thread(url: str, queue: str, jobs: int) -> tuple[float, fl
         return connection, publish
 
     def publish_all(
-        publish: Callable[[int], Coroutine[Any, Any, None]], count: int
+        publish: Callable[[int], Coroutine[Any, Any, None]], count: int, threads: int
     ) -> tuple[float, float]:
+        def publisher(first: int) -> None:
+            for n in range(first, count, threads):
+                run(publish(n))
+
         t0, cpu0 = time.perf_counter(), time.process_time()
-        for n in range(count):
-            run(publish(n))
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(publisher, first) for first in range(threads)]:
+                done.result()
         return time.perf_counter() - t0, time.process_time() - cpu0
 
     connection, publish = run(connect())
     try:
-        await asyncio.to_thread(publish_all, publish, WARM_UP_JOBS)
-        return await asyncio.to_thread(publish_all, publish, jobs)
+        await asyncio.to_thread(publish_all, publish, WARM_UP_JOBS, 1)
+        return await asyncio.to_thread(publish_all, publish, jobs, threads)
     finally:
         run(connection.close())
         loop.call_soon_threadsafe(loop.stop)
@@ -160,7 +166,9 @@ async def run_scenario(url: str, queue: str, name: str, jobs: int) -> tuple[floa
     """Seconds and CPU seconds of one scenario's jobs."""
     concurrency = CONCURRENCY if name.endswith(f"-{CONCURRENCY}") else 1
     if name == "raw-publish-from-a-thread":
-        return await _raw_from_a_thread(url, queue, jobs)
+        return await _raw_from_threads(url, queue, jobs, 1)
+    if name == f"raw-publish-from-{CONCURRENCY}-threads":
+        return await _raw_from_threads(url, queue, jobs, CONCURRENCY)
     if name.startswith("raw-publish"):
         return await _raw(url, queue, jobs, concurrency)
     if name.startswith("client"):

@@ -29,6 +29,7 @@ ENQUEUE_LABELS = {
     "client": "Client.enqueue, one at a time",
     "client-32": "Client.enqueue, 32 tasks",
     "raw-publish-from-a-thread": "raw publish handed from a thread to a loop thread",
+    "raw-publish-from-32-threads": "raw publish handed from 32 threads to a loop thread",
     "sync-client": "SyncClient.enqueue, one thread",
     "sync-client-32": "SyncClient.enqueue, 32 threads",
 }

@@ -86,7 +86,13 @@ class _Exchange:
         self.overlaps: list[str | None] = []
         self.published: list[tuple[str | None, str]] = []
 
-    async def publish(self, message: aio_pika.Message, routing_key: str, mandatory: bool) -> None:
+    async def publish(
+        self,
+        message: aio_pika.Message,
+        routing_key: str,
+        mandatory: bool,
+        timeout: float | None,  # noqa: ASYNC109 - aio-pika's signature
+    ) -> None:
         key = message.message_id
         if self.in_flight.get(key):
             self.overlaps.append(key)
@@ -132,7 +138,13 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
 class _ClosedExchange:
     """The default exchange of a channel the broker closed (a connection lost meanwhile)."""
 
-    async def publish(self, message: aio_pika.Message, routing_key: str, mandatory: bool) -> None:
+    async def publish(
+        self,
+        message: aio_pika.Message,
+        routing_key: str,
+        mandatory: bool,
+        timeout: float | None,  # noqa: ASYNC109 - aio-pika's signature
+    ) -> None:
         raise ChannelInvalidStateError("channel closed")
 
 

@@ -77,10 +77,16 @@ class OnePerMessageId:
 
 
 async def publish_confirmed(
-    exchange: AbstractExchange, message: aio_pika.Message, routing_key: str
+    exchange: AbstractExchange,
+    message: aio_pika.Message,
+    routing_key: str,
+    timeout_s: float | None = None,
 ) -> None:
-    """Publish and wait for the confirm; DeliveryError when the broker returns or nacks it."""
-    await exchange.publish(message, routing_key=routing_key, mandatory=True)
+    """Publish and wait for the confirm; DeliveryError when the broker returns or nacks it,
+    TimeoutError when it has not confirmed it within timeout_s (None: wait for as long as it
+    takes). aiormq times every publish anyway: a timeout of our own around it would be a
+    second timer for each one."""
+    await exchange.publish(message, routing_key=routing_key, mandatory=True, timeout=timeout_s)
 
 
 def _log_unconfirmed(state: RetryCallState) -> None:

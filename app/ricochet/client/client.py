@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -136,7 +136,7 @@ class Client:
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    await self._publish(channel, message, self.queue, _enqueuing(job_id))
+                    await self._publish(channel, message, self.queue, job_id, _enqueuing)
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
@@ -160,7 +160,8 @@ class Client:
                     channel,
                     cancel_record(message_id),
                     Names(self.queue).cancels,
-                    _cancelling(message_id),
+                    message_id,
+                    _cancelling,
                 )
         finally:
             self._enqueuing -= 1
@@ -196,29 +197,37 @@ class Client:
             return self._channel
 
     async def _publish(
-        self, channel: AbstractChannel, message: aio_pika.Message, queue: str, what: _Publish
+        self,
+        channel: AbstractChannel,
+        message: aio_pika.Message,
+        queue: str,
+        job_id: str,
+        publishing: Callable[[str], _Publish],
     ) -> None:
-        """One publish, never repeated: a second could enqueue the job twice."""
+        """One publish, never repeated: a second could enqueue the job twice. `publishing`
+        names it for the errors, only when there is one."""
         try:
-            async with asyncio.timeout(self._confirm_timeout_s):
-                await publish_confirmed(channel.default_exchange, message, queue)
-        except PublishError:
-            raise NotConfirmed(
-                f"{what.subject} was not {what.done}: {MissingQueue(queue)}"
-            ) from None
-        except DeliveryError as error:
-            raise NotConfirmed(
+            await publish_confirmed(
+                channel.default_exchange, message, queue, self._confirm_timeout_s
+            )
+        except (PublishError, DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
+            raise self._not_confirmed(error, queue, publishing(job_id)) from None
+
+    def _not_confirmed(self, error: BaseException, queue: str, what: _Publish) -> NotConfirmed:
+        if isinstance(error, PublishError):
+            return NotConfirmed(f"{what.subject} was not {what.done}: {MissingQueue(queue)}")
+        if isinstance(error, DeliveryError):
+            return NotConfirmed(
                 f"{what.subject} was not {what.done}: the broker refused it ({refusal(error)})"
-            ) from None
-        except TimeoutError:
-            raise NotConfirmed(
+            )
+        if isinstance(error, TimeoutError):
+            return NotConfirmed(
                 f"{what.subject}: the broker did not confirm it within {self._confirm_timeout_s:g}"
                 f" s (is it blocking publishers on a resource alarm?); it may be {what.done} yet:"
                 f" {what.again} if it must not be lost"
-            ) from None
-        except CONNECTION_ERRORS as error:
-            raise NotConfirmed(
-                f"{what.subject}: the connection was lost before the broker confirmed it"
-                f" ({type(error).__name__}: {redact(str(error))}); it may be {what.done}:"
-                f" {what.again}"
-            ) from None
+            )
+        return NotConfirmed(
+            f"{what.subject}: the connection was lost before the broker confirmed it"
+            f" ({type(error).__name__}: {redact(str(error))}); it may be {what.done}:"
+            f" {what.again}"
+        )

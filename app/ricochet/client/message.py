@@ -24,6 +24,8 @@ MAX_RETRIES_ALLOWED = 25
 # The longest wait a job may be scheduled for (section 15 keeps a cancel at least this long).
 MAX_SCHEDULE = dt.timedelta(days=30)
 JSON = "application/json"
+# Built once: json.dumps with any option builds an encoder on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 Delay = float | dt.timedelta
 
@@ -159,7 +161,7 @@ def _body(payload: Any, content_type: str | None) -> tuple[bytes, str | None]:
     if content_type is not None:
         raise InvalidJob("content_type is for a bytes payload; any other payload is sent as JSON")
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as error:
         raise InvalidJob(f"payload cannot be JSON-encoded: {error}") from None
     return text.encode(), JSON

@@ -1,9 +1,9 @@
 """SyncClient: the Client for sync code (Django, Flask, scripts), shared by threads, safe to fork.
 
 The async Client runs on a private event loop in a daemon thread; each call is handed to it
-with run_coroutine_threadsafe and waited for, so threads share one connection and their
-publishes pipeline on its channel. A forked child (gunicorn, uWSGI) never touches the parent's
-loop or socket: it finds its pid changed and starts a loop and a connection of its own.
+and waited for, so threads share one connection and their publishes pipeline on its channel.
+A forked child (gunicorn, uWSGI) never touches the parent's loop or socket: it finds its pid
+changed and starts a loop and a connection of its own.
 """
 
 import asyncio
@@ -34,20 +34,94 @@ _OPEN: "weakref.WeakSet[SyncClient]" = weakref.WeakSet()
 _INHERITED: list["_LoopThread"] = []
 
 
+class _Call:
+    """A coroutine handed to the loop thread, and the caller's wait for its outcome: a lock the
+    caller holds until the loop releases it, the cheapest wake-up one thread can give another."""
+
+    __slots__ = ("_done", "coroutine", "error", "outcome", "task")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self.coroutine = coroutine
+        self.task: asyncio.Task[Any] | None = None  # held here: the loop holds its tasks weakly
+        self.outcome: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def settle(self, task: "asyncio.Task[Any]") -> None:
+        """In the loop thread, when the coroutine is done."""
+        if task.cancelled():
+            self.error = asyncio.CancelledError()
+        else:
+            self.error = task.exception()
+            self.outcome = None if self.error else task.result()
+        self.task = None  # the error raised in the caller holds this call: no cycle through it
+        self._done.release()
+
+    def fail(self, error: BaseException) -> None:
+        """When the coroutine could not be started (the loop is closed, say)."""
+        self.coroutine.close()
+        self.error = error
+        self._done.release()
+
+    def wait(self, timeout_s: float | None) -> Any:
+        if not self._done.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+        error, self.error = self.error, None
+        if error is None:
+            return self.outcome
+        try:
+            raise error
+        finally:
+            del error  # the traceback holds this frame: no cycle through it
+
+
 class _LoopThread:
-    """A private event loop running in a daemon thread, with one Client on it."""
+    """A private event loop running in a daemon thread, with one Client on it.
+
+    Calls are queued, and the loop is woken once for all that queued while it was busy: with
+    many threads enqueueing, one wake-up starts many publishes.
+    """
 
     def __init__(self, client: Client) -> None:
         self.pid = os.getpid()
         self.client = client
         self.loop = asyncio.new_event_loop()
+        self._queued: list[_Call] = []
+        self._queue_lock = threading.Lock()
+        self._woken = False  # a _start_queued is due on the loop
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="ricochet-client", daemon=True
         )
         self.thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+        call = _Call(coroutine)
+        with self._queue_lock:
+            self._queued.append(call)
+            wake, self._woken = not self._woken, True
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._start_queued)
+            except BaseException as error:  # the loop is closed: fail what waits for it
+                for queued in self._take_queued():
+                    queued.fail(error)
+        outcome: T = call.wait(timeout_s)
+        return outcome
+
+    def _take_queued(self) -> list[_Call]:
+        with self._queue_lock:
+            calls, self._queued, self._woken = self._queued, [], False
+        return calls
+
+    def _start_queued(self) -> None:
+        for call in self._take_queued():
+            try:
+                call.task = self.loop.create_task(call.coroutine)
+            except BaseException as error:
+                call.fail(error)
+            else:
+                call.task.add_done_callback(call.settle)
 
     def stop(self) -> None:
         """Close the client (its enqueues in flight settle first), then end the thread."""
