@@ -193,14 +193,15 @@ def parse_run_at(value: Any) -> dt.datetime | None:
     return when if when.tzinfo is not None else None
 
 
-def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime) -> tuple[int | None, bool]:
-    """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable)."""
+def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime | None) -> tuple[int | None, bool]:
+    """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable);
+    the clock (when no now is given) is read only for a job that has one."""
     if RUN_AT not in headers:
         return None, False
     when = parse_run_at(headers[RUN_AT])
     if when is None:
         return None, True
-    ahead_ms = math.ceil((when - now).total_seconds() * 1000)
+    ahead_ms = math.ceil((when - (now or dt.datetime.now(dt.UTC))).total_seconds() * 1000)
     return (ahead_ms if ahead_ms > 0 else None), False
 
 
@@ -226,7 +227,7 @@ def read_facts(
     budget the handler of the job's type sets, if any. unreadable: whether some of its message
     properties could not be decoded. key_tier: the k of its routing key Q.attempt.k, if it has
     one. cancelled: whether its message_id was cancelled. now: the time its run-at is read
-    against.
+    against (the clock when None, read only if it has one).
 
     A job ricochet published again carries the retries it had made (the RETRIES header:
     RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
@@ -245,7 +246,7 @@ def read_facts(
     copied = _copied_retries(headers)
     returns = _returns(headers, redelivered, rejections)
     attempt = 1 + copied + rejections
-    due_in_ms, bad_run_at = _due_in_ms(headers, now or dt.datetime.now(dt.UTC))
+    due_in_ms, bad_run_at = _due_in_ms(headers, now)
     return Facts(
         attempt=attempt,
         max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),

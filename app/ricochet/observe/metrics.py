@@ -156,6 +156,7 @@ class QueueMetrics:
         self._retried = metrics.jobs.labels(queue, "retried")
         self._failed = metrics.jobs.labels(queue, "failed")
         self._cancelled = metrics.jobs.labels(queue, "cancelled")
+        self._tier_retries: dict[int | None, Counter] = {}  # by tier, resolved on its first retry
 
     def attempted(self, outcome: Outcome, seconds: float) -> None:
         """A handler call ended: how long it took."""
@@ -172,7 +173,7 @@ class QueueMetrics:
         elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
             # A job sent to tier k failed on its attempt k.
             self._retried.inc()
-            self._metrics.retries.labels(self._queue, str(decision.tier)).inc()
+            self._retries_of(decision.tier).inc()
             self._metrics.count_attempt(attempt, "retried")
         elif action is Action.DELAY and event.failure is not None:  # a RetryLater
             self._retried.inc()
@@ -183,6 +184,13 @@ class QueueMetrics:
             self._metrics.count_attempt(attempt, "failed")
         elif action is Action.CANCEL:
             self._cancelled.inc()
+
+    def _retries_of(self, tier: int | None) -> Counter:
+        child = self._tier_retries.get(tier)
+        if child is None:
+            child = self._metrics.retries.labels(self._queue, str(tier))
+            self._tier_retries[tier] = child
+        return child
 
 
 def _or_nan(value: float | None) -> float:

@@ -8,7 +8,6 @@ their children.
 """
 
 import asyncio
-import datetime as dt
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -76,7 +75,6 @@ class Consumer:
             unreadable=delivery.unreadable is not None,
             key_tier=names.tier_of_key(delivery.routing_key),
             cancelled=delivery.message_id in self._cancelled,
-            now=dt.datetime.now(dt.UTC),
         )
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays
