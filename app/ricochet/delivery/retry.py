@@ -2,6 +2,7 @@
 
 import datetime as dt
 import enum
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -316,4 +317,10 @@ def _after_run(facts: Facts, outcome: Outcome, retry_after_ms: int | None) -> De
         return Decision(Action.DELAY, delay_ms=retry_after_ms, retries=facts.attempt)
     if not facts.keyed_for_tier:
         return Decision(Action.RETRY_BY_COPY, tier=facts.attempt, retries=facts.attempt)
-    return Decision(Action.RETRY, tier=facts.attempt)
+    return _retry(facts.attempt)
+
+
+@functools.cache
+def _retry(tier: int) -> Decision:
+    """The nack into tier k, made once per tier as the decisions above: a decision is frozen."""
+    return Decision(Action.RETRY, tier=tier)
