@@ -2,17 +2,16 @@
 handler call ended, and that a delivery was settled."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ricochet.delivery.failed import Failure
 from ricochet.delivery.retry import Decision, Facts, Outcome
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
+class Settled(NamedTuple):
     """A delivery the broker has taken back: acked, nacked into its tier, or acked after its
-    copy (failed, cleaned, delayed) was confirmed."""
+    copy (failed, cleaned, delayed) was confirmed. A tuple: two are made for every retried job,
+    and a frozen dataclass takes about half as long again to build."""
 
     message_id: str | None
     facts: Facts
