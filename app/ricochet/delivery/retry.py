@@ -104,7 +104,7 @@ def _is_count(value: Any) -> bool:
 
 def _is_death_entry(entry: Any) -> bool:
     return (
-        isinstance(entry, Mapping)
+        isinstance(entry, (dict, Mapping))  # a dict, as the client reads one, without the ABC
         and isinstance(entry.get("queue"), str)
         and isinstance(entry.get("reason"), str)
         and _is_count(entry.get("count"))
@@ -153,7 +153,11 @@ def max_attempts(max_retries: int, type_max_retries: int | None, header_retries:
     Each can only lower the budget: a publisher or a handler cannot buy a job more retries
     than the topology has tiers for.
     """
-    return 1 + min(r for r in (max_retries, type_max_retries, header_retries) if r is not None)
+    budget = max_retries
+    for limit in (type_max_retries, header_retries):  # a loop: a generator costs more than this
+        if limit is not None and limit < budget:
+            budget = limit
+    return 1 + budget
 
 
 def _returns(headers: Mapping[str, Any], redelivered: bool, retries: int) -> int | None:
