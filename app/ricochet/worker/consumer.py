@@ -54,10 +54,11 @@ class Consumer:
         self._queue = names.queue
         self._max_retries = max_retries
         self._invoker = invoker
-        self._metrics = metrics
         self._cancelled = cancelled
         self._observers = observers
         self.in_flight: set[asyncio.Task[None]] = set()
+        # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
+        metrics.in_flight.set_function(lambda: float(len(self.in_flight)))
 
     def intake(self, delivery: Delivery) -> Arrival:
         """Read the delivery's facts: its type, budget, where it came from, whether it is
@@ -85,13 +86,11 @@ class Consumer:
         """Run the job in a task of its own, so closing a channel never cancels a handler."""
         task = asyncio.get_running_loop().create_task(self._process(settler, arrival))
         self.in_flight.add(task)
-        self._metrics.in_flight.inc()
         task.add_done_callback(self._done)
         return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
-        self._metrics.in_flight.dec()
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery not settled", exc_info=task.exception())
 
