@@ -28,15 +28,21 @@ OUTCOMES = {
 }
 
 
-@contextlib.contextmanager
-def attempt_span(queue: str, job: Job) -> Iterator[Any]:
+# What a span's place holds when there is no span to make: a generator's context manager costs
+# about 1.5 us to enter and leave, this one a fifth of that, and an attempt passes two.
+NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def attempt_span(queue: str, job: Job) -> contextlib.AbstractContextManager[Any]:
     """A consumer span around one attempt of a job and its settling, a child of the context in
     its headers.
 
     Yields the span (None when there is none to make) for record_outcome() and settle_span()."""
-    if not tracing.wanted(job.headers):
-        yield None
-        return
+    return _attempt_span(queue, job) if tracing.wanted(job.headers) else NO_SPAN
+
+
+@contextlib.contextmanager
+def _attempt_span(queue: str, job: Job) -> Iterator[Any]:
     span = tracing.TRACER.start_span(
         f"{queue} process",
         context=tracing.parent(job.headers),
@@ -85,16 +91,21 @@ def record_outcome(span: Any, decision: Decision, failure: Failure | None) -> No
         span.set_status(StatusCode.ERROR, failure.reason)
 
 
-@contextlib.contextmanager
-def settle_span(queue: str, attempt: Any, decision: Decision) -> Iterator[None]:
+def settle_span(
+    queue: str, attempt: Any, decision: Decision
+) -> contextlib.AbstractContextManager[None]:
     """A span around settling an attempt, a child of its span: the ack, the retry's nack, or
     the failed copy published until confirmed and then the ack.
 
     A span and not an event on the attempt's: a failed copy waits for the broker's confirms,
     which may take longer than the handler did, and only a span shows how long."""
     if attempt is None or not attempt.is_recording():  # no tracer: no span to be a child of
-        yield
-        return
+        return NO_SPAN
+    return _settle_span(queue, decision)
+
+
+@contextlib.contextmanager
+def _settle_span(queue: str, decision: Decision) -> Iterator[None]:
     attributes: dict[str, str | int] = {"ricochet.action": decision.action.value}
     if decision.tier is not None:
         attributes["ricochet.tier"] = decision.tier
