@@ -175,6 +175,7 @@ async def ricochet_queue(
         channel = await connection.channel()
         for spec in [*p.declared_queues, *p.tiers, *p.lanes]:
             await channel.queue_delete(spec.name)
+        await channel.queue_delete(p.names.record)  # the settings the worker recorded
         for name, _, _ in p.exchanges:
             await channel.exchange_delete(name)
         await channel.close()
