@@ -58,7 +58,7 @@ class Metrics:
             ["queue", "attempt", "outcome"],
             registry=self.registry,
         )
-        self._attempt_children: dict[tuple[int, str], Counter] = {}
+        self._attempt_children: dict[tuple[str, ...], Counter] = {}
         self.ready = Gauge(
             "ricochet_ready",
             "1 while /readyz answers 200 (connected and consuming), else 0.",
@@ -109,12 +109,7 @@ class Metrics:
 
     def count_attempt(self, attempt: int, outcome: str) -> None:
         """One handler attempt settled: succeeded, retried or failed."""
-        # Children kept, as the consumer keeps its own: labels() takes a lock on every call.
-        child = self._attempt_children.get((attempt, outcome))
-        if child is None:
-            child = self.attempts.labels(self.queue, str(attempt), outcome)
-            self._attempt_children[attempt, outcome] = child
-        child.inc()
+        _child(self._attempt_children, self.attempts, self.queue, str(attempt), outcome).inc()
 
     def ready_when(self, ready: Callable[[], bool]) -> None:
         """Export ready() as ricochet_ready, read at every scrape."""
@@ -156,7 +151,7 @@ class QueueMetrics:
         self._retried = metrics.jobs.labels(queue, "retried")
         self._failed = metrics.jobs.labels(queue, "failed")
         self._cancelled = metrics.jobs.labels(queue, "cancelled")
-        self._tier_retries: dict[int | None, Counter] = {}  # by tier, resolved on its first retry
+        self._children: dict[tuple[str, ...], Counter] = {}  # by tier or kind, on first use
 
     def attempted(self, outcome: Outcome, seconds: float) -> None:
         """A handler call ended: how long it took."""
@@ -173,24 +168,26 @@ class QueueMetrics:
         elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
             # A job sent to tier k failed on its attempt k.
             self._retried.inc()
-            self._retries_of(decision.tier).inc()
+            _child(self._children, self._metrics.retries, self._queue, str(decision.tier)).inc()
             self._metrics.count_attempt(attempt, "retried")
         elif action is Action.DELAY and event.failure is not None:  # a RetryLater
             self._retried.inc()
             self._metrics.count_attempt(attempt, "retried")
         elif action is Action.FAIL:
             self._failed.inc()
-            self._metrics.failed.labels(self._queue, str(decision.kind)).inc()
+            _child(self._children, self._metrics.failed, self._queue, str(decision.kind)).inc()
             self._metrics.count_attempt(attempt, "failed")
         elif action is Action.CANCEL:
             self._cancelled.inc()
 
-    def _retries_of(self, tier: int | None) -> Counter:
-        child = self._tier_retries.get(tier)
-        if child is None:
-            child = self._metrics.retries.labels(self._queue, str(tier))
-            self._tier_retries[tier] = child
-        return child
+
+def _child(children: dict[tuple[str, ...], Counter], metric: Counter, *labels: str) -> Counter:
+    """metric.labels(*labels), kept in children after its first use: labels() takes a lock and
+    a lookup on every call."""
+    child = children.get(labels)
+    if child is None:
+        child = children[labels] = metric.labels(*labels)
+    return child
 
 
 def _or_nan(value: float | None) -> float:

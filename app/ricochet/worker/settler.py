@@ -61,7 +61,7 @@ class Settler:
         self._exchanges: dict[str, AbstractExchange] = {}
         self._copying = OnePerMessageId()
         self._names = names
-        self.frame_max = frame_max
+        self._frame_max = frame_max
         self._observers = observers
         self._running: set[int] = set()
         self._finished: dict[int, Delivery] = {}
@@ -95,7 +95,7 @@ class Settler:
                 failure,
                 decision.kind,
                 queue=self._names.queue,
-                frame_max=self.frame_max,
+                frame_max=self._frame_max,
                 now=dt.datetime.now(dt.UTC),
             )
             names = self._names
