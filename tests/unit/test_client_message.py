@@ -3,21 +3,31 @@
 import datetime as dt
 import json
 import math
+import uuid
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import aio_pika
 import pytest
+from aiormq import spec
+from pamqp import frame, header
 from ricochet import InvalidJob
-from ricochet.client.message import job_message, run_at_text
+from ricochet.client.message import Outgoing, job_message, run_at_text
 from ricochet.headers import is_reserved
 
 NOW = dt.datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
 
 
-def message(job_type: str | None = "mail", payload: Any = None, **job: Any) -> aio_pika.Message:
+def message(job_type: str | None = "mail", payload: Any = None, **job: Any) -> Outgoing:
     return job_message(job_type, {} if payload is None else payload, now=NOW, **job)
+
+
+def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
+    """The properties as the broker reads them: encoded into a content header, then decoded."""
+    encoded = frame.marshal(header.ContentHeader(0, len(sent.body), sent.properties), 1)
+    _, _, content_header = frame.unmarshal(encoded)
+    assert isinstance(content_header, header.ContentHeader)
+    return content_header.properties
 
 
 @pytest.mark.parametrize(
@@ -109,7 +119,7 @@ def test_bounds_are_inclusive_and_schedules_become_run_at(
 ) -> None:
     """The edges are allowed; a schedule travels as an ISO-8601 UTC run-at header."""
     name, value = header
-    assert message(**job).headers == {name: value}
+    assert on_the_wire(message(**job)).headers == {name: value}
 
 
 @pytest.mark.parametrize(
@@ -149,33 +159,34 @@ def test_run_at_text(when: dt.datetime, text: str) -> None:
 def test_payload(payload: Any, body: bytes, content_type: str | None) -> None:
     """bytes go as they are; anything else is JSON (that the handler's job.payload reads back)."""
     sent = job_message("mail", payload, now=NOW)
-    assert (sent.body, sent.content_type) == (body, content_type)
+    assert (sent.body, on_the_wire(sent).content_type) == (body, content_type)
     if content_type:
         assert json.loads(sent.body) == payload
 
 
 def test_bytes_keep_the_content_type_given() -> None:
     sent = message(payload=b"a,b", content_type="text/csv")
-    assert (sent.body, sent.content_type) == (b"a,b", "text/csv")
+    assert (sent.body, on_the_wire(sent).content_type) == (b"a,b", "text/csv")
 
 
 def test_the_message_is_persistent_typed_and_identified() -> None:
-    sent = message("mail", {"a": 1})
-    other = message("mail", {"a": 1})
-    assert sent.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
-    assert sent.type == "mail"
+    sent = on_the_wire(message("mail", {"a": 1}))
+    other = on_the_wire(message("mail", {"a": 1}))
+    assert sent.delivery_mode == 2  # persistent
+    assert sent.message_type == "mail"
+    assert uuid.UUID(hex=str(sent.message_id)).version == 4
     assert len(str(sent.message_id)) == 32
     assert sent.message_id != other.message_id
-    assert sent.timestamp == NOW  # the AMQP property keeps whole seconds of it
-    assert message(message_id="order-1").message_id == "order-1"
-    assert message(None).type is None
+    assert sent.timestamp == NOW.replace(microsecond=0)  # AMQP keeps whole seconds
+    assert on_the_wire(message(message_id="order-1")).message_id == "order-1"
+    assert on_the_wire(message(None)).message_type is None
 
 
 def test_application_headers_travel_untouched() -> None:
     """The application's own headers, x- ones included, go as given; the caller's mapping is
     not changed by the headers ricochet adds."""
     own = {"x-request-id": "r-1", "tenant": "acme", "traceparent": "00-ab-cd-01", "n": 3}
-    sent = message(headers=own, max_retries=2, delay=1)
+    sent = on_the_wire(message(headers=own, max_retries=2, delay=1))
     assert sent.headers == {**own, "max-retries": 2, "run-at": "2026-11-24T10:00:01.124Z"}
     assert own == {"x-request-id": "r-1", "tenant": "acme", "traceparent": "00-ab-cd-01", "n": 3}
 

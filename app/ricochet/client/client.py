@@ -6,16 +6,17 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
-import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError, PublishError
+from aiormq import spec
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, refusal
 from ricochet.broker.cancels import cancel_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
-from ricochet.broker.publish import OnePerMessageId, confirming_channel, publish_confirmed
+from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.broker.topology import Names
 from ricochet.client.message import Delay, job_message
 from ricochet.errors import MissingQueue, NotConfirmed
@@ -74,7 +75,9 @@ class Client:
         self._connect_timeout_s = connect_timeout_s
         self._confirm_timeout_s = confirm_timeout_s
         self._connection: AbstractConnection | None = None
+        # The aio_pika channel is only kept open (it closes itself when collected).
         self._channel: AbstractChannel | None = None
+        self._publisher: aiormq.abc.AbstractChannel | None = None
         self._opening = asyncio.Lock()
         self._unconfirmed = asyncio.Semaphore(MAX_UNCONFIRMED)
         self._one_per_id = OnePerMessageId()
@@ -128,15 +131,17 @@ class Client:
         )
         if self._closed:
             raise RuntimeError("the client is closed")
-        job_id = str(message.message_id)
+        body, properties = message
+        job_id = str(properties.message_id)
         self._enqueuing += 1
         try:
-            with publish_span(self.queue, job_id, message.headers):
+            # job_message gives every job a headers dict of its own, for the span to add to.
+            with publish_span(self.queue, job_id, cast(dict[str, Any], properties.headers)):
                 channel = await self._open_channel()
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    await self._publish(channel, message, self.queue, job_id, _enqueuing)
+                    await self._publish(channel, body, properties, self.queue, job_id, _enqueuing)
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
@@ -155,10 +160,12 @@ class Client:
         self._enqueuing += 1
         try:
             channel = await self._open_channel()
+            record = cancel_record(message_id)
             async with self._unconfirmed, self._one_per_id.alone(message_id):
                 await self._publish(
                     channel,
-                    cancel_record(message_id),
+                    record.body,
+                    record.properties,
                     Names(self.queue).cancels,
                     message_id,
                     _cancelling,
@@ -176,15 +183,16 @@ class Client:
             await self._settled.wait()
         if self._connection is not None:
             await close_quietly(self._connection)
-        self._connection = self._channel = None
+        self._connection = self._channel = self._publisher = None
 
-    async def _open_channel(self) -> AbstractChannel:
+    async def _open_channel(self) -> aiormq.abc.AbstractChannel:
         """The confirming channel, opened (with the connection, if that was lost too) when there
-        is none; concurrent callers wait for one opening."""
-        if self._channel is not None and not self._channel.is_closed:
-            return self._channel
+        is none; concurrent callers wait for one opening. Its aiormq channel is what publishes:
+        aio_pika's publish only builds a message's properties and calls it."""
+        if self._publisher is not None and not self._publisher.is_closed:
+            return self._publisher
         async with self._opening:
-            if self._channel is None or self._channel.is_closed:
+            if self._publisher is None or self._publisher.is_closed:
                 if self._connection is None or not self._connection.connected.is_set():
                     if self._connection is not None:  # lost: closed by the broker, or dropped
                         await close_quietly(self._connection)
@@ -194,21 +202,28 @@ class Client:
                         self._connect_timeout_s,
                     )
                 self._channel = await confirming_channel(self._connection)
-            return self._channel
+                self._publisher = await self._channel.get_underlay_channel()
+            return self._publisher
 
     async def _publish(
         self,
-        channel: AbstractChannel,
-        message: aio_pika.Message,
+        channel: aiormq.abc.AbstractChannel,
+        body: bytes,
+        properties: spec.Basic.Properties,
         queue: str,
         job_id: str,
         publishing: Callable[[str], _Publish],
     ) -> None:
-        """One publish, never repeated: a second could enqueue the job twice. `publishing`
-        names it for the errors, only when there is one."""
+        """One publish, mandatory and confirmed, never repeated: a second could enqueue the job
+        twice. `publishing` names it for the errors, only when there is one. aiormq times the
+        confirm (it times every publish anyway)."""
         try:
-            await publish_confirmed(
-                channel.default_exchange, message, queue, self._confirm_timeout_s
+            await channel.basic_publish(
+                body,
+                routing_key=queue,
+                properties=properties,
+                mandatory=True,
+                timeout=self._confirm_timeout_s,
             )
         except (PublishError, DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
             raise self._not_confirmed(error, queue, publishing(job_id)) from None
