@@ -4,18 +4,22 @@ import asyncio
 import multiprocessing
 import os
 import re
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import InvalidJob, NotConfirmed, SyncClient
 from ricochet.broker.topology import declare
+from ricochet.client.client import Client
+from ricochet.client.sync import TICK_S
 
 from tests.broker import BROKER
-from tests.support import AMQP_URL, depth, make_settings, take, wait_for
+from tests.support import AMQP_URL, close_connections, depth, make_settings, take, wait_for
 
 
 def received(end: Connection, timeout_s: float = 30) -> tuple[str, list[str]]:
@@ -34,24 +38,66 @@ def client_connection_pids(queue: str) -> list[int]:
     return sorted(int(pid) for pid in re.findall(pattern, listed))
 
 
-async def test_threads_share_one_connection(
-    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+@pytest.fixture
+def publishing_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The threads the Client's publishes ran in, one entry a publish."""
+    threads: list[int] = []
+    publish = Client._publish
+
+    async def recorded(*args: Any, **kwargs: Any) -> None:
+        threads.append(threading.get_ident())
+        await publish(*args, **kwargs)
+
+    monkeypatch.setattr(Client, "_publish", recorded)
+    return threads
+
+
+async def test_a_caller_alone_publishes_in_its_own_thread(
+    queue_name: str,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    publishing_threads: list[int],
 ) -> None:
-    """16 threads enqueue 25 jobs each through one SyncClient: 400 distinct jobs, one
-    connection; close() leaves none."""
+    """One thread enqueueing, then another: each drives the client's loop itself, so each
+    publish runs in its caller's thread, handed to no other."""
+    await declare(connection, make_settings(queue_name))
+    with SyncClient(AMQP_URL, queue_name) as client:
+
+        def enqueue() -> tuple[int, list[str]]:
+            return threading.get_ident(), [client.enqueue("mail", {"n": n}) for n in range(5)]
+
+        first, first_ids = await asyncio.to_thread(enqueue)
+        with ThreadPoolExecutor(1) as pool:  # a thread other than asyncio.to_thread's
+            second, second_ids = await asyncio.wrap_future(pool.submit(enqueue))
+    assert first != second
+    assert publishing_threads == [first] * 5 + [second] * 5
+    got = await take(channel, queue_name, 10)
+    assert [str(m.message_id) for m in got] == first_ids + second_ids
+
+
+async def test_threads_share_one_connection(
+    queue_name: str,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    publishing_threads: list[int],
+) -> None:
+    """32 threads enqueue 20 jobs each through one SyncClient, most of them following another
+    thread's drive of its loop: 640 distinct jobs, each in the queue once, one connection;
+    close() leaves none."""
     await declare(connection, make_settings(queue_name))
     client = SyncClient(AMQP_URL, queue_name)
 
-    def enqueue(thread: int) -> list[str]:
-        return [client.enqueue("mail", {"thread": thread, "n": n}) for n in range(25)]
+    def enqueue(thread: int) -> tuple[int, list[str]]:
+        ids = [client.enqueue("mail", {"thread": thread, "n": n}) for n in range(20)]
+        return threading.get_ident(), ids
 
-    with ThreadPoolExecutor(16) as pool:
-        ids = [
-            i
-            for batch in await asyncio.to_thread(lambda: list(pool.map(enqueue, range(16))))
-            for i in batch
-        ]
-    assert len(set(ids)) == 400
+    with ThreadPoolExecutor(32) as pool:
+        batches = await asyncio.to_thread(lambda: list(pool.map(enqueue, range(32))))
+    ids = [i for _, batch in batches for i in batch]
+    assert len(set(ids)) == 640
+    callers = {thread for thread, _ in batches}
+    assert len(publishing_threads) == 640
+    assert not callers.issuperset(publishing_threads)  # some ran in a thread not their own
     assert await asyncio.to_thread(client_connection_pids, queue_name) == [os.getpid()]
     await asyncio.to_thread(client.close)
     await wait_for(
@@ -59,10 +105,65 @@ async def test_threads_share_one_connection(
         10,
         "no connection",
     )
-    got = await take(channel, queue_name, 400)
+    got = await take(channel, queue_name, 640)
     assert sorted(str(m.message_id) for m in got) == sorted(ids)
+    assert await depth(channel, queue_name) == 0
     with pytest.raises(RuntimeError, match="closed"):
         client.enqueue("mail", {})
+
+
+async def test_a_call_from_async_code_is_driven_for_it(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Called in a thread that runs an event loop (here, this test's), a call cannot drive the
+    client's loop: the keeper thread drives it, and the call is waited for all the same."""
+    await declare(connection, make_settings(queue_name))
+    client = SyncClient(AMQP_URL, queue_name)
+    ids = [client.enqueue("mail", {"n": n}) for n in range(3)]
+    client.close()
+    got = await take(channel, queue_name, 3)
+    assert [str(m.message_id) for m in got] == ids
+
+
+async def test_a_connection_the_broker_closed_while_idle_is_noticed(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Nobody calls while the broker closes the client's connection: the keeper's tick reads
+    the close, and the next enqueue connects again instead of being cut off with it."""
+    await declare(connection, make_settings(queue_name))
+    with SyncClient(AMQP_URL, queue_name) as client:
+        await asyncio.to_thread(client.enqueue, "mail", {}, message_id="before")
+        assert await asyncio.to_thread(close_connections, queue_name, "client") == 1
+        running = client._running
+        assert running is not None
+        await wait_for(
+            lambda: running.client._publisher is None or running.client._publisher.is_closed,
+            2 * TICK_S + 3,
+            "the tick to read the close",
+        )
+        await asyncio.to_thread(client.enqueue, "mail", {}, message_id="after")
+    got = await take(channel, queue_name, 2)
+    assert [m.message_id for m in got] == ["before", "after"]
+
+
+async def test_heartbeats_go_out_while_idle(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """A heartbeat of 2 s: the broker drops a connection it hears nothing from for two 2 s
+    intervals. Idle for 8 s, the client's connection lives on, kept by the keeper's ticks."""
+    await declare(connection, make_settings(queue_name))
+    with SyncClient(f"{AMQP_URL}?heartbeat=2", queue_name) as client:
+        await asyncio.to_thread(client.enqueue, "mail", {})
+        running = client._running
+        assert running is not None
+        opened = running.client._connection
+        await asyncio.sleep(8)
+        assert await asyncio.to_thread(client_connection_pids, queue_name) == [os.getpid()]
+        assert running.client._connection is opened
+        assert opened is not None
+        assert not opened.is_closed
+        await asyncio.to_thread(client.enqueue, "mail", {})
+    assert len(await take(channel, queue_name, 2)) == 2
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +222,41 @@ async def test_a_forked_child_gets_its_own_connection(
     parent_ids.append(await asyncio.to_thread(client.enqueue, "mail", {"after": "child"}))
     await asyncio.to_thread(client.close)
     got = await take(channel, queue_name, 102)
+    assert sorted(str(m.message_id) for m in got) == sorted(parent_ids + child_ids)
+    assert await depth(channel, queue_name) == 0
+
+
+async def test_a_fork_while_another_thread_drives_the_loop(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """The fork comes while a thread of the parent enqueues, and so most likely drives the
+    client's loop (the child inherits its baton held and its loop mid-run): the child connects
+    on its own all the same, and the parent's thread goes on."""
+    await declare(connection, make_settings(queue_name))
+    client = SyncClient(AMQP_URL, queue_name)
+    stop = threading.Event()
+
+    def enqueue_until_stopped() -> list[str]:
+        ids: list[str] = []
+        while not stop.is_set() or len(ids) < 20:
+            ids.append(client.enqueue("mail", {"from": "parent"}))
+        return ids
+
+    with ThreadPoolExecutor(1) as pool:
+        parent = pool.submit(enqueue_until_stopped)
+        await wait_for(lambda: client._running is not None, 10, "the parent's first call")
+        ours, theirs = multiprocessing.Pipe()
+        child = fork(client, 5, theirs)
+        status, child_ids = await asyncio.to_thread(received, ours)
+        assert status == "ok", child_ids
+        ours.send("go")
+        assert await asyncio.to_thread(received, ours) == ("closed", [])
+        stop.set()
+        parent_ids = await asyncio.wrap_future(parent)
+    await asyncio.to_thread(child.join, 20)
+    assert child.exitcode == 0
+    await asyncio.to_thread(client.close)
+    got = await take(channel, queue_name, len(parent_ids) + 5)
     assert sorted(str(m.message_id) for m in got) == sorted(parent_ids + child_ids)
     assert await depth(channel, queue_name) == 0
 
