@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from ricochet.client.client import Client
-from ricochet.client.sync import _Baton, _Driver, _PrivateLoop, _Turn
+from ricochet.client.sync import _Baton, _Call, _Driver, _PrivateLoop, _Role, _Turn
 
 from tests.support import AMQP_URL
 
@@ -106,7 +106,7 @@ def test_many_threads_each_call_settled_once(private_loop: _PrivateLoop) -> None
     driven = sum(own for _, own in results)
     assert 0 < driven < len(results)  # some calls drove the loop, some followed
     wait_until(lambda: driver(private_loop._baton) is _Driver.NOBODY)
-    assert private_loop._baton.pending == 0
+    assert private_loop._in_flight == 0
 
 
 def test_an_interrupted_driver_leaves_its_call_to_the_keeper(private_loop: _PrivateLoop) -> None:
@@ -129,7 +129,7 @@ def test_an_interrupted_driver_leaves_its_call_to_the_keeper(private_loop: _Priv
     with pytest.raises(KeyboardInterrupt):
         private_loop.run(publish())
     assert driver(private_loop._baton) is _Driver.KEEPER
-    assert private_loop._baton.pending == 1
+    assert private_loop._in_flight == 1
 
     async def confirm() -> int:
         assert release is not None
@@ -187,63 +187,60 @@ class TestBaton:
         self, coroutine: Make
     ) -> None:
         baton = _Baton()
-        assert baton.enter(coroutine(), can_drive=True) == (None, False)
-        call, wake = baton.enter(coroutine(), can_drive=True)
-        assert call is not None
-        assert wake
-        assert baton.release() is False  # pending: the keeper drives on
+        assert baton.enter(_Call(coroutine()), can_drive=True) is _Role.DRIVE
+        call = _Call(coroutine())
+        assert baton.enter(call, can_drive=True) is _Role.WAKE
+        assert baton.release(0) is False  # a call queued: the keeper drives on
         assert driver(baton) is _Driver.KEEPER
         assert baton.keeper_turn(0) is _Turn.DRIVE
         assert baton.take_queued() == [call]
-        assert baton.settled() is True  # the last one: the keeper stops the loop
-        assert baton.release() is True
+        assert baton.release(1) is False  # started, not settled
+        assert baton.release(0) is True
         assert driver(baton) is _Driver.NOBODY
 
     def test_a_follower_that_comes_after_the_driver_finished_drives(self, coroutine: Make) -> None:
         baton = _Baton()
-        assert baton.enter(coroutine(), can_drive=True) == (None, False)
-        assert baton.release() is True
-        assert baton.enter(coroutine(), can_drive=True) == (None, False)
+        assert baton.enter(_Call(coroutine()), can_drive=True) is _Role.DRIVE
+        assert baton.release(0) is True
+        assert baton.enter(_Call(coroutine()), can_drive=True) is _Role.DRIVE
         assert driver(baton) is _Driver.CALLER
 
     def test_followers_wake_the_loop_once_a_batch(self, coroutine: Make) -> None:
         baton = _Baton()
-        baton.enter(coroutine(), can_drive=True)
-        wakes = [baton.enter(coroutine(), can_drive=True)[1] for _ in range(3)]
-        assert wakes == [True, False, False]
+        baton.enter(_Call(coroutine()), can_drive=True)
+        roles = [baton.enter(_Call(coroutine()), can_drive=True) for _ in range(3)]
+        assert roles == [_Role.WAKE, _Role.FOLLOW, _Role.FOLLOW]
         baton.take_queued()
-        assert baton.enter(coroutine(), can_drive=True)[1] is True
+        assert baton.enter(_Call(coroutine()), can_drive=True) is _Role.WAKE
 
     def test_a_caller_that_cannot_drive_wants_the_keeper(self, coroutine: Make) -> None:
         baton = _Baton()
-        call, wake = baton.enter(coroutine(), can_drive=False)
-        assert call is not None
-        assert wake
+        assert baton.enter(_Call(coroutine()), can_drive=False) is _Role.WAKE
         assert driver(baton) is _Driver.KEEPER
         assert baton.keeper_turn(0) is _Turn.DRIVE
 
     def test_the_keeper_ticks_only_after_an_idle_tick(self, coroutine: Make) -> None:
         baton = _Baton()
         assert baton.keeper_turn(0.01) is _Turn.TICK
-        assert baton.release() is True
-        baton.enter(coroutine(), can_drive=True)
-        baton.release()
+        assert baton.release(0) is True
+        baton.enter(_Call(coroutine()), can_drive=True)
+        baton.release(0)
         started = time.monotonic()
         assert baton.keeper_turn(0.05) is _Turn.TICK  # the tick with a call in it is skipped
         assert time.monotonic() - started >= 0.1
 
     def test_the_keeper_stops_once_nobody_drives_and_no_call_after(self, coroutine: Make) -> None:
         baton = _Baton()
-        baton.enter(coroutine(), can_drive=True)
+        baton.enter(_Call(coroutine()), can_drive=True)
         baton.close()
         with ThreadPoolExecutor(1) as pool:
             stopping = pool.submit(baton.keeper_turn, 10)
             time.sleep(0.05)
             assert not stopping.done()  # a caller still drives
-            baton.release()
+            baton.release(0)
             assert stopping.result(timeout=5) is _Turn.STOP
         with pytest.raises(RuntimeError, match="closed"):
-            baton.enter(coroutine(), can_drive=True)
+            baton.enter(_Call(coroutine()), can_drive=True)
 
 
 def driver(baton: _Baton) -> _Driver:

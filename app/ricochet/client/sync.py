@@ -58,10 +58,11 @@ _INHERITED: list["_PrivateLoop"] = []
 
 
 class _Call:
-    """A follower's coroutine, queued for the loop another thread drives, and the caller's wait
-    for its outcome: a lock the caller holds until the loop releases it, the cheapest wake-up
-    one thread can give another. It runs in a copy of the caller's context, as a driving
-    caller's does (a current span is the publish's parent either way)."""
+    """A coroutine to run on the loop, in a copy of its caller's context (a current span is
+    the publish's parent), and, when another thread drives the loop, the caller's wait for its
+    outcome: a lock the caller holds until the loop releases it, the cheapest wake-up one
+    thread can give another. Made before the baton's lock is taken: the less the lock holds,
+    the less many threads queue for it."""
 
     __slots__ = ("_done", "context", "coroutine", "error", "outcome", "task")
 
@@ -96,16 +97,26 @@ class _Call:
 
 
 class _Driver(enum.Enum):
+    """Who runs the loop now."""
+
     NOBODY = "nobody"  # the loop is not running: the next caller that can drives it
     CALLER = "caller"  # a calling thread runs it until its own call is done
     KEEPER = "keeper"  # the keeper thread runs it: for followers' calls, or a tick
     CLOSED = "closed"  # the client is closed: nobody runs it again
 
 
+class _Role(enum.Enum):
+    """What a call's caller does, as the baton decides."""
+
+    DRIVE = "drive"  # run the loop in its own thread until the call is done
+    FOLLOW = "follow"  # wait: the call is queued, and the loop is woken for the queue already
+    WAKE = "wake"  # wake the loop for the queue (the first call queued since it took it), wait
+
+
 class _Turn(enum.Enum):
     """What the keeper is woken for."""
 
-    DRIVE = "drive"  # calls are pending and nobody else drives
+    DRIVE = "drive"  # calls are queued or in flight, and nobody else drives
     TICK = "tick"  # the client was idle for a tick
     STOP = "stop"  # the client is closed
 
@@ -114,48 +125,42 @@ class _Baton:
     """Who drives the loop, decided under one lock, so that no call is stranded with nobody
     driving it.
 
-    The invariant: while a follower's call is pending (queued, or started and not settled),
-    someone drives. A caller that finds nobody driving drives (unless it cannot: then the keeper
-    does); one that finds a driver queues its call, counted pending; a driver done with its own
-    call hands the loop to the keeper while any is pending; and only a call settling, in the
-    loop and so under its driver, brings the count down. Each is one step under the lock: a
-    follower that queues just as the driver finishes is either counted before the driver looks
-    (the driver hands over) or finds nobody driving (and drives).
+    The invariant: while a follower's call is queued, or started and not settled, someone
+    drives. A caller that finds nobody driving drives (unless it cannot: then the keeper does);
+    one that finds a driver queues its call; a driver that stops (its own call done, or the
+    keeper's calls) hands the loop to the keeper while any call is queued or in flight. Each is
+    one step under the lock: a follower that queues just as the driver stops is either queued
+    before the driver looks (the driver hands over) or finds nobody driving (and drives).
 
-    It decides and counts; the loop itself is run by _PrivateLoop.
+    It decides, and holds the queue; the loop is run by _PrivateLoop, which counts the calls in
+    flight in it, where only the thread driving touches them: the loop takes no lock a call.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._keeper_wanted = threading.Condition(self._lock)
         self.driver = _Driver.NOBODY
-        self.pending = 0  # followers' calls not settled (and drivers' tasks left interrupted)
         self._queued: list[_Call] = []  # followers' calls the loop has not started yet
         self._woken = False  # the loop is due to start the queued calls
         self._called = False  # a call came since the keeper last looked: no tick due
         self._closing = False
 
-    def enter(
-        self, coroutine: Coroutine[Any, Any, Any], can_drive: bool
-    ) -> tuple[_Call | None, bool]:
-        """A call comes: None when its caller is to drive the loop; else its call, queued, and
-        whether the caller must wake the loop for it (once for all queued while it was busy)."""
+    def enter(self, call: _Call, can_drive: bool) -> _Role:
+        """A call comes: its caller drives the loop, or it is queued for the driver."""
         with self._lock:
             if self.driver is _Driver.CLOSED:
-                coroutine.close()
+                call.coroutine.close()
                 raise RuntimeError("the client is closed")
             self._called = True
             if self.driver is _Driver.NOBODY and can_drive:
                 self.driver = _Driver.CALLER
-                return None, False
-            call = _Call(coroutine)
+                return _Role.DRIVE
             self._queued.append(call)
-            self.pending += 1
             if self.driver is _Driver.NOBODY:
                 self.driver = _Driver.KEEPER
                 self._keeper_wanted.notify()
             wake, self._woken = not self._woken, True
-            return call, wake
+            return _Role.WAKE if wake else _Role.FOLLOW
 
     def take_queued(self) -> list[_Call]:
         """In the loop: the calls to start."""
@@ -163,19 +168,12 @@ class _Baton:
             calls, self._queued, self._woken = self._queued, [], False
         return calls
 
-    def settled(self) -> bool:
-        """In the loop, a pending call is done: whether it was the last one the keeper drives
-        for (the keeper stops the loop then)."""
+    def release(self, in_flight: int) -> bool:
+        """The driver stops driving, with `in_flight` calls started in the loop and not settled:
+        True when nobody needs to drive; False when calls are queued or in flight, and the
+        keeper drives (on)."""
         with self._lock:
-            self.pending -= 1
-            return not self.pending and self.driver is _Driver.KEEPER
-
-    def release(self, adopted: bool = False) -> bool:
-        """The driver stops driving, with its interrupted task `adopted` as pending: True when
-        nobody needs to drive; False when calls are pending, and the keeper drives (on)."""
-        with self._lock:
-            self.pending += adopted
-            if self.pending:
+            if self._queued or in_flight:
                 self.driver = _Driver.KEEPER
                 self._keeper_wanted.notify()
                 return False
@@ -222,26 +220,29 @@ class _PrivateLoop:
         self.client = client
         self.loop = asyncio.new_event_loop()
         self._baton = _Baton()
+        self._in_flight = 0  # followers' tasks (and interrupted drivers') not settled yet
         self._keeper = threading.Thread(target=self._keep, name="ricochet-client", daemon=True)
         self._keeper.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """The coroutine's outcome: driven here when nobody drives the loop (and this thread
         runs no loop of its own), else by the driver, waited for."""
-        call, wake = self._baton.enter(coroutine, asyncio._get_running_loop() is None)
-        if call is None:
-            return self._drive(coroutine)
-        if wake:
+        call = _Call(coroutine)
+        role = self._baton.enter(call, asyncio._get_running_loop() is None)
+        if role is _Role.DRIVE:
+            outcome: T = self._drive(call)
+            return outcome
+        if role is _Role.WAKE:
             self.loop.call_soon_threadsafe(self._start_queued)
-        outcome: T = call.wait()
+        outcome = call.wait()
         return outcome
 
-    def _drive(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run the loop in this thread until the coroutine is done (with whatever else it has
-        to do meanwhile: followers' calls, the connection's frames)."""
-        task: asyncio.Task[T] | None = None
+    def _drive(self, call: _Call) -> Any:
+        """Run the loop in this thread until the call is done (with whatever else it has to do
+        meanwhile: followers' calls, the connection's frames)."""
+        task: asyncio.Task[Any] | None = None
         try:
-            task = self.loop.create_task(coroutine)
+            task = self.loop.create_task(call.coroutine, context=call.context)
             task.add_done_callback(self._stop_for)
             self.loop.run_forever()
             return task.result()
@@ -258,41 +259,45 @@ class _PrivateLoop:
 
     def _stop_driving(self, task: "asyncio.Task[Any] | None") -> None:
         """In a finally: the loop is never left marked as driven. A task not done (its caller
-        was interrupted: KeyboardInterrupt) is adopted as pending, and the keeper drives it to
+        was interrupted: KeyboardInterrupt) is adopted as in flight, and the keeper drives it to
         its end, because other callers wait on its outcome inside the Client: an enqueue of the
         same message_id waits for its lock, close() for the count of enqueues in flight."""
-        if task is None or task.done():
-            self._baton.release()
-            return
-        task.remove_done_callback(self._stop_for)
-        task.add_done_callback(functools.partial(self._settle, None))
-        self._baton.release(adopted=True)
+        if task is not None and not task.done():
+            task.remove_done_callback(self._stop_for)
+            task.add_done_callback(functools.partial(self._settle, None))
+            self._in_flight += 1
+        self._baton.release(self._in_flight)
 
     def _start_queued(self) -> None:
-        for call in self._baton.take_queued():
+        calls = self._baton.take_queued()
+        self._in_flight += len(calls)
+        for call in calls:
             call.task = self.loop.create_task(call.coroutine, context=call.context)
             call.task.add_done_callback(functools.partial(self._settle, call))
 
     def _settle(self, call: _Call | None, task: "asyncio.Task[Any]") -> None:
-        """In the loop, a pending task is done: a follower's, or one its driver was interrupted
-        out of (no one waits for that one; its error is taken, or asyncio would log it)."""
+        """In the loop, a task in flight is done: a follower's, or one its driver was
+        interrupted out of (no one waits for that one; its error is taken, or asyncio would log
+        it). The last one ends the keeper's run, which then hands the loop on or lets it be (the
+        driver is read without the lock: only the keeper, driving now, changes it from KEEPER)."""
         if call is not None:
             call.settle(task)
         elif not task.cancelled():
             task.exception()
-        if self._baton.settled():
+        self._in_flight -= 1
+        if not self._in_flight and self._baton.driver is _Driver.KEEPER:
             self.loop.stop()
 
     def _keep(self) -> None:
-        """The keeper thread: drives the loop while calls are pending that nobody else drives,
+        """The keeper thread: drives the loop while calls are in flight that nobody else drives,
         and for a tick when the client was idle; closes it at the end."""
         while (turn := self._baton.keeper_turn(TICK_S)) is not _Turn.STOP:
             if turn is _Turn.TICK:
                 tick = self.loop.call_later(TICK_DRIVE_S, self.loop.stop)
                 self.loop.run_forever()  # or until a follower that came meanwhile settles
                 tick.cancel()
-            while not self._baton.release():
-                self.loop.run_forever()  # until the last pending call settles
+            while not self._baton.release(self._in_flight):
+                self.loop.run_forever()  # until the last call in flight settles
         self.loop.close()
 
     async def _close_client(self) -> None:
