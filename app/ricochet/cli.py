@@ -35,7 +35,7 @@ from ricochet.ops.report import (
     status_table,
 )
 from ricochet.ops.scan import under_signals
-from ricochet.ops.selection import Selection
+from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.status import read_status
 from ricochet.settings import Settings, load_settings
 from ricochet.worker.worker import run_worker
@@ -93,6 +93,31 @@ async def _with_connection(settings: Settings, role: str, fn: Callable[..., Awai
         await connection.close()
 
 
+def _take_copies(
+    settings: Settings,
+    role: str,
+    command: str,
+    take: Callable[..., Awaitable[Outcome]],
+    selection: Selection,
+    limit: int | None,
+    dry_run: bool,
+) -> Outcome:
+    """take() (replay, or discard) the selected failed copies, or with dry_run list them, on a
+    connection named for its role, under Ctrl-C: a first signal ends it after the copy in hand."""
+    names = Names(settings.queue)
+    return _run(  # type: ignore[no-any-return]
+        _with_connection(
+            settings,
+            role,
+            lambda c: under_signals(
+                lambda stop: take(c, names, selection, limit=limit, dry_run=dry_run, stop=stop),
+                names,
+                command,
+            ),
+        )
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ricochet")
 def main() -> None:
@@ -124,21 +149,18 @@ def monitor() -> None:
 def _filters(*, kind: bool = True) -> Callable[[Command], Command]:
     """The options that select failed copies (replay has no --kind: a copy's kind is why it
     failed, and replay is for the jobs that may now succeed whatever it was)."""
+    kind_option = click.option(
+        "--kind",
+        type=click.Choice(["exhausted", "permanent", "poison"]),
+        help="Only copies that failed this way.",
+    )
     options = [
         click.option("--reason", help="Only copies whose failed-reason contains TEXT."),
         click.option("--type", "job_type", help="Only copies of this job type."),
+        *([kind_option] if kind else []),
         click.option("--message-id", help="Only the copy (or copies) with this message id."),
         click.option("--limit", type=click.IntRange(min=1), help="At most N copies."),
     ]
-    if kind:
-        options.insert(
-            2,
-            click.option(
-                "--kind",
-                type=click.Choice(["exhausted", "permanent", "poison"]),
-                help="Only copies that failed this way.",
-            ),
-        )
 
     def decorate(fn: Command) -> Command:
         for option in reversed(options):
@@ -169,22 +191,9 @@ def replay(
 ) -> None:
     """Move failed copies back to the main queue with a fresh retry budget."""
     settings = _settings()
-    names = Names(settings.queue)
     selection = Selection(reason=reason, type=job_type, message_id=message_id)
-    result = _run(
-        _with_connection(
-            settings,
-            "replay",
-            lambda c: under_signals(
-                lambda stop: replay_failed(
-                    c, names, selection, limit=limit, dry_run=dry_run, stop=stop
-                ),
-                names,
-                "replay",
-            ),
-        )
-    )
-    click.echo(replay_report(result, dry_run, group_by, names.queue))
+    result = _take_copies(settings, "replay", "replay", replay_failed, selection, limit, dry_run)
+    click.echo(replay_report(result, dry_run, group_by, settings.queue))
 
 
 @main.group()
@@ -266,21 +275,9 @@ def failed_discard(
             err=True,
         )
         sys.exit(EXIT_CONFIG)
-    settings = _settings()
-    names = Names(settings.queue)
     selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
-    result = _run(
-        _with_connection(
-            settings,
-            "failed",
-            lambda c: under_signals(
-                lambda stop: discard_failed(
-                    c, names, selection, limit=limit, dry_run=dry_run, stop=stop
-                ),
-                names,
-                "failed discard",
-            ),
-        )
+    result = _take_copies(
+        _settings(), "failed", "failed discard", discard_failed, selection, limit, dry_run
     )
     click.echo(discard_report(result, dry_run, group_by))
 

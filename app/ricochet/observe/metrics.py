@@ -151,7 +151,10 @@ class QueueMetrics:
         self._retried = metrics.jobs.labels(queue, "retried")
         self._failed = metrics.jobs.labels(queue, "failed")
         self._cancelled = metrics.jobs.labels(queue, "cancelled")
-        self._children: dict[tuple[str, ...], Counter] = {}  # by tier or kind, on first use
+        # Children made on first use, one cache per metric: the retries by tier, the failures by
+        # kind.
+        self._tiers: dict[tuple[str, ...], Counter] = {}
+        self._kinds: dict[tuple[str, ...], Counter] = {}
 
     def attempted(self, outcome: Outcome, seconds: float) -> None:
         """A handler call ended: how long it took."""
@@ -168,22 +171,22 @@ class QueueMetrics:
         elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
             # A job sent to tier k failed on its attempt k.
             self._retried.inc()
-            _child(self._children, self._metrics.retries, self._queue, str(decision.tier)).inc()
+            _child(self._tiers, self._metrics.retries, self._queue, str(decision.tier)).inc()
             self._metrics.count_attempt(attempt, "retried")
         elif action is Action.DELAY and event.failure is not None:  # a RetryLater
             self._retried.inc()
             self._metrics.count_attempt(attempt, "retried")
         elif action is Action.FAIL:
             self._failed.inc()
-            _child(self._children, self._metrics.failed, self._queue, str(decision.kind)).inc()
+            _child(self._kinds, self._metrics.failed, self._queue, str(decision.kind)).inc()
             self._metrics.count_attempt(attempt, "failed")
         elif action is Action.CANCEL:
             self._cancelled.inc()
 
 
 def _child(children: dict[tuple[str, ...], Counter], metric: Counter, *labels: str) -> Counter:
-    """metric.labels(*labels), kept in children after its first use: labels() takes a lock and
-    a lookup on every call."""
+    """metric.labels(*labels), kept in children (this metric's own cache) after its first use:
+    labels() takes a lock and a lookup on every call."""
     child = children.get(labels)
     if child is None:
         child = children[labels] = metric.labels(*labels)
