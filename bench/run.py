@@ -65,7 +65,16 @@ JITTER = 0.5  # the jittered scenarios' RICOCHET_RETRY_JITTER
 # time with multiple=True.
 NO_OTEL = "-no-otel"
 WARNINGS = "-warnings"
-FULL_RUN_SCENARIOS = [*SCENARIOS, f"happy{NO_OTEL}", f"happy{WARNINGS}"]
+# The happy path's variants beside it, so that each run of a repeat sits next to what it is
+# compared with (run_order).
+FULL_RUN_SCENARIOS = [
+    "happy",
+    f"happy{NO_OTEL}",
+    f"happy{WARNINGS}",
+    "retry",
+    "failure",
+    "retry-jitter",
+]
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
 PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
 PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
@@ -252,6 +261,20 @@ def raw_twin(scenario: str) -> str:
     return SCENARIOS[base_name(scenario)][2] if base_name(scenario) in SCENARIOS else "raw"
 
 
+def run_order(scenarios: list[str]) -> list[str]:
+    """One repeat's runs: the ack loop, then each scenario right after its raw twin.
+
+    A ratio pairs a scenario's run with its twin's run of the same repeat. Run next to each
+    other, both meet the same state of the broker and the machine, which drift over a full run
+    (quorum queues of earlier runs being cleaned up, other load); the driver reverses the order
+    every other repeat, so neither side of a pair always goes first.
+    """
+    order = ["raw"]
+    for name in scenarios:
+        order += [raw_twin(name), name]
+    return list(dict.fromkeys(order))
+
+
 def raw_args(settings: Settings, mode: str) -> list[str]:
     return [
         "raw",
@@ -372,7 +395,7 @@ async def throughputs(
     connection: AbstractConnection, channel: AbstractChannel, cfg: Config, qt: str
 ) -> dict[str, Any]:
     """Every scenario cfg.repeats times, interleaved, the order reversed every other repeat."""
-    order = list(dict.fromkeys(["raw", *map(raw_twin, cfg.scenarios), *cfg.scenarios]))
+    order = run_order(cfg.scenarios)
     rates: dict[str, list[float]] = {name: [] for name in order}
     cpu: dict[str, list[float]] = {name: [] for name in order}
     for r in range(cfg.repeats):

@@ -1,0 +1,28 @@
+"""The benchmark's run order: what a ratio compares runs next to it."""
+
+from bench.run import FULL_RUN_SCENARIOS, run_order
+
+
+def test_each_scenario_runs_right_after_its_raw_twin() -> None:
+    order = run_order(FULL_RUN_SCENARIOS)
+    assert order == [
+        "raw",
+        "happy",
+        "happy-no-otel",
+        "happy-warnings",
+        "raw-retry",
+        "retry",
+        "raw-failure",
+        "failure",
+        "raw-retry-jitter",
+        "retry-jitter",
+    ]
+
+
+def test_an_ab_run_keeps_both_sides_next_to_their_twin() -> None:
+    assert run_order(["retry-jitter", "retry-jitter@base"]) == [
+        "raw",
+        "raw-retry-jitter",
+        "retry-jitter",
+        "retry-jitter@base",
+    ]
