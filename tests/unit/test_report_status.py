@@ -58,6 +58,33 @@ def test_failed_show_text_has_every_part() -> None:
     ]  # fmt: skip
 
 
+def test_a_jobs_line_breaks_and_escapes_stay_on_one_line() -> None:
+    """failed list keeps one line a copy, and failed show one line a field, whatever a handler
+    put in its reason or a producer in its headers: line breaks and a terminal's escape
+    sequences are shown escaped, never sent to the terminal."""
+    from ricochet.delivery.failed import FailureInfo
+    from ricochet.ops.failed_queue import CopyDetails
+    from ricochet.ops.report import copy_text, failed_list_table
+
+    hostile = "bad\ninput \x1b[2J\r\tdone é"
+    failure = FailureInfo("m\n1", "mail", hostile, "permanent", 0, "2026-01-01T00:00:00")
+    lines = failed_list_table([failure, failure]).splitlines()
+    assert len(lines) == 3
+    assert "bad\\ninput \\x1b[2J\\r\\tdone é" in lines[1]
+    assert lines[1].startswith("m\\n1  ")
+    details = CopyDetails(
+        failure,
+        properties={"type": "mail"},
+        headers={"x-note\n": "a\x07b", "failed-traceback": "Traceback\nValueError: bad\x1b[0m"},
+        body="{}",
+        body_encoding="utf-8",
+    )
+    text = copy_text(details)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "reason:      bad\\ninput \\x1b[2J\\r\\tdone é" in text.splitlines()
+    assert "  x-note\\n: a\\x07b" in text.splitlines()
+
+
 @pytest.mark.parametrize(
     ("delay_ms", "shown"),
     [

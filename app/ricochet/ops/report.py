@@ -12,12 +12,25 @@ DAY_MS = 86_400_000  # from a day on, durations are shown in days
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    cells = [[str(c) for c in header], *([("-" if c is None else str(c)) for c in r] for r in rows)]
+    """Left-aligned columns separated by two spaces, one line a row."""
+    cells = [
+        [str(c) for c in header],
+        *([("-" if c is None else cell(c)) for c in r] for r in rows),
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+def cell(value: object) -> str:
+    """A value as one line of plain text: a job's line breaks and other control characters (a
+    terminal's escape sequences among them) are shown escaped, as Python writes them, never
+    sent to the terminal."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def duration(delay_ms: int | None) -> str:
@@ -182,23 +195,24 @@ def failed_list_table(failures: Sequence[FailureInfo]) -> str:
 
 
 def copy_text(details: CopyDetails) -> str:
-    """failed show: one copy, its failure first, then properties, headers, traceback and body."""
+    """failed show: one copy, its failure first, then properties, headers, traceback and body.
+    Every line but the body's is one line of plain text (see cell)."""
     f = details.failure
     lines = [
-        f"message_id:  {f.message_id}",
-        f"type:        {f.type}",
-        f"kind:        {f.kind}",
+        f"message_id:  {cell(f.message_id)}",
+        f"type:        {cell(f.type)}",
+        f"kind:        {cell(f.kind)}",
         f"retry_count: {f.retry_count}",
-        f"failed_at:   {f.failed_at}",
-        f"reason:      {f.reason}",
+        f"failed_at:   {cell(f.failed_at)}",
+        f"reason:      {cell(f.reason)}",
         "",
         "properties:",
-        *(f"  {k}: {v}" for k, v in details.properties.items()),
+        *(f"  {k}: {cell(v)}" for k, v in details.properties.items()),
         "",
         "headers:",
-        *(f"  {k}: {v}" for k, v in details.headers.items() if k != "failed-traceback"),
+        *(f"  {cell(k)}: {cell(v)}" for k, v in details.headers.items() if k != "failed-traceback"),
     ]
     if details.traceback is not None:
-        lines += ["", "traceback:", *(f"  {line}" for line in details.traceback.splitlines())]
+        lines += ["", "traceback:", *(f"  {cell(line)}" for line in details.traceback.splitlines())]
     lines += ["", f"body ({details.body_encoding}):", details.body]
     return "\n".join(lines)
