@@ -130,7 +130,16 @@ async def test_forms_need_the_token(
         assert "Read-only" in html
         assert "<form" not in html
         form = {"message_id": "evil", "token": TOKEN}
-        assert (await post(f"{base}/failed/actions/discard", form))[0] == 403
+        for path in [
+            "/failed/actions/discard",
+            "/failed/actions/replay",
+            "/failed",
+            "/failed/evil",
+        ]:
+            assert (await post(f"{base}{path}", form))[0] == 403, path
+    async with console(queue_name, TOKEN) as base:
+        form = {"message_id": "evil", "token": TOKEN}
+        assert (await post(f"{base}/failed/evil", form))[0] == 405  # the forms post to actions
     assert await depth(channel, Names(queue_name).failed) == 6
 
 
@@ -222,6 +231,28 @@ async def test_in_a_browser(
     assert dialogs == []
     assert [m.message_id for m in await take(channel, queue_name, 1)] == ["invoice-4811"]
     assert len(await failed_ids(channel, queue_name)) == 5
+
+
+async def test_a_multi_line_reason_group_from_a_browser(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """A group whose reason spans lines is discarded whole from chromium's form, which sends
+    the reason's line breaks as CRLF: the page says how many went, and the other group stays."""
+    await declare(connection, make_settings(queue_name))
+    for i in range(2):
+        await publish_failed(channel, queue_name, f"multi-{i}", ValueError("line one\nline two"))
+    await publish_failed(channel, queue_name, "single", KeyError("recipient"))
+    async with console(queue_name, TOKEN) as base, async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        page = await browser.new_page()
+        await page.goto(f"{base}/failed")
+        group = page.locator("section.group").filter(has_text="line two")
+        await group.get_by_label("Console token").fill(TOKEN)
+        await group.get_by_role("button", name="Discard these 2").click()
+        await page.wait_for_url(f"{base}/failed?discarded=2")
+        assert await page.locator("h1").inner_text() == "1 failed job in 1 reason"
+        await browser.close()
+    assert await failed_ids(channel, queue_name) == ["single"]
 
 
 def chromium() -> str:

@@ -112,3 +112,20 @@ def test_read_failure(
 def test_selection_by_kind_and_whole_reason(selection: Selection, matches: bool) -> None:
     """--kind matches exactly; a console group matches its whole reason, not a part of it."""
     assert selection.matches(COPY) is matches
+
+
+@pytest.mark.parametrize(
+    ("posted", "matches"),
+    [
+        ("line one\nline two\rthree", True),
+        ("line one\r\nline two\r\nthree", True),  # a browser's form: every break as CRLF
+        ("line one\nline two\nthree", True),  # a page's CR is read as LF
+        ("line one line two three", False),
+        ("line one\nline two", False),
+    ],
+)
+def test_whole_reason_alike_whatever_its_line_breaks(posted: str, matches: bool) -> None:
+    """A console group of a multi-line reason matches what a browser posts back for it: the
+    same text, line breaks of any kind alike."""
+    copy = FailureInfo("m", "report", "line one\nline two\rthree", "permanent", 0, None)
+    assert Selection(reason_is=posted).matches(copy) is matches

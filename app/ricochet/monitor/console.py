@@ -89,6 +89,8 @@ class Console:
         table.get("/failed")(self.index)
         table.post("/failed/actions/{action}")(self.act)
         table.get("/failed/{message_id:.+}")(self.job)
+        table.post("/failed")(self.not_an_action)
+        table.post("/failed/{message_id:.+}")(self.not_an_action)
         return table
 
     async def _with_broker(self, work: Callable[[AbstractConnection], Awaitable[T]]) -> T:
@@ -162,6 +164,13 @@ class Console:
         )
         past = "replayed" if action == "replay" else "discarded"
         raise web.HTTPSeeOther(f"/failed?{past}={len(outcome.selected)}")
+
+    async def not_an_action(self, request: web.Request) -> web.Response:
+        """A POST to a page: refused as every POST is on a read-only console; on a writable one
+        the forms post to /failed/actions/replay and /failed/actions/discard."""
+        if self._token is None:
+            return self._refused("the console is read-only: RICOCHET_CONSOLE_TOKEN is not set")
+        raise web.HTTPMethodNotAllowed(request.method, ["GET"])
 
     async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
         if action == "replay":

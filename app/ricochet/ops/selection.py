@@ -12,7 +12,8 @@ class Selection:
     """Which failed copies to act on; None matches anything, and every filter given must match.
 
     reason is a substring of failed-reason (--reason); reason_is is the whole of it (a reason
-    group of the console); type, kind and message_id are exact.
+    group of the console), whatever its line breaks are made of: a browser sends a form's as
+    CRLF, and reads a page's CR as LF. type, kind and message_id are exact.
     """
 
     reason: str | None = None
@@ -24,11 +25,15 @@ class Selection:
     def matches(self, failure: FailureInfo) -> bool:
         return (
             (self.reason is None or self.reason in failure.reason)
-            and (self.reason_is is None or self.reason_is == failure.reason)
+            and (self.reason_is is None or _lines(self.reason_is) == _lines(failure.reason))
             and (self.type is None or self.type == failure.type)
             and (self.message_id is None or self.message_id == failure.message_id)
             and (self.kind is None or self.kind == failure.kind)
         )
+
+
+def _lines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 @dataclass
