@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet import BrokerUnavailable, Client, InvalidJob, Job, NotConfirmed, SyncClient
+from ricochet import (
+    BrokerUnavailable,
+    Client,
+    InvalidJob,
+    Job,
+    NotConfirmed,
+    PermanentError,
+    SyncClient,
+)
 from ricochet.broker.topology import declare
 from ricochet.errors import ConfigError
 
@@ -18,6 +26,8 @@ from tests.support import (
     close_connections,
     depth,
     make_settings,
+    ricochet_env,
+    run_cli,
     take,
     wait_for,
 )
@@ -241,3 +251,44 @@ async def test_cancel_drops_a_scheduled_job(start_worker: StartWorker, queue_nam
     await wait_for(lambda: ran == ["kept"], 10, "the job not cancelled")
     await wait_for(lambda: worker.count("cancelled") == 2, 10, "two cancelled jobs")
     assert ran == ["kept"]
+
+
+async def test_cancelling_an_unknown_or_finished_job_changes_nothing(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """A cancel stops the job that waits when it is made, not its id for good: a job enqueued
+    with a cancelled id right after the cancel runs, so does one scheduled with it a second
+    later, and a failed job cancelled, then replayed, runs again, through a retry tier too."""
+    attempts: list[tuple[str | None, int]] = []
+
+    async def handler(job: Job) -> None:
+        attempts.append((job.message_id, job.attempt))
+        if job.message_id == "failed-then-replayed":
+            if job.headers.get("replay-count") is None:
+                raise PermanentError("fails for good, until replayed")
+            if job.attempt == 1:
+                raise ConnectionError("one transient failure after the replay")
+
+    worker = await start_worker(handler, retry_delays_ms="300")
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.cancel("unknown-then-enqueued")
+        await client.enqueue("mail", {}, message_id="unknown-then-enqueued")
+        await client.cancel("unknown-then-scheduled")
+        await asyncio.sleep(1.1)  # a whole second later: AMQP timestamps keep whole seconds
+        await client.enqueue("mail", {}, message_id="unknown-then-scheduled", delay=0.5)
+        await client.enqueue("mail", {}, message_id="failed-then-replayed")
+        await wait_for(lambda: worker.count("failed") == 1, 10, "the failed job")
+        await client.cancel("failed-then-replayed")
+    await asyncio.sleep(1.1)
+    env = ricochet_env(make_settings(queue_name))
+    done = await asyncio.to_thread(run_cli, ["replay", "--message-id", "failed-then-replayed"], env)
+    assert done.returncode == 0, done.stderr
+    await wait_for(lambda: worker.count("succeeded") == 3, 10, "three jobs done")
+    assert sorted(attempts) == [
+        ("failed-then-replayed", 1),
+        ("failed-then-replayed", 1),
+        ("failed-then-replayed", 2),
+        ("unknown-then-enqueued", 1),
+        ("unknown-then-scheduled", 1),
+    ]
+    assert worker.count("cancelled") == 0

@@ -110,10 +110,16 @@ def rejected(count: int) -> dict[str, Any]:
         ({"run-at": "2020-01-01T00:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
         # One that cannot be read fails for good at once.
         ({"run-at": "soon"}, "jobs", False, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        # Cancelled: dropped when it comes due, whatever else it says.
-        ({}, "jobs", True, None, Decision(Action.CANCEL)),
+        # Cancelled while it waited (scheduled, in a tier, after a RetryLater): dropped when it
+        # comes due, whatever else it says.
+        ({"run-at": "2026-11-24T12:00:05Z"}, "jobs", True, None, Decision(Action.CANCEL)),
+        ({"run-at": "2020-01-01T00:00:00Z"}, "0.1.0", True, None, Decision(Action.CANCEL)),
         ({**rejected(2)}, "jobs.attempt.2", True, None, Decision(Action.CANCEL)),
+        ({RETRIES: 1}, "0.1.0", True, None, Decision(Action.CANCEL)),
         ({"run-at": "soon"}, "jobs", True, None, Decision(Action.CANCEL)),
+        # A first attempt without a schedule waits for nothing: a cancel of its id (made for a
+        # job that had finished, or for an id not yet used) does not stop it.
+        ({}, "jobs", True, None, Decision(Action.RUN)),
         # RetryLater spends an attempt and waits its time; the copy carries the retries made.
         ({}, "jobs", False, Outcome.LATER, Decision(Action.DELAY, delay_ms=1500, retries=1)),
         (
@@ -217,3 +223,34 @@ def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:
     log.add("a", at_s=140, now_s=150)
     log.prune(now_s=170)
     assert ("a" in log, "b" in log, len(log)) == (True, False, 1)
+
+
+@pytest.mark.parametrize(
+    ("message_id", "published_s", "cancelled"),
+    [
+        ("waiting", 990.0, True),  # published before the cancel: it was waiting
+        ("waiting", 1000.0, True),  # the same second as the cancel counts as before it
+        ("waiting", None, True),  # no timestamp: covered whenever it was published
+        ("waiting", 1001.0, False),  # enqueued again, or replayed, after the cancel
+        ("never-cancelled", 990.0, False),
+        (None, 990.0, False),
+    ],
+)
+def test_a_cancel_covers_the_job_published_before_it(
+    message_id: str | None, published_s: float | None, cancelled: bool
+) -> None:
+    """A cancel stops the job that was waiting when it was made, not its id for good: a job
+    published with that id after the cancel runs."""
+    log = CancelLog(kept_s=100)
+    log.add("waiting", at_s=1000, now_s=1010)
+    assert log.cancels(message_id, lambda: published_s) is cancelled
+
+
+def test_a_cancel_reads_the_timestamp_only_for_a_cancelled_id() -> None:
+    """Every delivery is checked against the cancels: one whose id has none costs a lookup."""
+    log = CancelLog(kept_s=100)
+
+    def published_s() -> float:
+        raise AssertionError("read for an id that has no cancel")
+
+    assert not log.cancels("other", published_s)

@@ -83,10 +83,20 @@ class Delivery:
         """Reject without requeue: the broker moves it on through the queue's dead-letter route."""
         await self._raw.channel.basic_nack(self.delivery_tag, requeue=False)
 
+    def published_s(self) -> float | None:
+        """The job's AMQP timestamp (when its producer published it) in epoch seconds, if any."""
+        stamp = self._raw.header.properties.timestamp
+        return None if stamp is None else epoch_s(stamp)
+
     def properties(self, names: Iterable[str]) -> dict[str, Any]:
         """These properties, by the names aio_pika.Message takes, as they were read."""
         properties = self._raw.header.properties
         return {name: getattr(properties, PAMQP_NAMES.get(name, name)) for name in names}
+
+
+def epoch_s(stamp: dt.datetime) -> float:
+    """An AMQP timestamp in epoch seconds: they are UTC, and the client library reads them naive."""
+    return stamp.replace(tzinfo=stamp.tzinfo or dt.UTC).timestamp()
 
 
 # The frame reader pamqp itself uses for a content header; read_properties_leniently() wraps it.

@@ -5,10 +5,10 @@ retention says: a worker started after a cancel reads it too, and nothing but Ra
 """
 
 import asyncio
-import datetime as dt
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -16,7 +16,7 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from ricochet.broker.amqp import Frames
+from ricochet.broker.amqp import Frames, epoch_s
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.topology import CANCELS_MAX_AGE_S, Names
 
@@ -34,7 +34,13 @@ CATCH_UP_TIMEOUT_S = 60.0
 
 class CancelLog:
     """The message_ids cancelled within the kept time, oldest first: a cancel older than that
-    cannot concern a job still waiting, so it is forgotten and memory stays bounded (pure)."""
+    cannot concern a job still waiting, so it is forgotten and memory stays bounded (pure).
+
+    A cancel covers the job as it was published before it, not the id for good: a job published
+    again with that id after the cancel (enqueued anew, or replayed) runs. Both times are AMQP
+    timestamps, whole seconds, so a job published in the same second as the cancel is covered;
+    a job without a timestamp (some producers send none) is covered whenever it was published.
+    """
 
     def __init__(self, kept_s: float) -> None:
         self._kept_s = kept_s
@@ -55,6 +61,17 @@ class CancelLog:
             if now_s - at_s < self._kept_s:
                 break
             del self._at[message_id]
+
+    def cancels(self, message_id: str | None, published_s: Callable[[], float | None]) -> bool:
+        """Whether a recorded cancel covers this job; published_s is read only for an id that
+        has one."""
+        if message_id is None:
+            return False
+        at_s = self._at.get(message_id)
+        if at_s is None:
+            return False
+        published = published_s()
+        return published is None or published <= at_s
 
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._at
@@ -138,8 +155,7 @@ class CancelReader:
     async def _read(self, entry: AbstractIncomingMessage) -> None:
         if entry.type == CANCEL and entry.message_id:
             stamp = entry.timestamp
-            # AMQP timestamps are UTC seconds; the client library hands them over naive.
-            at = stamp.replace(tzinfo=stamp.tzinfo or dt.UTC).timestamp() if stamp else time.time()
+            at = epoch_s(stamp) if stamp else time.time()
             self.cancelled.add(entry.message_id, at, time.time())
         elif entry.type == MARKER and entry.message_id == self._marker:
             self._caught_up.set()

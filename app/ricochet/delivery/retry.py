@@ -231,7 +231,9 @@ def read_facts(
     was first published with, which the tiers replace on the way back. type_max_retries: the
     budget the handler of the job's type sets, if any. unreadable: whether some of its message
     properties could not be decoded. key_tier: the k of its routing key Q.attempt.k, if it has
-    one. cancelled: whether its message_id was cancelled. now: the time its run-at is read
+    one. cancelled: whether a cancel covers its message_id (ricochet.broker.cancels); it holds
+    for a job that waits, scheduled (a run-at) or back for another attempt, and not for a first
+    attempt without a schedule, which waits for nothing. now: the time its run-at is read
     against (the clock when None, read only if it has one).
 
     A job ricochet published again carries the retries it had made (the RETRIES header:
@@ -259,7 +261,7 @@ def read_facts(
         forged=forged,
         poison=not forged and returns is not None and returns > POISON_DELIVERIES,
         unreadable=unreadable,
-        cancelled=cancelled,
+        cancelled=cancelled and (attempt > 1 or RUN_AT in headers),
         due_in_ms=due_in_ms,
         bad_run_at=bad_run_at,
         keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),

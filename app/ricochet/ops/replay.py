@@ -8,6 +8,7 @@ again is not read a second time.
 """
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,7 +59,10 @@ async def replay(
 
 
 def _replayed(copy: Copy) -> aio_pika.Message:
-    """The job as it goes back to the main queue: the copy without its failure headers."""
+    """The job as it goes back to the main queue: the copy without its failure headers, stamped
+    with the time of the replay, since it is published again: a cancel made before the replay
+    (of a job that had already failed) does not cover it."""
     headers = replayed_headers(copy.message.headers or {})
     inject_current(headers)  # a replay inside a span joins it; else the job keeps its own trace
-    return copy_of(copy.message.body, properties_of(copy.message), headers)
+    properties = properties_of(copy.message) | {"timestamp": time.time()}
+    return copy_of(copy.message.body, properties, headers)

@@ -8,6 +8,7 @@ their children.
 """
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -75,7 +76,7 @@ class Consumer:
             type_max_retries=self._invoker.max_retries(kind),
             unreadable=delivery.unreadable is not None,
             key_tier=names.tier_of_key(delivery.routing_key),
-            cancelled=delivery.message_id in self._cancelled,
+            cancelled=self._cancelled.cancels(delivery.message_id, delivery.published_s),
         )
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays
@@ -112,7 +113,8 @@ class Consumer:
             seconds = time.perf_counter() - started
             for observer in self._observers:
                 observer.attempted(outcome, seconds)
-            later_ms = round(error.after_s * 1000) if isinstance(error, RetryLater) else None
+            # Rounded up: the next attempt starts no earlier than after_s.
+            later_ms = math.ceil(error.after_s * 1000) if isinstance(error, RetryLater) else None
             decision = decide(facts, outcome, later_ms)
             failure = None if error is None else Failure(error)
             record_outcome(span, decision, failure)
