@@ -37,6 +37,11 @@ def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
         ({"job_type": "x" * 256}, "job_type"),
         ({"job_type": "é" * 128}, "job_type"),  # 256 bytes in UTF-8
         ({"job_type": 7}, "job_type"),
+        ({"job_type": "mail\ud800"}, "job_type"),  # a lone surrogate has no UTF-8
+        ({"message_id": "\udfff"}, "message_id"),
+        ({"payload": {"text": "\ud800"}}, "payload"),
+        ({"headers": {"x-\ud800": "x"}}, "headers"),
+        ({"headers": {"note": "\ud800"}}, "headers"),
         ({"message_id": ""}, "message_id"),
         ({"message_id": "m" * 256}, "message_id"),
         ({"max_retries": -1}, "max_retries"),

@@ -47,6 +47,7 @@ def test_retry_later_out_of_range(after: Any) -> None:
         ("2026-11-24T12:00:05Z", NOW + dt.timedelta(seconds=5)),
         ("2026-11-24T13:00:05+01:00", NOW + dt.timedelta(seconds=5)),
         ("2026-11-24T12:00:05.250000+00:00", NOW + dt.timedelta(seconds=5.25)),
+        ("2026-11-24t12:00:05z", NOW + dt.timedelta(seconds=5)),  # RFC 3339 allows lower case
         (dt.datetime(2026, 11, 24, 12, 0, 5), NOW + dt.timedelta(seconds=5)),  # AMQP timestamp
         ("2026-11-24T12:00:05", None),  # no offset: whose noon?
         ("tomorrow", None),

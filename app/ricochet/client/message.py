@@ -95,12 +95,21 @@ def _new_id() -> str:
     return uuid.UUID(int=random.getrandbits(128), version=4).hex
 
 
+def _utf8(argument: str, text: str) -> bytes:
+    """The text as it goes on the wire; a lone surrogate has no UTF-8 and is refused."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as error:
+        raise InvalidJob(f"{argument} cannot be sent: {error}") from None
+
+
 def _short_string(argument: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidJob(f"{argument} must be a non-empty string, not {value!r}")
-    if len(value.encode()) > SHORT_STRING_MAX_BYTES:
+    size = len(_utf8(argument, value))
+    if size > SHORT_STRING_MAX_BYTES:
         raise InvalidJob(
-            f"{argument} is {len(value.encode())} bytes long: at most "
+            f"{argument} is {size} bytes long: at most "
             f"{SHORT_STRING_MAX_BYTES} characters (bytes in UTF-8) fit an AMQP property"
         )
     return value
@@ -152,7 +161,10 @@ def _own_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(headers, Mapping):
         raise InvalidJob(f"headers must be a mapping, not {type(headers).__name__}")
     for name in headers:
-        if not isinstance(name, str) or not 0 < len(name.encode()) <= HEADER_NAME_MAX_BYTES:
+        if (
+            not isinstance(name, str)
+            or not 0 < len(_utf8("headers", name)) <= HEADER_NAME_MAX_BYTES
+        ):
             raise InvalidJob(
                 f"headers: a header name must be a string of 1-{HEADER_NAME_MAX_BYTES} bytes,"
                 f" not {name!r}"
@@ -179,7 +191,7 @@ def _body(payload: Any, content_type: str | None) -> tuple[bytes, str | None]:
     if content_type is not None:
         raise InvalidJob("content_type is for a bytes payload; any other payload is sent as JSON")
     try:
-        text = _ENCODER.encode(payload)
+        body = _ENCODER.encode(payload).encode()  # a lone surrogate fails the second encode
     except (TypeError, ValueError) as error:
         raise InvalidJob(f"payload cannot be JSON-encoded: {error}") from None
-    return text.encode(), JSON
+    return body, JSON

@@ -186,13 +186,14 @@ def _copied_retries(headers: Mapping[str, Any]) -> int:
 
 def parse_run_at(value: Any) -> dt.datetime | None:
     """A run-at header's time: ISO-8601 with a UTC offset or Z (an AMQP timestamp counts as
-    UTC); None when it cannot be read, a time without an offset included."""
+    UTC); None when it cannot be read, a time without an offset included. RFC 3339's lower-case
+    t and z are read too."""
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     if not isinstance(value, str):
         return None
     try:
-        when = dt.datetime.fromisoformat(value)
+        when = dt.datetime.fromisoformat(value.upper())
     except ValueError:
         return None
     return when if when.tzinfo is not None else None
