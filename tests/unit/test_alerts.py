@@ -107,6 +107,17 @@ def test_depth_watch(depths: list[int], expected: list[str | None]) -> None:
     assert [watch.observe(d) for d in depths] == expected
 
 
+def test_depth_watch_while_a_reader_holds_copies() -> None:
+    """A reader (failed list, replay, a console page) holds the copies it reads unacked, which
+    the depth does not count: the queue is not taken for recovered meanwhile, and the alert
+    comes once, not again when the reader hands them back."""
+    watch = DepthWatch(threshold=10)
+    readings = [(12, False), (0, True), (3, True), (12, False), (4, False), (15, True)]
+    assert [watch.observe(d, held) for d, held in readings] == [
+        THRESHOLD, None, None, None, RECOVERED, THRESHOLD,
+    ]  # fmt: skip
+
+
 def test_alert_bodies() -> None:
     """The webhook bodies have exactly the fields of the contract."""
     assert job_failed_alert("jobs", failure("ValueError: x", "m1"), 3) == {

@@ -138,12 +138,16 @@ class Monitor:
             return
         for queue in queues:
             self.metrics.observe_queue(queue.role, queue.messages, queue.consumers)
-        depth = next(q.messages for q in queues if q.name == self._names.failed)
+        failed = next(q for q in queues if q.name == self._names.failed)
+        depth = failed.messages
         if depth is None:
             log.warning("failed queue depth unknown", queue=self._names.failed, error="no queue")
             return
-        self.metrics.observe_failed_oldest(self._backlog.oldest(depth))
-        event = self._depth.observe(depth)
+        # The monitor never consumes the failed queue: a consumer of it is a reader holding copies.
+        held = bool(failed.consumers)
+        if not held:
+            self.metrics.observe_failed_oldest(self._backlog.oldest(depth))
+        event = self._depth.observe(depth, held)
         if event is not None:
             threshold = self._depth.threshold
             log.warning(event, queue=self._names.failed, depth=depth, threshold=threshold)

@@ -97,12 +97,17 @@ class DepthWatch:
         self.threshold = threshold
         self._above = False
 
-    def observe(self, depth: int) -> str | None:
-        """THRESHOLD or RECOVERED when this depth crosses the line, else None."""
+    def observe(self, depth: int, held: bool = False) -> str | None:
+        """THRESHOLD or RECOVERED when this depth crosses the line, else None.
+
+        held: whether a reader holds copies of the queue (a failed list, a replay, a console
+        page), which the depth, counting ready copies only, leaves out: it can then say the
+        queue reached the line, but not that it fell below it.
+        """
         if not self._above and depth >= self.threshold:
             self._above = True
             return THRESHOLD
-        if self._above and depth < self.threshold:
+        if self._above and depth < self.threshold and not held:
             self._above = False
             return RECOVERED
         return None

@@ -31,7 +31,7 @@ from aio_pika.abc import (
 )
 
 from ricochet.broker.amqp import requeue_all
-from ricochet.broker.depth import read_depth
+from ricochet.broker.depth import Depth, read_depth
 from ricochet.broker.topology import Names
 from ricochet.delivery.failed import FailureInfo, read_failure
 from ricochet.errors import MissingQueue, RicochetError
@@ -48,6 +48,8 @@ COMMIT_IDLE_S = 0.1
 IDLE_S = 1.0
 # How long a scan's end waits for the broker to count the copies it handed back.
 RETURN_WAIT_S = 2.0
+# A scan waits this long at most for another reader of Q.failed to hand its copies back.
+OTHER_READER_WAIT_S = 30.0
 # Unacked deliveries per consumer. A scan holds every copy it reads, and a quorum queue hands a
 # consumer without a limit no more than 2,000, so a scan adds a consumer whenever less than one
 # consumer's worth of room is left. Far larger credits make RabbitMQ 3.10's quorum queues read
@@ -201,9 +203,7 @@ async def scanning(
     """
     channel = await connection.channel(publisher_confirms=False)
     try:
-        depth = await read_depth(channel, names.failed)
-        if depth is None:
-            raise MissingQueue(names.failed)
+        depth = await _alone(channel, names)
         transaction = channel.transaction()
         await transaction.select()
         scan = Scan(channel, transaction, names, depth.messages, on_taken)
@@ -214,6 +214,32 @@ async def scanning(
     finally:
         if not channel.is_closed:
             await channel.close()
+
+
+async def _alone(channel: AbstractChannel, names: Names) -> Depth:
+    """Q.failed's depth once no other reader holds copies of it. Another scan (a failed list, a
+    replay, a console page) holds every copy it read unacked, which the depth leaves out: a scan
+    that started beside it would find the queue emptier than it is, and miss copies."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OTHER_READER_WAIT_S
+    said = False
+    while True:
+        depth = await read_depth(channel, names.failed)
+        if depth is None:
+            raise MissingQueue(names.failed)
+        if depth.consumers == 0:
+            return depth
+        if loop.time() >= deadline:
+            raise RicochetError(
+                f"{names.failed} is still being read by {depth.consumers} other consumer(s) "
+                f"after {OTHER_READER_WAIT_S:g} s (another failed list, replay or console page, "
+                "or a consumer of your own): its copies cannot all be seen until they are "
+                "handed back; try again then"
+            )
+        if not said:
+            log.info("waiting for another reader", queue=names.failed, consumers=depth.consumers)
+            said = True
+        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True)
