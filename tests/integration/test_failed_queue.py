@@ -1,6 +1,7 @@
 """`ricochet failed list|show|discard` against the real broker: what they print, what they take
 (only what discard is told to), and what reading costs a copy."""
 
+import asyncio
 import json
 
 import aio_pika
@@ -12,7 +13,7 @@ from ricochet.ops.failed_queue import list_failed
 from ricochet.ops.selection import Selection
 
 from tests.integration.failures import publish_failed
-from tests.support import depth, make_settings, ricochet_env, run_cli, take
+from tests.support import depth, make_settings, ricochet_env, run_cli, take, wait_for
 
 # message_id -> (type, error, kind)
 COPIES = {
@@ -168,3 +169,26 @@ async def test_reading_spends_no_copy(
     # 3.10 and 4.0 count every return, and 4.0 has no limit on Q.failed (x-delivery-limit=-1).
     version = broker_version(connection)
     assert counts == ({None} if version and version >= (4, 3) else {25})
+
+
+async def test_a_reader_waits_for_another_to_hand_its_copies_back(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """While another reader holds copies unacked (here, a consumer holding two), a list waits
+    for them to come back instead of missing them, then sees all four."""
+    await make_copies(connection, channel, queue_name)
+    failed = Names(queue_name).failed
+    other = await connection.channel()
+    await other.set_qos(prefetch_count=2)
+    held: list[aio_pika.abc.AbstractIncomingMessage] = []
+    queue = await other.get_queue(failed, ensure=False)
+    await queue.consume(held.append)
+    await wait_for(lambda: len(held) == 2, 10, "the other reader holding two copies")
+
+    listing = asyncio.ensure_future(list_failed(connection, Names(queue_name), Selection()))
+    await asyncio.sleep(1.5)
+    assert not listing.done()
+    await other.close()  # the other reader goes: its copies are handed back
+    outcome = await asyncio.wait_for(listing, 30)
+    assert sorted(str(f.message_id) for f in outcome.selected) == ["m1", "m2", "m3", "m4"]
+    assert sorted(await failed_ids(channel, queue_name)) == ["m1", "m2", "m3", "m4"]
