@@ -181,8 +181,12 @@ async def test_a_reader_waits_for_another_to_hand_its_copies_back(
     other = await connection.channel()
     await other.set_qos(prefetch_count=2)
     held: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        held.append(message)
+
     queue = await other.get_queue(failed, ensure=False)
-    await queue.consume(held.append)
+    await queue.consume(hold)
     await wait_for(lambda: len(held) == 2, 10, "the other reader holding two copies")
 
     listing = asyncio.ensure_future(list_failed(connection, Names(queue_name), Selection()))
