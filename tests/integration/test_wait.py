@@ -99,16 +99,22 @@ async def test_scheduled_jobs_run_on_time_whatever_else_waits(
 async def test_a_run_at_that_cannot_be_read_fails_at_once_as_permanent(
     start_worker: StartWorker, channel: AbstractChannel, queue_name: str
 ) -> None:
-    """No time zone, or not a time at all: the job goes to the failed queue without running."""
+    """No time zone, not a time at all, or further ahead than a cancel is kept (31 days, where
+    the client allows 30): the job goes to the failed queue without running, saying why."""
     clock = Clock()
     await start_worker(clock)
-    for message_id, value in (("naive", "2030-01-01T10:00:00"), ("word", "tomorrow")):
+    far = iso(time.time() + 40 * 86_400)
+    values = {"naive": "2030-01-01T10:00:00", "word": "tomorrow", "far": far}
+    for message_id, value in values.items():
         await publish(channel, queue_name, "{}", message_id=message_id, headers={"run-at": value})
-    copies = await take(channel, Names(queue_name).failed, 2)
-    assert {c.message_id for c in copies} == {"naive", "word"}
+    copies = await take(channel, Names(queue_name).failed, 3)
+    assert {c.message_id for c in copies} == set(values)
     for copy in copies:
         assert copy.headers["failed-kind"] == "permanent"
         assert copy.headers["failed-exception"] == "ricochet.errors.InvalidSchedule"
+    reasons = {c.message_id: str(c.headers["failed-reason"]) for c in copies}
+    assert "is more than 31 days ahead" in reasons["far"]
+    assert "is not an ISO-8601 date-time" in reasons["word"]
     assert not clock.runs
 
 

@@ -111,6 +111,21 @@ def rejected(count: int) -> dict[str, Any]:
         ({"run-at": "2020-01-01T00:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
         # One that cannot be read fails for good at once.
         ({"run-at": "soon"}, "jobs", False, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        # So does one further ahead than a cancel is kept (31 days); up to that it waits.
+        (
+            {"run-at": "2026-12-25T12:00:00.001Z"},
+            "jobs",
+            False,
+            None,
+            Decision(Action.FAIL, FailureKind.PERMANENT),
+        ),
+        (
+            {"run-at": "2026-12-25T12:00:00Z"},
+            "jobs",
+            False,
+            None,
+            Decision(Action.DELAY, delay_ms=31 * 86_400_000, retries=0),
+        ),
         # Cancelled while it waited (scheduled, in a tier, after a RetryLater): dropped when it
         # comes due, whatever else it says.
         ({"run-at": "2026-11-24T12:00:05Z"}, "jobs", True, None, Decision(Action.CANCEL)),

@@ -12,10 +12,12 @@ from aio_pika.abc import AbstractMessage
 from ricochet.broker.amqp import Delivery, table_size
 from ricochet.delivery.retry import (
     POISON_DELIVERIES,
+    RUN_AT_MAX_AHEAD_MS,
     Facts,
     FailureKind,
     is_int,
     job_type,
+    parse_run_at,
 )
 from ricochet.delivery.tracebacks import format_traceback
 from ricochet.errors import InvalidProperties, InvalidSchedule, PoisonMessage, RicochetError
@@ -203,9 +205,14 @@ def not_run_failure(delivery: Delivery, kind: FailureKind) -> RicochetError:
         return InvalidProperties(f"properties could not be decoded: {delivery.unreadable}")
     if kind is FailureKind.POISON:
         return PoisonMessage(f"delivered more than {POISON_DELIVERIES} times without an ack")
+    value = delivery.headers.get(RUN_AT)
+    if parse_run_at(value) is not None:
+        return InvalidSchedule(
+            f"{RUN_AT} header {value!r} is more than {RUN_AT_MAX_AHEAD_MS // 86_400_000} days "
+            "ahead: a job waits 30 days at most"
+        )
     return InvalidSchedule(
-        f"{RUN_AT} header {delivery.headers.get(RUN_AT)!r} is not an ISO-8601 "
-        "date-time with a UTC offset or Z"
+        f"{RUN_AT} header {value!r} is not an ISO-8601 date-time with a UTC offset or Z"
     )
 
 

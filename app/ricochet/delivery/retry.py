@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
+from ricochet.broker.topology import CANCELS_MAX_AGE_S
 from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
 
 # More unacked deliveries than this means the job keeps killing its worker.
@@ -72,7 +73,8 @@ class Facts(NamedTuple):
     poison: bool = False
     unreadable: bool = False
     cancelled: bool = False
-    # Milliseconds until its run-at, when that is still ahead; bad_run_at: one that cannot be read.
+    # Milliseconds until its run-at, when that is still ahead; bad_run_at: one that cannot be read,
+    # or is too far ahead to hold.
     due_in_ms: int | None = None
     bad_run_at: bool = False
     # Whether a nack sends it to the tier of its attempt: its routing key says so.
@@ -199,15 +201,23 @@ def parse_run_at(value: Any) -> dt.datetime | None:
     return when if when.tzinfo is not None else None
 
 
+# A run-at further ahead cannot be held: a cancel is kept this long, and a job must not outwait
+# its cancel. The client schedules 30 days ahead at most; the day more leaves room for clocks.
+RUN_AT_MAX_AHEAD_MS = CANCELS_MAX_AGE_S * 1000
+
+
 def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime | None) -> tuple[int | None, bool]:
-    """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable);
-    the clock (when no now is given) is read only for a job that has one."""
+    """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable
+    or too far ahead to hold); the clock (when no now is given) is read only for a job that has
+    one."""
     if RUN_AT not in headers:
         return None, False
     when = parse_run_at(headers[RUN_AT])
     if when is None:
         return None, True
     ahead_ms = math.ceil((when - (now or dt.datetime.now(dt.UTC))).total_seconds() * 1000)
+    if ahead_ms > RUN_AT_MAX_AHEAD_MS:
+        return None, True
     return (ahead_ms if ahead_ms > 0 else None), False
 
 
