@@ -73,9 +73,6 @@ class CancelLog:
         published = published_s()
         return published is None or published <= at_s
 
-    def __contains__(self, message_id: object) -> bool:
-        return message_id in self._at
-
     def __len__(self) -> int:
         return len(self._at)
 
