@@ -44,6 +44,7 @@ HEADERS = {
     "Cache-Control": "no-store",  # pages hold payloads
 }
 ACTIONS = ("replay", "discard")
+READ_ONLY = "the console is read-only: RICOCHET_CONSOLE_TOKEN is not set"
 
 
 def templates() -> jinja2.Environment:
@@ -140,7 +141,7 @@ class Console:
         action = request.match_info["action"]
         form = await request.post()
         if self._token is None:
-            return self._refused("the console is read-only: RICOCHET_CONSOLE_TOKEN is not set")
+            return self._refused(READ_ONLY)
         given = form.get("token")
         if not token_matches(self._token, given if isinstance(given, str) else None):
             return self._refused("missing or wrong console token")
@@ -169,7 +170,7 @@ class Console:
         """A POST to a page: refused as every POST is on a read-only console; on a writable one
         the forms post to /failed/actions/replay and /failed/actions/discard."""
         if self._token is None:
-            return self._refused("the console is read-only: RICOCHET_CONSOLE_TOKEN is not set")
+            return self._refused(READ_ONLY)
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
 
     async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
