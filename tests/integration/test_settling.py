@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 from aio_pika import DeliveryMode
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq import spec
 from aiormq.exceptions import ChannelPreconditionFailed
 from ricochet import Job
+from ricochet.broker.amqp import Frames
 from ricochet.broker.topology import Names
 from ricochet.errors import PermanentError
 
@@ -63,6 +64,34 @@ async def test_job_stays_in_its_queue_while_the_failed_queue_is_gone(
 
     await wait_for(back, 10, "the job back in the main queue")
     assert await depth(channel, n.events) == 0
+
+
+async def test_one_write_dead_letters_and_acks_in_order(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """The settler's one write per loop turn, on the broker: the nacks written ahead of a
+    multiple ack that reaches past their tags are dead-lettered, not acked; every other
+    delivery is acked, none comes back."""
+    n = Names(queue_name)
+    await channel.declare_queue(n.failed, durable=True)
+    await channel.declare_queue(
+        queue_name,
+        durable=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": n.failed},
+    )
+    for i in range(1, 7):
+        await publish(channel, queue_name, b"{}", message_id=f"m{i}")
+    consuming = await connection.channel()
+    await consuming.set_qos(prefetch_count=10)
+    frames = await Frames.under(consuming)
+    tags: dict[str | None, int] = {}
+    await frames.consume(queue_name, lambda d: tags.update({d.message_id: d.delivery_tag}))
+    await wait_for(lambda: len(tags) == 6, 10, "six deliveries")
+    await frames.settle([tags["m2"], tags["m5"]], tags["m4"], [tags["m6"]])
+    await consuming.close()  # what is still unsettled goes back to the queue
+    assert sorted(m.message_id or "" for m in await take(channel, n.failed, 2)) == ["m2", "m5"]
+    await asyncio.sleep(0.5)
+    assert (await depth(channel, queue_name), await depth(channel, n.failed)) == (0, 0)
 
 
 class Unprintable(Exception):

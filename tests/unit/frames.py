@@ -3,7 +3,7 @@
 import asyncio
 from typing import Any
 
-from aiormq.abc import DeliveredMessage
+from aiormq.abc import ChannelFrame, DeliveredMessage
 from aiormq.connection import FrameReceiver
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
@@ -28,17 +28,18 @@ PROPERTIES = commands.Basic.Properties(
 )
 
 
-class SettledOn:
-    """The channel end of a delivery: records what it is settled with."""
+class WritingChannel:
+    """aiormq's channel as Frames uses it to settle deliveries: its frames queue for the
+    connection's writer, which sets a write's future once it has written it."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
+    number = 1
 
-    async def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.sent.append(("ack", delivery_tag, multiple))
+    def __init__(self, closed: bool = False) -> None:
+        self.is_closed = closed
+        self.write_queue: asyncio.Queue[ChannelFrame] = asyncio.Queue()
 
-    async def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
-        self.sent.append(("nack", delivery_tag, requeue))
+    def create_future(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
 
 
 def through_the_wire(*frames: Any) -> list[Any]:
@@ -47,20 +48,24 @@ def through_the_wire(*frames: Any) -> list[Any]:
 
 
 def delivered(method: Any, body: bytes = b'{"a": 1}') -> DeliveredMessage:
-    """A message with PROPERTIES as the client reads it off the wire, settled on a SettledOn."""
+    """A message with PROPERTIES as the client reads it off the wire, on a WritingChannel."""
     read_method, read_header, read_body = through_the_wire(
         method, header.ContentHeader(body_size=len(body), properties=PROPERTIES), ContentBody(body)
     )
-    return DeliveredMessage(read_method, read_header, read_body.value, SettledOn())  # type: ignore[arg-type]
+    return DeliveredMessage(read_method, read_header, read_body.value, WritingChannel())  # type: ignore[arg-type]
 
 
 async def read_by_aiormq(*frames: Any) -> list[Any]:
     """The frames marshalled to bytes and read back by aiormq's connection reader."""
+    return await read_payload(b"".join(frame.marshal(f, channel_id=1) for f in frames), len(frames))
+
+
+async def read_payload(payload: bytes, count: int) -> list[Any]:
+    """The first count frames of bytes as aiormq's connection reader reads them."""
     reader = asyncio.StreamReader()
-    for f in frames:
-        reader.feed_data(frame.marshal(f, channel_id=1))
+    reader.feed_data(payload)
     receiver = FrameReceiver(reader)
-    return [(await receiver.get_frame())[2] for _ in frames]
+    return [(await receiver.get_frame())[2] for _ in range(count)]
 
 
 async def read_leniently(properties: commands.Basic.Properties, body: bytes) -> Delivery:
@@ -71,4 +76,4 @@ async def read_leniently(properties: commands.Basic.Properties, body: bytes) -> 
         header.ContentHeader(body_size=len(body), properties=properties),
         ContentBody(body),
     )
-    return Delivery(DeliveredMessage(method, read_header, read_body.value, SettledOn()))  # type: ignore[arg-type]
+    return Delivery(DeliveredMessage(method, read_header, read_body.value, WritingChannel()))  # type: ignore[arg-type]

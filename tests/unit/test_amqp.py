@@ -1,5 +1,6 @@
 """The AMQP adapter reads a delivery from its frames as aio-pika would, with no broker."""
 
+import asyncio
 import datetime as dt
 import struct
 from importlib import metadata
@@ -13,7 +14,9 @@ from aiormq.exceptions import InvalidFrameError
 from pamqp import commands, header
 from ricochet.broker.amqp import (
     AMQP_NAMES,
+    CONNECTION_ERRORS,
     Delivery,
+    Frames,
     adapter_problems,
     read_properties_leniently,
     require_adapter,
@@ -22,7 +25,15 @@ from ricochet.broker.amqp import (
 from ricochet.errors import ConfigError
 
 from tests.support import ForeignBytes, ForeignTimestamp
-from tests.unit.frames import HEADERS, PROPERTIES, delivered, read_by_aiormq, read_leniently
+from tests.unit.frames import (
+    HEADERS,
+    PROPERTIES,
+    WritingChannel,
+    delivered,
+    read_by_aiormq,
+    read_leniently,
+    read_payload,
+)
 
 FIELDS = (
     "body",
@@ -56,14 +67,31 @@ def test_delivery_reads_what_aio_pika_reads(method: Any) -> None:
     assert delivery.properties(copied) == {f: getattr(by_aio_pika, f) for f in copied}
 
 
-async def test_delivery_is_settled_on_its_channel() -> None:
-    """An ack (single or multiple) and a dead-lettering nack (never requeued) name its tag."""
-    raw = delivered(commands.Basic.Deliver("ctag", 9, False, "", "jobs"))
-    delivery = Delivery(raw)
-    await delivery.ack()
-    await delivery.ack(multiple=True)
-    await delivery.dead_letter()
-    assert raw.channel.sent == [("ack", 9, False), ("ack", 9, True), ("nack", 9, False)]  # type: ignore[attr-defined]
+async def test_settling_writes_once_nacks_first() -> None:
+    """One write: a dead-lettering nack (never requeued) for each tag, then the multiple ack,
+    then each single ack; the call returns once the writer has written it."""
+    channel = WritingChannel()
+    settling = asyncio.create_task(Frames(channel).settle([4, 2], 3, [6, 7]))  # type: ignore[arg-type]
+    write = await channel.write_queue.get()
+    assert channel.write_queue.empty()
+    await asyncio.sleep(0)
+    assert not settling.done()
+    write.drain()  # what the connection's writer does once the payload is on the socket
+    await settling
+    frames = await read_payload(write.payload, 5)
+    assert [(f.name, f.delivery_tag, f.multiple, getattr(f, "requeue", None)) for f in frames] == [
+        ("Basic.Nack", 4, False, False),
+        ("Basic.Nack", 2, False, False),
+        ("Basic.Ack", 3, True, None),
+        ("Basic.Ack", 6, False, None),
+        ("Basic.Ack", 7, False, None),
+    ]
+
+
+async def test_settling_on_a_closed_channel_raises_a_connection_error() -> None:
+    """What the settler reads as the channel gone: the broker hands the deliveries back."""
+    with pytest.raises(CONNECTION_ERRORS):
+        await Frames(WritingChannel(closed=True)).settle([1], None, [])  # type: ignore[arg-type]
 
 
 def test_table_size_is_the_encoded_size() -> None:

@@ -1,6 +1,7 @@
-"""Settling on one channel: what one multiple ack may cover, a nack not yet written, copies."""
+"""Settling on one channel: what one multiple ack may cover, nacks among acks, copies."""
 
 import asyncio
+import random
 
 import aio_pika
 import pytest
@@ -32,18 +33,41 @@ def test_plan_acks(
 
 
 class _Delivery:
-    """A delivery of the one channel: its acks are recorded, its nack never gets written."""
+    """A delivery of the one channel."""
 
-    def __init__(self, tag: int, acked: list[tuple[int, bool]]) -> None:
+    def __init__(self, tag: int) -> None:
         self.delivery_tag = tag
         self.message_id = f"m{tag}"
-        self._acked = acked
 
-    async def ack(self, multiple: bool = False) -> None:
-        self._acked.append((self.delivery_tag, multiple))
 
-    async def dead_letter(self) -> None:
-        await asyncio.Event().wait()  # a stalled socket: the nack is never written
+class _Frames:
+    """The channel's frames: each settle() is written after a few turns of the loop, and what
+    it settles is worked out as the AMQP spec has a channel's frames read, in order: a nack
+    settles its tag, an ack with multiple=True every delivery up to its tag not settled yet."""
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+        self.unsettled: list[int] = []
+        self.outcome: dict[int, str] = {}
+        self.twice: list[int] = []
+
+    async def settle(self, dead: list[int], multiple: int | None, acks: list[int]) -> None:
+        for _ in range(self._random.randrange(3)):
+            await asyncio.sleep(0)  # the writer's turn
+        for tag in dead:
+            self._settle(tag, "dead-lettered")
+        if multiple is not None:
+            for tag in [tag for tag in self.unsettled if tag <= multiple]:
+                self._settle(tag, "acked")
+        for tag in acks:
+            self._settle(tag, "acked")
+
+    def _settle(self, tag: int, outcome: str) -> None:
+        if tag not in self.unsettled:
+            self.twice.append(tag)
+            return
+        self.unsettled.remove(tag)
+        self.outcome[tag] = outcome
 
 
 class _Channel:
@@ -58,24 +82,41 @@ ACK = Decision(Action.ACK)
 RETRY = Decision(Action.RETRY, tier=1)
 
 
-async def test_a_cancelled_nack_keeps_holding_back_multiple_acks() -> None:
-    """A nack cancelled before it was written (a drain timeout on a stalled socket) still
-    counts as running: the acks of the jobs around it never cover its delivery tag, so the job
-    that failed is not settled as if it had succeeded."""
-    acked: list[tuple[int, bool]] = []
-    settler = Settler(_Channel(None), Names("jobs"), 131072)  # type: ignore[arg-type]
-    deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
-    for delivery in deliveries:
-        settler.delivered(delivery)  # type: ignore[arg-type]
-    nack = asyncio.create_task(settler.settle(deliveries[1], FIRST, RETRY))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
-    nack.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await nack
-    await settler.settle(deliveries[0], FIRST, ACK)  # type: ignore[arg-type]
-    await settler.settle(deliveries[2], FIRST, ACK)  # type: ignore[arg-type]
+def _settler(frames: object, exchange: object = None) -> Settler:
+    return Settler(_Channel(exchange), frames, Names("jobs"), 131072)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_every_delivery_is_settled_once_as_decided(seed: int) -> None:
+    """Jobs that finish in any order, some retried (dead-lettered) among the successes, over
+    writes that take a while: each delivery is settled exactly once, and a multiple ack never
+    covers one still running or one to be dead-lettered, so a failed job is never settled as
+    if it had succeeded."""
+    chance = random.Random(seed)
+    frames = _Frames(seed)
+    settler = _settler(frames)
+    decisions = {tag: chance.choice([ACK, ACK, RETRY]) for tag in range(1, 41)}
+
+    async def job(tag: int) -> None:
+        for _ in range(chance.randrange(4)):
+            await asyncio.sleep(0)  # the handler's time
+        await settler.settle(_Delivery(tag), FIRST, decisions[tag])  # type: ignore[arg-type]
+
+    jobs = []
+    for tag in decisions:
+        frames.unsettled.append(tag)
+        settler.delivered(_Delivery(tag))  # type: ignore[arg-type]
+        jobs.append(asyncio.create_task(job(tag)))
+        if chance.random() < 0.3:
+            await asyncio.sleep(0)  # deliveries arrive while others finish
+    await asyncio.gather(*jobs)
     await settler.drain()
-    assert acked == [(1, False), (3, False)]
+    assert frames.twice == []
+    assert frames.unsettled == []
+    assert frames.outcome == {
+        tag: "dead-lettered" if decision is RETRY else "acked"
+        for tag, decision in decisions.items()
+    }
 
 
 class _Exchange:
@@ -106,11 +147,12 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     """Two deliveries with one message_id failing together publish their copies (durable and
     notice) one after the other, since the broker's return is matched to a publish by that id;
     copies of other ids go out meanwhile."""
-    acked: list[tuple[int, bool]] = []
     exchange = _Exchange()
-    settler = Settler(_Channel(exchange), Names("jobs"), 131072)  # type: ignore[arg-type]
-    deliveries = [_Delivery(tag, acked) for tag in (1, 2, 3)]
+    frames = _Frames(0)
+    settler = _settler(frames, exchange)
+    deliveries = [_Delivery(tag) for tag in (1, 2, 3)]
     for delivery in deliveries:
+        frames.unsettled.append(delivery.delivery_tag)
         settler.delivered(delivery)  # type: ignore[arg-type]
     ids = ["same", "same", "other"]
     await asyncio.gather(
@@ -129,10 +171,7 @@ async def test_copies_of_one_message_id_are_never_in_flight_together() -> None:
     assert sorted(exchange.published) == sorted(
         (key, queue) for key in ids for queue in ("jobs.failed", "jobs.failed.events")
     )
-    covered = set()
-    for tag, multiple in acked:
-        covered |= set(range(1, tag + 1)) if multiple else {tag}
-    assert covered == {1, 2, 3}
+    assert frames.outcome == {1: "acked", 2: "acked", 3: "acked"}
 
 
 class _ClosedExchange:
@@ -153,9 +192,10 @@ async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
     channel is gone (a reconnect made another), the copy is not made elsewhere and the
     original is not acked, so the broker hands it to the new channel whole, with one copy and
     one alert to come, not two."""
-    acked: list[tuple[int, bool]] = []
-    settler = Settler(_Channel(_ClosedExchange()), Names("jobs"), 131072)  # type: ignore[arg-type]
-    delivery = _Delivery(1, acked)
+    frames = _Frames(0)
+    settler = _settler(frames, _ClosedExchange())
+    delivery = _Delivery(1)
+    frames.unsettled.append(1)
     settler.delivered(delivery)  # type: ignore[arg-type]
     copied = await settler.copy_then_ack(
         delivery,  # type: ignore[arg-type]
@@ -165,4 +205,4 @@ async def test_a_copy_goes_only_through_its_delivery_s_own_channel() -> None:
     )
     await settler.drain()
     assert copied is False
-    assert acked == []
+    assert frames.outcome == {}

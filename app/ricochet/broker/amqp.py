@@ -12,10 +12,11 @@ the next worker, whose connection dies the same way. read_properties_leniently()
 delivery: see there.
 """
 
+import asyncio
 import datetime as dt
 import re
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -24,8 +25,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
-from aiormq.abc import DeliveredMessage
-from aiormq.exceptions import ConnectionCommandInvalid
+from aiormq.abc import ChannelFrame, DeliveredMessage, FrameType
+from aiormq.exceptions import ChannelInvalidStateError, ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
@@ -42,7 +43,7 @@ KNOWN_DELIVERY_MODES = (None, 1, 2)
 
 
 class Delivery:
-    """A delivered message, and the channel it is settled on (acked or dead-lettered)."""
+    """A delivered message, as read from its frames (settled with Frames.settle on its channel)."""
 
     __slots__ = (
         "_raw",
@@ -75,13 +76,6 @@ class Delivery:
         self.type: str | None = properties.message_type
         self.correlation_id: str | None = properties.correlation_id
         self.content_type: str | None = properties.content_type
-
-    async def ack(self, multiple: bool = False) -> None:
-        await self._raw.channel.basic_ack(self.delivery_tag, multiple=multiple)
-
-    async def dead_letter(self) -> None:
-        """Reject without requeue: the broker moves it on through the queue's dead-letter route."""
-        await self._raw.channel.basic_nack(self.delivery_tag, requeue=False)
 
     def published_s(self) -> float | None:
         """The job's AMQP timestamp (when its producer published it) in epoch seconds, if any."""
@@ -121,6 +115,7 @@ PRIVATE_NAMES: tuple[tuple[str, object, str], ...] = (
     ("pamqp", spec.Basic.Properties, "flags"),
     ("pamqp", spec.Basic.Properties, "amqp_type"),
     ("pamqp", decode, "by_type"),
+    ("aiormq", ChannelFrame, "marshall"),
     ("aiormq", DeliveredMessage, "header"),
     ("aiormq", DeliveredMessage, "delivery"),
     ("aiormq", DeliveredMessage, "channel"),
@@ -284,6 +279,8 @@ class Frames:
 
     def __init__(self, channel: FramesChannel) -> None:
         self._channel = channel
+        # Where aiormq's channel queues its frames for the connection's writer.
+        self._write_queue: asyncio.Queue[ChannelFrame] = channel.write_queue  # type: ignore[attr-defined]
 
     @classmethod
     async def under(cls, channel: AbstractChannel) -> "Frames":
@@ -305,6 +302,31 @@ class Frames:
             on_delivery(Delivery(raw))
 
         return str((await self._channel.basic_consume(queue, deliver)).consumer_tag)
+
+    async def settle(
+        self, dead_letter: Sequence[int], multiple: int | None, acks: Sequence[int]
+    ) -> None:
+        """Settle deliveries of this channel in one write, returning once it is written: a nack
+        without requeue for each tag of dead_letter (the broker dead-letters them), then an ack
+        with multiple=True up to the tag multiple (if any), then an ack for each tag of acks.
+
+        The broker reads a channel's frames in order, so a multiple ack written after a nack
+        never settles that delivery as a success. aiormq writes each basic_ack or basic_nack on
+        its own, a write(2) and a turn of the writer task each; these frames share one.
+        """
+        channel = self._channel
+        if channel.is_closed:
+            raise ChannelInvalidStateError(f"{channel!r} closed")
+        frames: list[FrameType] = [
+            spec.Basic.Nack(delivery_tag=tag, requeue=False) for tag in dead_letter
+        ]
+        if multiple is not None:
+            frames.append(spec.Basic.Ack(delivery_tag=multiple, multiple=True))
+        frames += [spec.Basic.Ack(delivery_tag=tag) for tag in acks]
+        # The channel's own future: a channel that closes first fails it, as it fails its acks.
+        written = channel.create_future()
+        await self._write_queue.put(ChannelFrame.marshall(channel.number, frames, written))
+        await written
 
     async def cancel(self, consumer_tag: str) -> None:
         await self._channel.basic_cancel(consumer_tag)

@@ -2,12 +2,14 @@
 Settler.settle, and its observers are told.
 
 A settler is made anew on every channel, so nothing of a lost one (its delivery tags, acks
-still pending) reaches the next. Acks are coalesced: one ack with multiple=True for the
-finished deliveries below the oldest one still running, a single ack for each finished one
-above it.
+still pending) reaches the next. Acks and dead-lettering nacks are coalesced: those settled in
+one turn of the event loop go out in one write, the nacks first, then one ack with
+multiple=True for the finished deliveries below the oldest one still running, then a single ack
+for each finished one above it.
 """
 
 import asyncio
+import contextvars
 import datetime as dt
 from collections.abc import Collection, Sequence
 
@@ -16,7 +18,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import DeliveryError
 
-from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, refusal
+from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames, refusal
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
 from ricochet.broker.topology import Names, delay_key
 from ricochet.delivery.events import Observer, Settled
@@ -44,18 +46,20 @@ def plan_acks(running: Collection[int], finished: Collection[int]) -> tuple[int 
 class Settler:
     """Settles the deliveries of one channel with publisher confirms, as their decision says.
 
-    A delivery counts as running from its arrival (delivered) until it is acked or its nack is
-    written: a nack not yet written must never be overtaken by a multiple ack.
+    A delivery counts as running from its arrival (delivered) until it is settled; a multiple
+    ack never reaches a running one, and one written with a nack goes after the nack.
     """
 
     def __init__(
         self,
         channel: AbstractChannel,
+        frames: Frames,
         names: Names,
         frame_max: int,
         observers: Sequence[Observer] = (),
     ) -> None:
         self._channel = channel
+        self._frames = frames
         # Copies to queues go straight to them: a confirm then means that very queue took it.
         self._default = channel.default_exchange
         self._exchanges: dict[str, AbstractExchange] = {}
@@ -64,7 +68,9 @@ class Settler:
         self._frame_max = frame_max
         self._observers = observers
         self._running: set[int] = set()
-        self._finished: dict[int, Delivery] = {}
+        # Settled and not yet written: the deliveries to ack, and those to dead-letter in order.
+        self._finished: set[int] = set()
+        self._dead: list[int] = []
         self._flushing: asyncio.Task[None] | None = None
 
     def delivered(self, delivery: Delivery) -> None:
@@ -78,15 +84,16 @@ class Settler:
         decision: Decision,
         failure: Failure | None = None,
     ) -> None:
-        """Carry out the decision, then tell the observers; a channel that closes first settles
-        nothing (the broker hands the delivery back) and tells nothing."""
+        """Carry out the decision, then tell the observers. An ack or a nack is written with
+        the others of this loop turn, after the observers are told: if the channel closes first,
+        the broker hands the delivery back and it runs again. A copy is confirmed before they
+        are told: a channel that closes first settles nothing and tells nothing."""
         action = decision.action
         failed_fields = None
         if action is Action.ACK or action is Action.CANCEL:
-            self._ack_soon(delivery)
+            self._settle_soon(delivery, dead_letter=False)
         elif action is Action.RETRY:
-            if not await self._dead_letter(delivery):
-                return
+            self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
         elif action is Action.FAIL:
             assert decision.kind is not None
             failed = failed_copy(
@@ -128,18 +135,6 @@ class Settler:
         assert decision.tier is not None
         return copy, self._names.attempt_key(decision.tier - 1), self._names.dlx
 
-    async def _dead_letter(self, delivery: Delivery) -> bool:
-        """Nack without requeue (the queue dead-letters it); False if the channel closed first."""
-        try:
-            await delivery.dead_letter()
-        except CONNECTION_ERRORS:
-            log.warning("job not settled: channel closed, the broker delivers it again")
-            return False
-        # Only now, with the nack written, may a multiple ack pass it; a nack cancelled before
-        # that keeps its tag held back for as long as the channel lives.
-        self._running.discard(delivery.delivery_tag)
-        return True
-
     async def copy_then_ack(
         self,
         delivery: Delivery,
@@ -168,7 +163,7 @@ class Settler:
                 "copy not published: channel closed, the job stays in the queue", error=str(error)
             )
             return False
-        self._ack_soon(delivery)
+        self._settle_soon(delivery, dead_letter=False)
         return True
 
     async def _exchange(self, name: str) -> AbstractExchange:
@@ -184,31 +179,36 @@ class Settler:
         except DeliveryError as error:
             log.error("failure not announced", queue=queue, broker_said=refusal(error))
 
-    def _ack_soon(self, delivery: Delivery) -> None:
-        """Ack the delivery together with the others that finish in the same loop turn."""
-        self._running.discard(delivery.delivery_tag)
-        self._finished[delivery.delivery_tag] = delivery
+    def _settle_soon(self, delivery: Delivery, dead_letter: bool) -> None:
+        """Ack or dead-letter the delivery together with the others settled in this loop turn."""
+        tag = delivery.delivery_tag
+        self._running.discard(tag)
+        if dead_letter:
+            self._dead.append(tag)
+        else:
+            self._finished.add(tag)
         if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+            # A context of its own: the lines it logs are no job's, whichever job started it.
+            self._flushing = asyncio.get_running_loop().create_task(
+                self._flush(), context=contextvars.Context()
+            )
 
     async def drain(self) -> None:
-        """Send every ack still pending (before the channel closes)."""
+        """Send every ack and nack still pending (before the channel closes)."""
         if self._flushing is not None:
             await asyncio.wait({self._flushing})
         await self._flush()
 
     async def _flush(self) -> None:
-        while self._finished:
-            finished, self._finished = self._finished, {}
+        while self._finished or self._dead:
+            finished, self._finished = self._finished, set()
+            dead, self._dead = self._dead, []
             multiple, singles = plan_acks(self._running, finished)
             try:
-                if multiple is not None:
-                    await finished[multiple].ack(multiple=True)
-                for tag in singles:
-                    await finished[tag].ack()
+                await self._frames.settle(dead, multiple, singles)
             except CONNECTION_ERRORS:
                 log.warning(
-                    "jobs not acked: channel closed, the broker delivers them again",
-                    jobs=len(finished),
+                    "jobs not settled: channel closed, the broker delivers them again",
+                    jobs=len(finished) + len(dead),
                 )
                 return

@@ -91,9 +91,10 @@ class Worker:
                 self._cancels.cancelled,
                 self._observers,
             )
-        settler = Settler(channel, plan.names, frame_max(connection), self._observers)
+        frames = await Frames.under(channel)
+        settler = Settler(channel, frames, plan.names, frame_max(connection), self._observers)
         subscription = Subscription(
-            await Frames.under(channel),
+            frames,
             settler,
             settings.queue,
             settings.prefetch,
