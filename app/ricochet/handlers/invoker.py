@@ -13,6 +13,7 @@ import structlog
 
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import ConfigError, HandlerTimeout, PermanentError, RetryLater
+from ricochet.handlers.deadline import Deadlines
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Route, Router, is_async_callable
 
@@ -44,6 +45,7 @@ class Invoker:
             None if isinstance(target, Router) else Route(target, None, is_async_callable(target))
         )
         self._timeout_s = timeout_s
+        self._deadlines = Deadlines(timeout_s)
 
     def _resolve(self, job: Job) -> tuple[Route, tuple[Any, ...]]:
         if self._plain is not None:
@@ -56,16 +58,15 @@ class Invoker:
         return self._target.max_retries(job_type) if isinstance(self._target, Router) else None
 
     async def _call(self, route: Route, args: tuple[Any, ...]) -> None:
-        # asyncio.timeout rather than wait_for, which on Python 3.11 wraps every call in a task.
-        deadline = asyncio.timeout(self._timeout_s)
+        deadline = self._deadlines.start()
         try:
-            async with deadline:
+            with deadline:
                 if route.is_async:
                     await route.fn(*args)
                 else:
                     await _in_thread(route.fn, *args)
         except TimeoutError:
-            if not deadline.expired():
+            if not deadline.expired:
                 raise  # the handler's own (a socket's, say): a failure like any other
             if not route.is_async:
                 running = sum(t.name.startswith(THREAD_NAME) for t in threading.enumerate())
