@@ -84,7 +84,7 @@ lock: install  ## pin every runtime dependency, with hashes, in requirements.loc
 		--strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
 		--output-file=requirements.lock pyproject.toml
 
-# A benchmark, not a test: 7-16 minutes on the local broker (BENCH_ARGS=--quick: three minutes).
+# A benchmark, not a test: 20-25 minutes on the local broker (BENCH_ARGS=--quick: three minutes).
 # The local broker is started with the plugins the jitter rows need (the random exchange), as the
 # tests start it; a broker named by RICOCHET_BENCH_AMQP_URL is taken as it is.
 BENCH_ARGS ?=

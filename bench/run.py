@@ -82,7 +82,7 @@ PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load,
 
 @dataclass
 class Config:
-    """How much to run; the defaults make a full run of 7-16 minutes, with the machine."""
+    """How much to run; the defaults make a full run of 20-25 minutes on a 2-core machine."""
 
     jobs: int = 10_000
     repeats: int = 5
