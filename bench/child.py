@@ -14,13 +14,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from bench.probe import PROBE_TYPE, lateness_s, observed_delays_s, probe_fails
+from bench.sides import app_first
 
 RAW_MODES = ("ack", "retry", "fail", "probe")
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
@@ -156,9 +156,7 @@ async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
 
 
 def main() -> None:
-    # An A/B run against another checkout of ricochet (python -m bench --base-src DIR).
-    if src := os.environ.get("BENCH_APP_SRC"):
-        sys.path.insert(0, str(Path(src) / "app"))  # its src layout
+    app_first()  # an A/B run against another checkout of ricochet (python -m bench --base-src DIR)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("consumer", choices=["raw", "ricochet"])
     parser.add_argument("--target", type=int, required=True, help="jobs to settle")

@@ -15,11 +15,11 @@ import asyncio
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.sides import alternate, app_first
 
 QUEUE = "bench.jobpath"
 PREFETCH = 32
@@ -137,15 +137,6 @@ async def run_path(jobs: int, handler: str) -> float:
     return (time.process_time() - started) / jobs * 1e6
 
 
-def run(src: Path | None, jobs: int) -> dict[str, float]:
-    """measure() in a process of its own, with another checkout's app/ first on the path."""
-    env = {**os.environ, **({"BENCH_APP_SRC": str(src)} if src else {})}
-    args = [sys.executable, "-m", "bench.jobpath", "--child", f"--jobs={jobs}"]
-    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    result: dict[str, float] = json.loads(out)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.jobpath", description=__doc__)
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ to compare with")
@@ -154,17 +145,10 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if src := os.environ.get("BENCH_APP_SRC"):
-            sys.path.insert(0, str(Path(src) / "app"))  # its src layout
+        app_first()
         print(json.dumps(measure(args.jobs)))
         return
-    sides: dict[str, Path | None] = {"this checkout": None}
-    if args.base_src:
-        sides["base"] = args.base_src
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-    for _ in range(args.rounds):
-        for side, checkout in sides.items():
-            runs[side].append(run(checkout, args.jobs))
+    runs = alternate("bench.jobpath", [f"--jobs={args.jobs}"], args.base_src, args.rounds)
     for side, results in runs.items():
         print(f"\n{side}: CPU µs a job, the least and the median of {args.rounds} runs")
         for path in results[0]:

@@ -15,13 +15,13 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
-import sys
 import timeit
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from bench.sides import alternate, app_first
 
 NUMBER = 20_000  # calls per repeat: long enough to time, short enough to dodge a noisy neighbour
 
@@ -81,15 +81,6 @@ async def in_a_loop(repeats: int) -> dict[str, float]:
     return measure(repeats)
 
 
-def run(src: Path | None, repeats: int) -> dict[str, float]:
-    """measure() in a process of its own, with another checkout's app/ first on the path."""
-    env = {**os.environ, **({"BENCH_APP_SRC": str(src)} if src else {})}
-    args = [sys.executable, "-m", "bench.logline", "--child", f"--repeats={repeats}"]
-    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    result: dict[str, float] = json.loads(out)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.logline", description=__doc__)
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ to compare with")
@@ -98,17 +89,10 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if src := os.environ.get("BENCH_APP_SRC"):
-            sys.path.insert(0, str(Path(src) / "app"))  # its src layout
+        app_first()
         print(json.dumps(asyncio.run(in_a_loop(args.repeats))))
         return
-    sides: dict[str, Path | None] = {"this checkout": None}
-    if args.base_src:
-        sides["base"] = args.base_src
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-    for _ in range(args.rounds):
-        for side, checkout in sides.items():
-            runs[side].append(run(checkout, args.repeats))
+    runs = alternate("bench.logline", [f"--repeats={args.repeats}"], args.base_src, args.rounds)
     for side, results in runs.items():
         print(f"\n{side}: µs, the best of {args.rounds} runs")
         for stage in results[0]:
