@@ -4,7 +4,7 @@ an attempt.
 Every attempt of a worker has the same time limit, so their deadlines fall in the order they
 started: the oldest attempt still running is always the next one due, and one timer for it is
 enough. asyncio.timeout schedules and cancels a timer of its own for each attempt (a heap push
-of a TimerHandle that compares in Python, and a cancelled one left in the heap), a fifth of
+of a TimerHandle that compares in Python, and a cancelled one left in the heap), an eighth of
 what the worker spent on a job of its own besides the handler. What happens at the deadline is
 asyncio.timeout's: the attempt's task is cancelled, and the CancelledError it raises leaves the
 attempt as TimeoutError, unless the task was also cancelled from elsewhere (a shutdown).
