@@ -3,6 +3,7 @@ account of every id: completed (handled and acked), in the failed queue, or lost
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import re
 import signal
@@ -106,8 +107,10 @@ class FaultRun:
     failed: dict[str, str] = field(default_factory=dict)  # message_id -> failed-kind
     copies: Counter[str] = field(default_factory=Counter)  # failed copies per message_id
     cancelled: set[str] = field(default_factory=set)
+    # Cancelled ids enqueued again after their cancel: each new job runs, the cancelled one not.
+    enqueued_again: set[str] = field(default_factory=set)
     workers: list[WorkerProcess] = field(default_factory=list)
-    _starts_at_cancel: Counter[str] = field(default_factory=Counter)
+    _journal_at_cancel: int = 0  # the journal's lines when the last cancel was made
 
     @property
     def names(self) -> Names:
@@ -175,7 +178,27 @@ class FaultRun:
         for message_id in ids:
             await publish_cancel(self.connection, self.names, message_id)
         self.cancelled.update(ids)
-        self._starts_at_cancel = self.starts()
+        self._journal_at_cancel = len(journal(self.journal_path))
+
+    async def enqueue_again(self, ids: list[str]) -> None:
+        """Enqueue cancelled ids again as new jobs (with the AMQP timestamp a producer sets), a
+        second after their cancel, which covers what was published up to its own second: each
+        runs as a first attempt, while the cancelled job of its id never runs."""
+        await asyncio.sleep(1.1)
+        now = dt.datetime.now(dt.UTC)
+        await self.publish_messages(
+            [
+                aio_pika.Message(
+                    b"{}",
+                    message_id=message_id,
+                    timestamp=now,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                )
+                for message_id in ids
+            ]
+        )
+        self.cancelled -= set(ids)
+        self.enqueued_again.update(ids)
 
     async def reconnect(self) -> None:
         """A new connection for the test, after a fault that closed the old one."""
@@ -248,7 +271,16 @@ class FaultRun:
         await channel.close()
         done = self.done()
         published = set(self.published)
-        ran_after_cancel = set(self.starts() - self._starts_at_cancel) & self.cancelled
+        # Since the cancel, no cancelled job has started: neither one of a cancelled id, nor a
+        # retry of one whose id was enqueued again (whose new job starts as a first attempt).
+        ran_after_cancel = {
+            message_id
+            for event, message_id, attempt in journal(self.journal_path)[self._journal_at_cancel :]
+            if event == "start"
+            and (
+                message_id in self.cancelled or (message_id in self.enqueued_again and attempt > 1)
+            )
+        }
         assert not ran_after_cancel, f"cancelled jobs ran: {sorted(ran_after_cancel)[:10]}"
         lost = published - set(done) - set(self.failed) - self.cancelled
         if not any_failed:

@@ -102,3 +102,23 @@ async def test_cancels_survive_kill_9_and_connection_drops(
     assert close_connections(run.settings.queue, "worker", fault_broker) >= 1
     tally = await run.account()
     assert tally.cancelled == len(ids[::2] + tiered[::2])
+
+
+async def test_cancelled_ids_enqueued_again_run_once_through_kill_9(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """Half the jobs waiting in a tier are cancelled, and their ids enqueued again a second later
+    (an application placing the order anew); the worker is killed and its successor loses its
+    connection: each new job runs, no cancelled one does (its retry comes back from the tier
+    and is dropped), and nothing is lost."""
+    run = fault_run("cancelled ids enqueued again, kill -9", retry_delay_ms=8000)
+    tiered = await run.publish(JOBS // 4, fail=1)
+    worker = await run.start_worker()
+    await until_started(run, tiered)
+    await run.cancel(tiered[::2])
+    await run.enqueue_again(tiered[::2])
+    worker.kill()
+    await run.start_worker()
+    assert close_connections(run.settings.queue, "worker", fault_broker) >= 1
+    await run.account()
+    assert set(tiered) <= set(run.done())
