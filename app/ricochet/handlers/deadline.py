@@ -56,7 +56,7 @@ class Deadlines:
     timer for the oldest."""
 
     def __init__(self, timeout_s: float) -> None:
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s  # every attempt's limit
         # Running attempts, oldest first. An OrderedDict: removing any one and reading the
         # oldest are both O(1).
         self._running: OrderedDict[Deadline, None] = OrderedDict()
@@ -67,7 +67,7 @@ class Deadlines:
         task = asyncio.current_task()
         assert task is not None, "an attempt runs in a task"
         loop = asyncio.get_running_loop()
-        deadline = Deadline(self, task, loop.time() + self._timeout_s)
+        deadline = Deadline(self, task, loop.time() + self.timeout_s)
         self._running[deadline] = None
         if self._timer is None:
             self._timer = loop.call_at(deadline.at, self._expire)

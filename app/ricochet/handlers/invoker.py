@@ -44,7 +44,6 @@ class Invoker:
         self._plain = (
             None if isinstance(target, Router) else Route(target, None, is_async_callable(target))
         )
-        self._timeout_s = timeout_s
         self._deadlines = Deadlines(timeout_s)
 
     def _resolve(self, job: Job) -> tuple[Route, tuple[Any, ...]]:
@@ -71,7 +70,8 @@ class Invoker:
             if not route.is_async:
                 running = sum(t.name.startswith(THREAD_NAME) for t in threading.enumerate())
                 log.warning("sync handler still runs after its timeout", threads=running)
-            raise HandlerTimeout(f"handler ran longer than {self._timeout_s:g} s") from None
+            limit_s = self._deadlines.timeout_s
+            raise HandlerTimeout(f"handler ran longer than {limit_s:g} s") from None
 
     async def __call__(self, job: Job) -> tuple[Outcome, BaseException | None]:
         """Run the job; never raises for what the handler does (only for cancellation)."""
