@@ -1,8 +1,9 @@
 """What the worker's own code spends on a job, without the broker (python -m bench.jobpath).
 
 The worker's consumer, settler and observers (metrics, the job's log lines at the default INFO
-to /dev/null, the pause window) run as `ricochet worker` wires them, on deliveries read from
-real AMQP frames, in batches of the prefetch; the settler's writes go nowhere. What the broker
+to /dev/null, the pause window) run as `ricochet worker` wires them (Worker.consumer), on
+deliveries read from real AMQP frames, in batches of the prefetch; the settler's writes go
+nowhere. What the broker
 and the AMQP library cost (reading frames, writing them) is left out, and so is their noise:
 the figure moves by a few percent from run to run, where a throughput run moves by a third.
 Two paths: the happy one (one delivery, acked) and the retry one (a first attempt that fails
@@ -68,16 +69,13 @@ async def run_path(jobs: int, handler: str) -> float:
     from aiormq.abc import DeliveredMessage
     from pamqp import commands, header
     from ricochet.broker.amqp import Delivery
-    from ricochet.broker.cancels import CancelLog
     from ricochet.broker.topology import plan
-    from ricochet.delivery.events import Observer
     from ricochet.handlers.invoker import Invoker, load_handler
-    from ricochet.observe.joblog import JobLog
-    from ricochet.observe.metrics import Metrics, QueueMetrics
+    from ricochet.observe.metrics import Metrics
+    from ricochet.service.process import Lifecycle
     from ricochet.settings import Settings
-    from ricochet.worker.consumer import Consumer
-    from ricochet.worker.pause import PausePolicy, PauseWatch
     from ricochet.worker.settler import Settler
+    from ricochet.worker.worker import Worker
 
     class Nowhere:
         """The channel and its frames: copies and settlements go nowhere."""
@@ -91,20 +89,10 @@ async def run_path(jobs: int, handler: str) -> float:
         queue=QUEUE, prefetch=PREFETCH, handler=handler, max_retries=1, retry_jitter=0.5
     )
     topology = plan(settings)
-    metrics = QueueMetrics(Metrics(QUEUE), QUEUE)
-    watch = PauseWatch(
-        PausePolicy(
-            settings.pause_failure_ratio,
-            settings.pause_min_jobs,
-            settings.pause_window_s,
-            settings.pause_s,
-        )
-    )
-    observers: list[Observer] = [metrics, JobLog(topology.tiers), watch]
     invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
-    consumer = Consumer(
-        topology.names, settings.max_retries, invoker, metrics, CancelLog(3600), observers
-    )
+    worker = Worker(settings, invoker, Metrics(QUEUE), Lifecycle())
+    consumer = worker.consumer(topology)  # with the worker's observers, as its sessions run it
+    observers = worker.observers
     settler = Settler(Nowhere(), Nowhere(), topology.names, 131072, observers)  # type: ignore[arg-type]
     # (routing key, exchange, headers) of a first attempt, and of one back from tier 1's lanes.
     attempts = [(QUEUE, "", {}), (f"{QUEUE}.attempt.1", f"{QUEUE}.return", BACK_FROM_A_LANE)]

@@ -1,5 +1,7 @@
 """The worker process: serve -> a session per connection (recover, consume, drain) -> shutdown."""
 
+from collections.abc import Sequence
+
 import structlog
 from aio_pika.abc import AbstractConnection
 
@@ -8,7 +10,7 @@ from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.record import declare_recorded
-from ricochet.broker.topology import Names
+from ricochet.broker.topology import Names, Plan
 from ricochet.delivery.events import Observer
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import pause_alert
@@ -74,6 +76,27 @@ class Worker:
             )
         log.info("stopped")
 
+    def consumer(self, plan: Plan) -> Consumer:
+        """The worker's consumer, made for the topology of its first session and kept for the
+        next: a lost session's jobs run on in it."""
+        if self._consumer is None:
+            self._observers = [self._metrics, JobLog(plan.tiers), self._watch]
+            self._consumer = Consumer(
+                plan.names,
+                self._settings.max_retries,
+                self._invoker,
+                self._metrics,
+                self._cancels.cancelled,
+                self._observers,
+            )
+        return self._consumer
+
+    @property
+    def observers(self) -> Sequence[Observer]:
+        """What the worker tells of every handler call and settled delivery (once it has a
+        consumer): metrics, the job's log lines, the pause window."""
+        return self._observers
+
     async def _run_session(self, connection: AbstractConnection) -> None:
         """Declare, then run a session on a new channel until it ends (a stop, or lost)."""
         settings = self._settings
@@ -81,24 +104,15 @@ class Worker:
         await self._cancels.follow(connection)  # before any job: every cancel made until now
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=settings.prefetch)
-        if self._consumer is None:
-            self._observers = [self._metrics, JobLog(plan.tiers), self._watch]
-            self._consumer = Consumer(
-                plan.names,
-                settings.max_retries,
-                self._invoker,
-                self._metrics,
-                self._cancels.cancelled,
-                self._observers,
-            )
+        consumer = self.consumer(plan)
         frames = await Frames.under(channel)
-        settler = Settler(channel, frames, plan.names, frame_max(connection), self._observers)
+        settler = Settler(channel, frames, plan.names, frame_max(connection), self.observers)
         subscription = Subscription(
             frames,
             settler,
             settings.queue,
             settings.prefetch,
-            self._consumer.in_flight,
+            consumer.in_flight,
         )
         self._session = Session(
             settings,
@@ -106,7 +120,7 @@ class Worker:
             connection,
             channel,
             subscription,
-            self._consumer,
+            consumer,
             self._watch,
             self._alert,
             self._cancels.lost,
