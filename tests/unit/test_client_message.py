@@ -1,6 +1,7 @@
 """An enqueue's arguments made into the message, or refused with InvalidJob naming the argument."""
 
 import datetime as dt
+import decimal
 import json
 import math
 import uuid
@@ -11,11 +12,37 @@ import pytest
 from aiormq import spec
 from pamqp import frame, header
 from ricochet import InvalidJob
-from ricochet.client.message import Outgoing, job_message, run_at_text
+from ricochet.broker.amqp import table_size
+from ricochet.client.message import (
+    HEADER_MAX_DEPTH,
+    MAX_MESSAGE_BYTES,
+    Outgoing,
+    cancelled_id,
+    check_frame,
+    job_message,
+    run_at_text,
+)
+from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.headers import is_reserved
 
 NOW = dt.datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
+PLUS_5 = dt.timezone(dt.timedelta(hours=5))
+FRAME_MAX = 131_072  # RabbitMQ's default
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A header value of tables within tables, `depth` of them."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def cyclic() -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    table["self"] = table
+    return table
 
 
 def message(job_type: str | None = "mail", payload: Any = None, **job: Any) -> Outgoing:
@@ -88,6 +115,30 @@ def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
         ({"headers": {"blob": b"raw"}}, "headers"),  # bytes: the codec takes bytearray only
         ({"headers": {"big": 2**70}}, "headers"),
         ({"headers": {"set": {1}}}, "headers"),
+        # Names are checked at every depth: pamqp fails on a name that is not a string with an
+        # AttributeError, and cuts a long one short (two names may then become one).
+        ({"headers": {"a": {1: "x"}}}, "headers"),
+        ({"headers": {"a": {"b": {None: "x"}}}}, "headers"),
+        ({"headers": {"a": [1, {2: "x"}]}}, "headers"),
+        ({"headers": {"a": {"b": 1, 2: "x"}}}, "headers"),
+        ({"headers": {"a": {"k" * 129: 1}}}, "headers"),
+        ({"headers": {"a": {"\ud800": 1}}}, "headers"),
+        ({"headers": {"a": ["\ud800"]}}, "headers"),
+        ({"headers": {"a": (1, 2)}}, "headers"),
+        ({"headers": {"a": [object()]}}, "headers"),
+        ({"headers": {"a": {"b": b"raw"}}}, "headers"),
+        # An AMQP timestamp is seconds since 1970, unsigned.
+        ({"headers": {"at": dt.datetime(1, 1, 1, tzinfo=PLUS_5)}}, "headers"),
+        ({"headers": {"at": dt.datetime(1960, 1, 1, tzinfo=dt.UTC)}}, "headers"),
+        ({"headers": {"d": decimal.Decimal("nan")}}, "headers"),
+        ({"headers": {"deep": nested(HEADER_MAX_DEPTH + 1)}}, "headers"),
+        ({"headers": {"deep": nested(5000)}}, "headers"),
+        ({"headers": {"cycle": cyclic()}}, "headers"),
+        ({"headers": {"cycle": [cyclic()]}}, "headers"),
+        ({"run_at": dt.datetime(1, 1, 1, tzinfo=PLUS_5)}, "run_at"),  # no UTC time holds it
+        ({"payload": b"", "content_type": "t" * 256}, "content_type"),
+        ({"payload": b"", "content_type": ""}, "content_type"),
+        ({"payload": b"", "content_type": 7}, "content_type"),
     ],
 )
 def test_out_of_bounds_is_refused_naming_the_argument(job: dict[str, Any], names: str) -> None:
@@ -167,6 +218,68 @@ def test_payload(payload: Any, body: bytes, content_type: str | None) -> None:
     assert (sent.body, on_the_wire(sent).content_type) == (body, content_type)
     if content_type:
         assert json.loads(sent.body) == payload
+
+
+def test_headers_nest_up_to_the_limit() -> None:
+    """Tables and arrays within tables travel, as deep as the limit."""
+    headers = {"deep": nested(HEADER_MAX_DEPTH), "list": [{"a": [1, "b"]}], "empty": {}}
+    assert on_the_wire(message(headers=headers)).headers == headers
+
+
+def test_a_body_over_the_broker_limit_is_refused() -> None:
+    """The broker's max_message_size (128 MiB by default) is the largest body it takes."""
+    largest = bytes(MAX_MESSAGE_BYTES)
+    assert message(payload=largest).body is largest
+    with pytest.raises(InvalidJob, match=r"^payload is 134217729 bytes"):
+        message(payload=bytes(MAX_MESSAGE_BYTES + 1))
+    with pytest.raises(InvalidJob, match=r"^payload is 134217730 bytes"):
+        message(payload="x" * MAX_MESSAGE_BYTES)  # JSON: with its two quotes
+
+
+def test_headers_up_to_the_frame_fit() -> None:
+    """The headers may take the frame but the room the worker keeps for the other properties,
+    so that what the client accepts the worker can copy; a byte more is refused."""
+    limit = FRAME_MAX - PROPERTIES_RESERVE_BYTES
+    fitting = {"blob": "b" * (limit - table_size({"blob": ""}))}
+    assert table_size(fitting) == limit
+    check_frame(fitting, FRAME_MAX)
+    with pytest.raises(InvalidJob, match=r"^headers take 126977 bytes.* at most 126976"):
+        check_frame({**fitting, "blob": fitting["blob"] + "b"}, FRAME_MAX)
+    check_frame({}, FRAME_MAX)
+
+
+def test_a_frame_of_the_largest_headers_and_properties_fits() -> None:
+    """The room kept is enough for every property a job can carry at its largest."""
+    limit = FRAME_MAX - PROPERTIES_RESERVE_BYTES
+    sent = message(
+        "t" * 255,
+        b"",
+        message_id="m" * 255,
+        content_type="c" * 255,
+        max_retries=25,
+        delay=1,
+        headers={"blob": ""},
+    )
+    assert sent.properties.headers is not None
+    sent.properties.headers["blob"] = "b" * (limit - table_size(sent.properties.headers))
+    check_frame(sent.properties.headers, FRAME_MAX)
+    encoded = frame.marshal(header.ContentHeader(0, len(sent.body), sent.properties), 1)
+    assert len(encoded) <= FRAME_MAX
+
+
+@pytest.mark.parametrize(
+    "message_id", ["", None, 7, b"m1", "m" * 256, "é" * 128, "m\ud800", ["m1"]]
+)
+def test_a_cancel_of_an_impossible_id_is_refused(message_id: Any) -> None:
+    """A message_id no job can have: InvalidJob naming message_id, as enqueue refuses it."""
+    with pytest.raises(InvalidJob, match=r"^message_id"):
+        cancelled_id(message_id)
+
+
+@pytest.mark.parametrize("message_id", ["m", "m" * 255, "é" * 127, "order 42/ü"])
+def test_a_cancel_takes_any_id_enqueue_takes(message_id: str) -> None:
+    assert cancelled_id(message_id) == message_id
+    assert on_the_wire(message(message_id=message_id)).message_id == message_id
 
 
 def test_bytes_keep_the_content_type_given() -> None:

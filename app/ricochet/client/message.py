@@ -1,12 +1,18 @@
 """An enqueue's arguments made into the message that goes on the wire, or InvalidJob (pure).
 
 Every check runs before anything is sent, so a call that raises here leaves no trace on the broker.
+They matter beyond the call: a message the codec cannot encode, or one the broker will not take,
+fails in the connection shared by every enqueue in flight. The broker closes the connection for
+a header frame over its frame_max, and the channel for a body over its max_message_size; the
+other callers' publishes on them are then cut off unconfirmed (NotConfirmed, though some were
+enqueued).
 """
 
 import datetime as dt
 import json
 import math
 import random
+import struct
 import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -14,6 +20,7 @@ from typing import Any, NamedTuple
 from aiormq import spec
 
 from ricochet.broker.amqp import table_size
+from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import InvalidJob
 from ricochet.headers import MAX_RETRIES, RUN_AT, is_reserved
 
@@ -21,6 +28,15 @@ from ricochet.headers import MAX_RETRIES, RUN_AT, is_reserved
 SHORT_STRING_MAX_BYTES = 255
 # The codec cuts a longer header name short (and says so only in its log).
 HEADER_NAME_MAX_BYTES = 128
+# Tables and arrays within a header value, at most: deeper, the codec that encodes it here and
+# the one that reads it in the worker recurse towards Python's limit (and a table that holds
+# itself would recurse for ever).
+HEADER_MAX_DEPTH = 32
+# The largest body the broker takes: RabbitMQ's max_message_size, 128 MiB by default on 3.10 to
+# 4.x. A client has no way to read the setting (the protocol does not carry it; the management
+# API would need its credentials), so a broker configured lower refuses a body between its
+# setting and this one by closing the channel, and the enqueues in flight on it with it.
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 MAX_RETRIES_ALLOWED = 25
 # The longest wait a job may be scheduled for (section 15 keeps a cancel at least this long).
 MAX_SCHEDULE = dt.timedelta(days=30)
@@ -64,6 +80,11 @@ def job_message(
     if job_headers:
         _check_encodable(job_headers)
     body, content_type = _body(payload, content_type)
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise InvalidJob(
+            f"payload is {len(body)} bytes: the broker takes at most {MAX_MESSAGE_BYTES}"
+            " (its max_message_size, 128 MiB by default)"
+        )
     return Outgoing(
         body,
         spec.Basic.Properties(
@@ -77,6 +98,27 @@ def job_message(
             timestamp=now,
         ),
     )
+
+
+def check_frame(headers: Mapping[str, Any] | None, frame_max: int) -> None:
+    """InvalidJob when the headers, as sent, take more of the connection's frame than the worker
+    lets a job's headers take: the header frame holds every property, and the worker keeps
+    PROPERTIES_RESERVE_BYTES of it for the others, so a job accepted here fits its frame with
+    any properties, and the worker can publish it again (section 24)."""
+    limit = frame_max - PROPERTIES_RESERVE_BYTES
+    size = table_size(headers) if headers else 0
+    if size > limit:
+        raise InvalidJob(
+            f"headers take {size} bytes as an AMQP table: at most {limit} fit a frame of this"
+            f" connection ({frame_max} bytes, {PROPERTIES_RESERVE_BYTES} kept for the other"
+            " properties)"
+        )
+
+
+def cancelled_id(message_id: object) -> str:
+    """The message_id of a cancel, or InvalidJob when no job can have it: empty, not a string,
+    or over 255 bytes in UTF-8 (what an AMQP short string holds; 255 ASCII characters)."""
+    return _short_string("message_id", message_id)
 
 
 def run_at_text(when: dt.datetime) -> str:
@@ -137,7 +179,10 @@ def _due(now: dt.datetime, delay: object, run_at: object) -> dt.datetime | None:
         raise InvalidJob(f"run_at={run_at.isoformat()} is naive: give it a time zone (UTC, say)")
     if run_at - now > MAX_SCHEDULE:
         raise InvalidJob(f"run_at={run_at.isoformat()} is more than 30 days ahead")
-    return run_at
+    try:
+        return run_at.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidJob(f"run_at={run_at.isoformat()} is before the first UTC date") from None
 
 
 def _delay(value: object) -> dt.timedelta:
@@ -161,14 +206,7 @@ def _own_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(headers, Mapping):
         raise InvalidJob(f"headers must be a mapping, not {type(headers).__name__}")
     for name in headers:
-        if (
-            not isinstance(name, str)
-            or not 0 < len(_utf8("headers", name)) <= HEADER_NAME_MAX_BYTES
-        ):
-            raise InvalidJob(
-                f"headers: a header name must be a string of 1-{HEADER_NAME_MAX_BYTES} bytes,"
-                f" not {name!r}"
-            )
+        _check_name(name)
         if is_reserved(name):
             raise InvalidJob(
                 f"headers: {name!r} is a header that ricochet or the broker owns"
@@ -177,16 +215,43 @@ def _own_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(headers)
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not 0 < len(_utf8("headers", name)) <= HEADER_NAME_MAX_BYTES:
+        raise InvalidJob(
+            f"headers: a header name must be a string of 1-{HEADER_NAME_MAX_BYTES} bytes,"
+            f" not {name!r}"
+        )
+
+
 def _check_encodable(headers: dict[str, Any]) -> None:
+    """The names and the nesting checked here, at every depth; the values by the codec."""
+    for value in headers.values():
+        _check_nested(value, 1)
     try:
         table_size(headers)
-    except (TypeError, ValueError) as error:
+    # struct.error: a number its field cannot hold (a timestamp before 1970, say).
+    except (TypeError, ValueError, OverflowError, struct.error) as error:
         raise InvalidJob(f"headers cannot be sent as an AMQP table: {error}") from None
+
+
+def _check_nested(value: object, depth: int) -> None:
+    """The tables and arrays of a header value (the codec takes a dict or a list, no other)."""
+    if not isinstance(value, dict | list):
+        return
+    if depth > HEADER_MAX_DEPTH:
+        raise InvalidJob(f"headers: a value nests tables or arrays over {HEADER_MAX_DEPTH} deep")
+    if isinstance(value, dict):
+        for name in value:
+            _check_name(name)
+    for item in value.values() if isinstance(value, dict) else value:
+        _check_nested(item, depth + 1)
 
 
 def _body(payload: Any, content_type: str | None) -> tuple[bytes, str | None]:
     """bytes go as they are (with the content_type given); anything else as JSON."""
     if isinstance(payload, bytes | bytearray | memoryview):
+        if content_type is not None:
+            _short_string("content_type", content_type)
         return bytes(payload), content_type
     if content_type is not None:
         raise InvalidJob("content_type is for a bytes payload; any other payload is sent as JSON")
