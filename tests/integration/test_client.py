@@ -4,6 +4,7 @@ it, and every way an enqueue can fail."""
 import asyncio
 import datetime as dt
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -17,7 +18,10 @@ from ricochet import (
     PermanentError,
     SyncClient,
 )
+from ricochet.broker.amqp import frame_max, table_size
 from ricochet.broker.topology import declare
+from ricochet.client.message import run_at_text
+from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import ConfigError
 
 from tests.support import (
@@ -118,6 +122,9 @@ async def test_invalid_jobs_send_nothing(
             {"run_at": dt.datetime(2026, 12, 1, 9, 30)},
             {"delay": 1, "run_at": dt.datetime.now(dt.UTC)},
             {"headers": {"x-death": []}},
+            {"headers": {"a": {1: "x"}}},
+            {"headers": {"blob": "b" * 200_000}},
+            {"run_at": dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5)))},
             {"payload": object()},
         ]
         for job in jobs:
@@ -130,6 +137,80 @@ async def test_invalid_jobs_send_nothing(
     [only] = await take(channel, queue_name, 1)
     assert only.message_id == "valid"
     assert await depth(channel, queue_name) == 0
+
+
+async def test_an_oversize_job_fails_alone(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """A job whose headers cannot fit a frame, enqueued among ten good ones on one Client: it
+    raises InvalidJob before it is sent (the broker would close the shared connection with a
+    FRAME_ERROR, cutting the others off); every good job is confirmed, and in the queue once."""
+    await channel.declare_queue(queue_name, durable=True)
+    good: list[str] = []
+    async with Client(AMQP_URL, queue_name) as client:
+        for round_ in range(3):
+            results = await asyncio.gather(
+                *(
+                    client.enqueue(
+                        "mail",
+                        {"n": n},
+                        message_id=f"{round_}-{n}",
+                        headers={"blob": "b" * 200_000} if n == 5 else None,
+                    )
+                    for n in range(11)
+                ),
+                return_exceptions=True,
+            )
+            refused = results.pop(5)
+            assert isinstance(refused, InvalidJob), refused
+            assert str(refused).startswith("headers"), refused
+            assert all(isinstance(r, str) for r in results), results
+            good += [str(r) for r in results]
+    got = Counter(str(m.message_id) for m in await take(channel, queue_name, len(good)))
+    assert got == Counter(good)
+    assert await depth(channel, queue_name) == 0
+
+
+async def test_headers_that_fill_the_frame_travel(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """The largest headers the client takes, beside every property at its longest, reach the
+    queue whole; a byte more is refused before it is sent, and the client goes on."""
+    await channel.declare_queue(queue_name, durable=True)
+    limit = frame_max(connection) - PROPERTIES_RESERVE_BYTES
+    run_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    added = {"max-retries": 25, "run-at": run_at_text(run_at)}  # what the client adds
+    blob = "b" * (limit - table_size({**added, "blob": ""}))
+    longest: dict[str, Any] = {
+        "message_id": "m" * 255,
+        "content_type": "c" * 255,
+        "max_retries": 25,
+        "run_at": run_at,
+    }
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("t" * 255, b"", headers={"blob": blob}, **longest)
+        with pytest.raises(InvalidJob, match=rf"^headers take {limit + 1} bytes"):
+            await client.enqueue("t" * 255, b"", headers={"blob": blob + "b"}, **longest)
+        await client.enqueue("mail", {}, message_id="after")
+    full, after = await take(channel, queue_name, 2)
+    assert full.headers == {**added, "blob": blob}
+    assert (full.message_id, full.type) == ("m" * 255, "t" * 255)
+    assert after.message_id == "after"
+
+
+async def test_a_cancel_of_an_impossible_id_sends_nothing(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """cancel refuses a message_id no job can have (empty, not a string, longer than an AMQP
+    short string) before sending, as enqueue would; the client goes on."""
+    await channel.declare_queue(queue_name, durable=True)
+    async with Client(AMQP_URL, queue_name) as client:
+        for message_id in ["", None, "x" * 300]:
+            with pytest.raises(InvalidJob, match=r"^message_id"):
+                await client.cancel(message_id)  # type: ignore[arg-type]
+        await client.enqueue("mail", {}, message_id="after")
+    [after] = await take(channel, queue_name, 1)
+    assert after.message_id == "after"
 
 
 async def test_a_missing_queue_is_an_error_not_a_lost_job(queue_name: str) -> None:

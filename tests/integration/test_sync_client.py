@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -110,6 +111,33 @@ async def test_threads_share_one_connection(
     assert await depth(channel, queue_name) == 0
     with pytest.raises(RuntimeError, match="closed"):
         client.enqueue("mail", {})
+
+
+async def test_an_oversize_job_fails_alone(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Eleven threads enqueue at once through one SyncClient, one of them a job whose headers
+    cannot fit a frame: that one raises InvalidJob before it is sent; the others, on the same
+    connection, are confirmed and in the queue once each."""
+    await channel.declare_queue(queue_name, durable=True)
+
+    def enqueue(n: int) -> str | InvalidJob:
+        try:
+            return client.enqueue(
+                "mail", {"n": n}, headers={"blob": "b" * 200_000} if n == 5 else None
+            )
+        except InvalidJob as refused:
+            return refused
+
+    with SyncClient(AMQP_URL, queue_name) as client, ThreadPoolExecutor(11) as pool:
+        results = await asyncio.to_thread(lambda: list(pool.map(enqueue, range(11))))
+    refused = results.pop(5)
+    assert isinstance(refused, InvalidJob), refused
+    good = [r for r in results if isinstance(r, str)]
+    assert len(good) == 10, results
+    got = Counter(str(m.message_id) for m in await take(channel, queue_name, 10))
+    assert got == Counter(good)
+    assert await depth(channel, queue_name) == 0
 
 
 async def test_a_call_from_async_code_is_driven_for_it(
@@ -287,6 +315,10 @@ def test_errors_reach_the_caller(queue_name: str) -> None:
     with SyncClient(AMQP_URL, queue_name) as client:
         with pytest.raises(InvalidJob, match="max_retries"):
             client.enqueue("mail", {}, max_retries=99)
+        with pytest.raises(InvalidJob, match=r"^headers"):
+            client.enqueue("mail", {}, headers={"blob": "b" * 200_000})
+        with pytest.raises(InvalidJob, match=r"^message_id"):
+            client.cancel("")
         with pytest.raises(NotConfirmed, match="does not exist"):
             client.enqueue("mail", {})
         with pytest.raises(NotConfirmed, match=r"cancel of job 'm1' was not recorded.*does not"):

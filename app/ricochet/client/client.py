@@ -13,12 +13,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError, PublishError
 from aiormq import spec
 
-from ricochet.broker.amqp import CONNECTION_ERRORS, refusal
+from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max, refusal
 from ricochet.broker.cancels import cancel_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.broker.topology import Names
-from ricochet.client.message import Delay, job_message
+from ricochet.client.message import Delay, cancelled_id, check_frame, job_message
 from ricochet.errors import MissingQueue, NotConfirmed
 from ricochet.log import redact
 from ricochet.settings import load_client_settings
@@ -78,6 +78,7 @@ class Client:
         # The aio_pika channel is only kept open (it closes itself when collected).
         self._channel: AbstractChannel | None = None
         self._publisher: aiormq.abc.AbstractChannel | None = None
+        self._frame_max = 0  # the connection's, read when it opens
         self._opening = asyncio.Lock()
         self._unconfirmed = asyncio.Semaphore(MAX_UNCONFIRMED)
         self._one_per_id = OnePerMessageId()
@@ -114,9 +115,10 @@ class Client:
         """Publish one persistent job to the queue and return its message_id once the broker
         has confirmed it.
 
-        InvalidJob (nothing sent) for an argument out of bounds; BrokerUnavailable when the
-        broker cannot be reached; NotConfirmed when the broker refused the job or did not
-        confirm it (see its message for whether it may be in the queue all the same).
+        InvalidJob (nothing sent) for an argument out of bounds, or headers too large for the
+        connection's frame; BrokerUnavailable when the broker cannot be reached; NotConfirmed
+        when the broker refused the job or did not confirm it (see its message for whether it
+        may be in the queue all the same).
         """
         message = job_message(
             job_type,
@@ -138,6 +140,10 @@ class Client:
             # job_message gives every job a headers dict of its own, for the span to add to.
             with publish_span(self.queue, job_id, cast(dict[str, Any], properties.headers)):
                 channel = await self._open_channel()
+                # Checked once the span's headers are in, against this connection's frame: a
+                # header frame too large would make the broker close the connection, and cut
+                # off every other enqueue in flight on it.
+                check_frame(properties.headers, self._frame_max)
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
@@ -153,8 +159,11 @@ class Client:
         comes due, no worker runs it. An unknown or finished job is left as it is.
 
         Returns once the broker has confirmed the cancel in the queue's cancel store;
-        BrokerUnavailable or NotConfirmed as for enqueue (a cancel made twice is one cancel).
+        InvalidJob (nothing sent) for a message_id no job can have (empty, not a string, over
+        255 bytes in UTF-8); BrokerUnavailable or NotConfirmed as for enqueue (a cancel made
+        twice is one cancel).
         """
+        message_id = cancelled_id(message_id)
         if self._closed:
             raise RuntimeError("the client is closed")
         self._enqueuing += 1
@@ -201,6 +210,7 @@ class Client:
                         connection_name("client", self.queue),
                         self._connect_timeout_s,
                     )
+                    self._frame_max = frame_max(self._connection)
                 self._channel = await confirming_channel(self._connection)
                 self._publisher = await self._channel.get_underlay_channel()
             return self._publisher
