@@ -10,9 +10,10 @@ so nothing a job carries can run in the page.
 import asyncio
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
 import jinja2
 import structlog
@@ -45,6 +46,11 @@ HEADERS = {
 }
 ACTIONS = ("replay", "discard")
 READ_ONLY = "the console is read-only: RICOCHET_CONSOLE_TOKEN is not set"
+FORM = "application/x-www-form-urlencoded"
+FORM_MAX_FIELDS = 8
+# A count or page number in a query: ASCII digits only (str.isdigit() also takes "²", which
+# int() refuses), and few enough for int() (which refuses more than 4,300).
+NUMBER = re.compile(r"[0-9]{1,9}")
 
 
 def templates() -> jinja2.Environment:
@@ -71,6 +77,50 @@ def token_matches(expected: str | None, given: str | None) -> bool:
     if expected is None or given is None:
         return False
     return hmac.compare_digest(expected.encode(), given.encode())
+
+
+def query_number(query: Mapping[str, str], name: str, least: int = 0) -> int | None:
+    """A whole number from the query string (None when absent); HTTPBadRequest saying what it
+    must be when it is anything else."""
+    text = query.get(name)
+    if text is None:
+        return None
+    if NUMBER.fullmatch(text) is None or int(text) < least:
+        raise web.HTTPBadRequest(text=f"{name} must be a whole number from {least} to 999999999\n")
+    return int(text)
+
+
+def form_token(body: bytes) -> str | None:
+    """The token field of a URL-encoded form, read before anything else is: as Latin-1, which
+    reads any bytes and cannot fail, and reads the token (printable ASCII) as it was sent."""
+    try:
+        fields = parse_qsl(
+            body.decode("latin-1"), encoding="latin-1", max_num_fields=FORM_MAX_FIELDS
+        )
+    except ValueError:  # too many fields: no form of the console's
+        return None
+    return next((value for name, value in fields if name == "token"), None)
+
+
+def form_fields(body: bytes) -> dict[str, str]:
+    """The fields of a URL-encoded UTF-8 form, the first of each name; ValueError when the body
+    is not one."""
+    try:
+        fields = parse_qsl(
+            body.decode("ascii"),
+            keep_blank_values=True,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=FORM_MAX_FIELDS,
+        )
+    except ValueError:  # UnicodeDecodeError included
+        raise ValueError(
+            f"a console form is URL-encoded UTF-8 of at most {FORM_MAX_FIELDS} fields"
+        ) from None
+    found: dict[str, str] = {}
+    for name, value in fields:
+        found.setdefault(name, value)
+    return found
 
 
 class Console:
@@ -115,16 +165,20 @@ class Console:
         )
 
     async def index(self, request: web.Request) -> web.Response:
+        done = {
+            name: count
+            for name in ("replayed", "discarded")
+            if (count := query_number(request.query, name)) is not None
+        }
         try:
             outcome = await self._with_broker(lambda c: list_failed(c, self._names, Selection()))
         except (BrokerUnavailable, RicochetError) as error:
             return self._page("error.html", 503, message=str(error))
-        done = {a: request.query.get(a) for a in ("replayed", "discarded")}
         return self._page(
             "failed.html",
             total=len(outcome.selected),
             groups=group_by_reason(outcome.selected),
-            done={k: int(v) for k, v in done.items() if v is not None and v.isdigit()},
+            done=done,
         )
 
     async def job(self, request: web.Request) -> web.Response:
@@ -139,19 +193,18 @@ class Console:
 
     async def act(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]
-        form = await request.post()
-        if self._token is None:
-            return self._refused(READ_ONLY)
-        given = form.get("token")
-        if not token_matches(self._token, given if isinstance(given, str) else None):
-            return self._refused("missing or wrong console token")
+        form = await self._form(request)
+        if isinstance(form, web.Response):
+            return form
         message_id, reason = form.get("message_id"), form.get("reason")
-        if action not in ACTIONS or not isinstance(message_id or reason, str):
-            raise web.HTTPBadRequest(text="an action needs a message_id or a reason")
-        if isinstance(message_id, str):
+        if action not in ACTIONS:
+            raise web.HTTPNotFound(text=f"the actions are {', '.join(ACTIONS)}\n")
+        if message_id:
             selection = Selection(message_id=message_id)
+        elif reason:
+            selection = Selection(reason_is=reason)
         else:
-            selection = Selection(reason_is=str(reason))
+            raise web.HTTPBadRequest(text="an action needs a message_id or a reason\n")
         try:
             outcome = await self._with_broker(lambda c: self._do(c, action, selection))
         except (BrokerUnavailable, RicochetError) as error:
@@ -165,6 +218,24 @@ class Console:
         )
         past = "replayed" if action == "replay" else "discarded"
         raise web.HTTPSeeOther(f"/failed?{past}={len(outcome.selected)}")
+
+    async def _form(self, request: web.Request) -> dict[str, str] | web.Response:
+        """An action's form, once its token is checked: a 403 without the token, HTTPBadRequest
+        (or 415) for what is no URL-encoded UTF-8 form. What the headers say is checked first,
+        then the token, read as the form's other fields cannot be until it matches."""
+        if self._token is None:
+            return self._refused(READ_ONLY)
+        if request.content_type != FORM:
+            raise web.HTTPUnsupportedMediaType(text=f"a console form is sent as {FORM}\n")
+        if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
+            raise web.HTTPBadRequest(text="a console form is read as UTF-8, in no other charset\n")
+        body = await request.read()
+        if not token_matches(self._token, form_token(body)):
+            return self._refused("missing or wrong console token")
+        try:
+            return form_fields(body)
+        except ValueError as error:
+            raise web.HTTPBadRequest(text=f"{error}\n") from None
 
     async def not_an_action(self, request: web.Request) -> web.Response:
         """A POST to a page: refused as every POST is on a read-only console; on a writable one
