@@ -59,6 +59,7 @@ bodies = st.one_of(
         lambda v: json.dumps(v).encode()
     ),
     st.integers(FRAME_MAX - 64, FRAME_MAX + 64).map(lambda n: b"{" * n),
+    st.just(b"[" * 5_000),  # valid JSON's start, nested past the parser's depth
 )
 # A short string that is not UTF-8 cannot be decoded: its delivery fails, the connection stays.
 short_strings = st.none() | st.text(max_size=30) | not_utf8
@@ -70,8 +71,9 @@ def deliveries(draw: st.DrawFn) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     headers = draw(st.dictionaries(keys, values, max_size=5))
     for name, strategy in (
         ("x-death", forged_death),
-        ("max-retries", values | st.integers(-2, 30)),
+        ("max-retries", values | st.integers(-2, 30) | st.just("9" * 5_000)),
         ("x-delivery-count", values | st.integers(0, 99)),
+        ("ricochet-retries", values | st.integers(-2, 30)),
     ):
         if draw(st.booleans()):
             headers[name] = draw(strategy)

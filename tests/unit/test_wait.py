@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from ricochet import RetryLater
 from ricochet.broker.cancels import CancelLog
+from ricochet.broker.topology import delay_key, is_delay_key
 from ricochet.delivery.retry import (
     Action,
     Decision,
@@ -61,6 +62,10 @@ def test_run_at_is_iso_8601_with_an_offset(value: Any, expected: dt.datetime | N
     assert parse_run_at(value) == expected
 
 
+# The routing key of a job back from the delays: the one that spelled its wait.
+BACK_FROM_DELAYS = delay_key(1000)
+
+
 def facts(
     headers: dict[str, Any],
     *,
@@ -76,6 +81,7 @@ def facts(
         redelivered=False,
         routing_key=routing_key,
         from_tier=key_tier is not None,
+        from_delays=is_delay_key(routing_key),
         queue="jobs",
         max_retries=max_retries,
         type_max_retries=None,
@@ -129,9 +135,9 @@ def rejected(count: int) -> dict[str, Any]:
         # Cancelled while it waited (scheduled, in a tier, after a RetryLater): dropped when it
         # comes due, whatever else it says.
         ({"run-at": "2026-11-24T12:00:05Z"}, "jobs", True, None, Decision(Action.CANCEL)),
-        ({"run-at": "2020-01-01T00:00:00Z"}, "0.1.0", True, None, Decision(Action.CANCEL)),
+        ({"run-at": "2020-01-01T00:00:00Z"}, BACK_FROM_DELAYS, True, None, Decision(Action.CANCEL)),
         ({**rejected(2)}, "jobs.attempt.2", True, None, Decision(Action.CANCEL)),
-        ({RETRIES: 1}, "0.1.0", True, None, Decision(Action.CANCEL)),
+        ({RETRIES: 1}, BACK_FROM_DELAYS, True, None, Decision(Action.CANCEL)),
         ({"run-at": "soon"}, "jobs", True, None, Decision(Action.CANCEL)),
         # A first attempt without a schedule waits for nothing: a cancel of its id (made for a
         # job that had finished, or for an id not yet used) does not stop it.
@@ -155,7 +161,7 @@ def rejected(count: int) -> dict[str, Any]:
         ),
         (
             {RETRIES: 3},
-            "0.1.0",
+            BACK_FROM_DELAYS,
             False,
             Outcome.LATER,
             Decision(Action.FAIL, FailureKind.EXHAUSTED),
@@ -164,7 +170,7 @@ def rejected(count: int) -> dict[str, Any]:
         # own tier; once a tier sent it back, its key leads right again and a nack does.
         (
             {RETRIES: 1},
-            "0.1.0",
+            BACK_FROM_DELAYS,
             False,
             Outcome.TRANSIENT,
             Decision(Action.RETRY_BY_COPY, tier=2, retries=2),
@@ -183,11 +189,11 @@ def rejected(count: int) -> dict[str, Any]:
             Outcome.TRANSIENT,
             Decision(Action.RETRY, tier=3),
         ),
-        ({RETRIES: 1}, "0.1.0", False, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        ({RETRIES: 1}, BACK_FROM_DELAYS, False, Outcome.SUCCEEDED, Decision(Action.ACK)),
         # A fresh scheduled job back from the delays retries by nack, into tier 1.
         (
             {"run-at": "2026-11-24T11:59:00Z"},
-            "0.1.0",
+            BACK_FROM_DELAYS,
             False,
             Outcome.TRANSIENT,
             Decision(Action.RETRY, tier=1),
@@ -222,8 +228,17 @@ def test_attempt_counts_retries_before_and_since_a_copy(
     headers: dict[str, Any], attempt: int
 ) -> None:
     """Attempt = 1 + the retries a copy carries + the broker's count since it was published."""
-    routing_key = "jobs.attempt.1" if "x-death" in headers else "jobs"
+    routing_key = "jobs.attempt.1" if "x-death" in headers else BACK_FROM_DELAYS
     assert facts(headers, routing_key=routing_key).attempt == attempt
+
+
+@pytest.mark.parametrize("routing_key", ["jobs", "jobs.other", "0.1.0"])
+def test_a_count_of_retries_on_a_job_ricochet_did_not_route_is_forged(routing_key: str) -> None:
+    """A producer's ricochet-retries on a job sent straight to the queue buys no attempts: the
+    job is cleaned and runs as a first attempt (SPEC 24)."""
+    found = facts({RETRIES: 2}, routing_key=routing_key)
+    assert (found.forged, found.attempt) == (True, 1)
+    assert decide(found, None) == Decision(Action.SANITIZE)
 
 
 def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
+import aio_pika
 import pamqp.frame
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
@@ -241,6 +242,17 @@ def _table(data: bytes, where: str, problems: Problems) -> tuple[int, dict[str, 
     return end, table
 
 
+def _headers(data: bytes, where: str, problems: Problems) -> tuple[int, dict[str, Any]]:
+    """The headers table; one nested deeper than Python recurses is passed over whole (its
+    length says where it ends), as a problem, never a reason to close the connection."""
+    try:
+        return _table(data, where, problems)
+    except RecursionError:
+        (length,) = struct.unpack_from(">I", data)
+        problems.append(f"{where}: tables nested deeper than can be read")
+        return 4 + length, {}
+
+
 def _array(data: bytes, where: str, problems: Problems) -> tuple[int, list[Any]]:
     (length,) = struct.unpack_from(">I", data)
     end = 4 + length
@@ -269,7 +281,7 @@ LenientReader = Callable[[bytes, str, Problems], tuple[int, Any]]
 LENIENT_READERS: dict[str, LenientReader] = {
     "shortstr": _short_str,
     "timestamp": _timestamp,
-    "table": _table,
+    "table": _headers,
 }
 NESTED_READERS: dict[bytes, LenientReader] = {b"F": _table, b"A": _array, b"T": _timestamp}
 
@@ -359,6 +371,13 @@ def broker_version(connection: AbstractConnection) -> tuple[int, ...] | None:
     if not isinstance(version, str | bytes):
         return None
     return parse_version(version.decode() if isinstance(version, bytes) else version)
+
+
+def header_frame_bytes(message: aio_pika.Message) -> int:
+    """Bytes of the frame that carries a message's properties and headers (the content header):
+    the broker closes the whole connection on one larger than its frame_max."""
+    header = ContentHeader(body_size=len(message.body), properties=message.properties)
+    return len(pamqp.frame.marshal(header, 1))
 
 
 def table_size(table: Mapping[str, Any]) -> int:

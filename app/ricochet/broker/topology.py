@@ -98,6 +98,11 @@ def delay_key(delay_ms: int) -> str:
 _DELAY_KEY = re.compile(rf"[01](\.[01]){{{DELAY_LEVELS - 1}}}")
 
 
+def is_delay_key(routing_key: str) -> bool:
+    """Whether a delivery's routing key is one that spelled a wait in the delays."""
+    return _DELAY_KEY.fullmatch(routing_key) is not None
+
+
 def _level_pattern(k: int, digit: str) -> str:
     """The topic pattern of level k's digit in a delay key."""
     return "*." * (DELAY_LEVELS - 1 - k) + digit + ".#"
@@ -163,7 +168,7 @@ class Names:
     def published_key(self, routing_key: str) -> str:
         """The key a job was published with, as far as its own key tells: one back from the
         delays carries the key that spelled its wait, and jobs go to Q by its name."""
-        return self.queue if _DELAY_KEY.fullmatch(routing_key) else routing_key
+        return self.queue if is_delay_key(routing_key) else routing_key
 
     def attempt_key(self, k: int) -> str:
         return f"{self.queue}.attempt.{k}"

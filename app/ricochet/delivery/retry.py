@@ -89,7 +89,7 @@ def job_type(amqp_type: str | None, body: bytes) -> str | None:
         return amqp_type
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth
         return None
     value = payload.get("type") if isinstance(payload, dict) else None
     return value if isinstance(value, str) else None
@@ -139,11 +139,15 @@ def _first_routing_key(rejection: Mapping[str, Any] | None) -> str | None:
     return keys[0] if isinstance(keys, list) and keys and isinstance(keys[0], str) else None
 
 
+# A max-retries of more digits than this lowers no budget: int() refuses past 4,300 of them.
+_BUDGET_DIGITS = 9
+
+
 def _header_retries(headers: Mapping[str, Any]) -> int | None:
     """The max-retries header when it is an integer >= 0 (a digit string counts), else None."""
     wanted = headers.get(MAX_RETRIES)
     if isinstance(wanted, str) and wanted.isascii() and wanted.isdigit():  # not "²", int() fails
-        return int(wanted)
+        return int(wanted) if len(wanted) <= _BUDGET_DIGITS else None
     if is_int(wanted) and wanted >= 0:
         return wanted
     return None
@@ -229,6 +233,7 @@ def read_facts(
     from_tier: bool,
     queue: str,
     max_retries: int,
+    from_delays: bool = False,
     type_max_retries: int | None,
     unreadable: bool = False,
     key_tier: int | None = None,
@@ -237,7 +242,8 @@ def read_facts(
 ) -> Facts:
     """The facts of a delivery from the main queue; a forged one counts as a first attempt.
 
-    from_tier: whether its routing key says it came back from a retry tier. Retries so far are
+    from_tier: whether its routing key says it came back from a retry tier, from_delays: from the
+    delays (the key that spelled its wait). Retries so far are
     the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
     was first published with, which the tiers replace on the way back. type_max_retries: the
     budget the handler of the job's type sets, if any. unreadable: whether some of its message
@@ -260,8 +266,12 @@ def read_facts(
     poison: none of those is held back.
     """
     forged, rejection = _read_death(headers, queue, from_tier)
+    # ricochet's count of retries is trusted only on a route that ricochet itself takes: back
+    # from a tier or from the delays. On a job a producer sent straight to the queue it is forged.
+    routed_by_ricochet = from_tier or from_delays
+    forged = forged or (RETRIES in headers and not routed_by_ricochet)
     rejections = _retries(rejection)
-    copied = _copied_retries(headers)
+    copied = _copied_retries(headers) if routed_by_ricochet else 0
     returns = _returns(headers, redelivered, rejections)
     attempt = 1 + copied + rejections
     due_in_ms, bad_run_at = _due_in_ms(headers, now)

@@ -43,6 +43,8 @@ class Job:
             return json.loads(self.body)
         except (UnicodeDecodeError, ValueError) as error:
             raise InvalidPayload(f"body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise InvalidPayload("body is not JSON this worker reads: nested too deeply") from None
 
     @cached_property
     def type(self) -> str | None:

@@ -17,9 +17,9 @@ import structlog
 
 from ricochet.broker.amqp import Delivery
 from ricochet.broker.cancels import CancelLog
-from ricochet.broker.topology import Names
+from ricochet.broker.topology import Names, is_delay_key
 from ricochet.delivery.events import Observer
-from ricochet.delivery.failed import Failure
+from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import Action, Facts, decide, job_type, read_facts
 from ricochet.errors import RetryLater
 from ricochet.handlers.invoker import Invoker
@@ -63,19 +63,30 @@ class Consumer:
 
     def intake(self, delivery: Delivery) -> Arrival:
         """Read the delivery's facts: its type, budget, where it came from, whether it is
-        forged, poison, cancelled, due later, or must run alone."""
+        forged, poison, cancelled, due later, or must run alone. Facts that cannot be read make
+        it unreadable (it fails as permanent, saying why): no delivery stops the consumer."""
+        try:
+            return self._read(delivery)
+        except Exception as error:  # what a hostile delivery may raise, foreseen or not
+            delivery.unreadable = f"{type(error).__name__}: {error}"[:REASON_MAX_CHARS]
+            facts = Facts(1, 1, delivery.routing_key, unreadable=True)
+            return Arrival(delivery, facts, None)
+
+    def _read(self, delivery: Delivery) -> Arrival:
         kind = job_type(delivery.type, delivery.body)
         names = self._names
+        routing_key = delivery.routing_key
         facts = read_facts(
             delivery.headers,
             redelivered=delivery.redelivered,
-            routing_key=delivery.routing_key,
-            from_tier=names.is_attempt_key(delivery.routing_key),
+            routing_key=routing_key,
+            from_tier=names.is_attempt_key(routing_key),
+            from_delays=is_delay_key(routing_key),
             queue=self._queue,
             max_retries=self._max_retries,
             type_max_retries=self._invoker.max_retries(kind),
             unreadable=delivery.unreadable is not None,
-            key_tier=names.tier_of_key(delivery.routing_key),
+            key_tier=names.tier_of_key(routing_key),
             cancelled=self._cancelled.cancels(delivery.message_id, delivery.published_s),
         )
         original = names.published_key(facts.original_routing_key)
