@@ -48,6 +48,10 @@ class InvalidProperties(PermanentError):
     """Raised for a delivery whose message properties cannot be decoded (its job never runs)."""
 
 
+class CopyTooLarge(PermanentError):
+    """Raised for a job whose copy, published again to wait, cannot fit one frame of the broker."""
+
+
 class UnknownJobType(PermanentError):
     """Raised when a Router has no handler for the job's type."""
 

@@ -161,6 +161,9 @@ def test_application_headers_near_the_frame_go_largest_first_and_are_named() -> 
     assert fitted["tenant"] == "acme"
     assert fitted["failed-kind"] == "permanent"
     assert "failed-dropped-headers" in FAILURE_HEADERS  # a replay does not carry it back
+    # The reason keeps its start: a failed copy always says why it failed.
+    assert headers["failed-reason"].startswith(fitted["failed-reason"])
+    assert len(fitted["failed-reason"]) >= min(200, len(headers["failed-reason"]))
 
 
 def delivery_from_tier() -> Delivery:

@@ -145,21 +145,23 @@ def failed_headers(
 
 
 def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
-    """The headers, with the traceback and then the reason shortened until they fit one frame,
-    and then, if they still do not, the job's own largest headers dropped.
+    """The headers, with the traceback and then the reason (to its first 200 characters at the
+    least) shortened until they fit one frame, and then, if they still do not, the job's own
+    largest headers dropped.
 
     A header frame larger than the connection's frame_max makes the broker close the whole
     connection, so a failed copy that does not fit would send its job round forever.
     """
     fitted = dict(headers)
     limit = frame_max - PROPERTIES_RESERVE_BYTES
-    for key, keep_end in (("failed-traceback", True), ("failed-reason", False)):
+    for key, keep_end, floor in (("failed-traceback", True, 0), ("failed-reason", False, 200)):
         excess = table_size(fitted) - limit
         if excess <= 0:
             return fitted
         text = fitted[key]
-        # Cutting n characters removes at least n bytes of UTF-8.
-        fitted[key] = text[excess:] if keep_end else text[: max(len(text) - excess, 0)]
+        # Cutting n characters removes at least n bytes of UTF-8. The reason keeps its start,
+        # whatever the job's own headers take: a failed copy must say why it failed.
+        fitted[key] = text[excess:] if keep_end else text[: max(len(text) - excess, floor)]
     # The job's own headers nearly fill the frame by themselves: the largest go, and the copy
     # names them, so that the job itself (its body and the rest) still reaches the failed queue.
     own = [key for key in fitted if key not in FAILURE_HEADERS]

@@ -18,12 +18,19 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import DeliveryError
 
-from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames, refusal
+from ricochet.broker.amqp import (
+    CONNECTION_ERRORS,
+    Delivery,
+    Frames,
+    header_frame_bytes,
+    refusal,
+)
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
 from ricochet.broker.topology import Names, delay_key
 from ricochet.delivery.events import Observer, Settled
 from ricochet.delivery.failed import Failure, counted_copy, failed_copy
-from ricochet.delivery.retry import Action, Decision, Facts
+from ricochet.delivery.retry import FAIL_PERMANENT, Action, Decision, Facts
+from ricochet.errors import CopyTooLarge
 
 log = structlog.get_logger("ricochet.settler")
 
@@ -94,30 +101,48 @@ class Settler:
             self._settle_soon(delivery, dead_letter=False)
         elif action is Action.RETRY:
             self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
-        elif action is Action.FAIL:
-            assert decision.kind is not None
-            failed = failed_copy(
-                delivery,
-                facts,
-                failure,
-                decision.kind,
-                queue=self._names.queue,
-                frame_max=self._frame_max,
-                now=dt.datetime.now(dt.UTC),
-            )
-            names = self._names
-            if not await self.copy_then_ack(
-                delivery, failed.message, names.failed, notify=names.events
-            ):
-                return
-            failed_fields = failed.log_fields
-        else:
+        elif action is not Action.FAIL:
             copy, key, exchange = self._copy(delivery, decision)
-            if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
+            size = header_frame_bytes(copy)
+            if size <= self._frame_max:
+                if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
+                    return
+            else:  # the broker would close the connection on it, and hand the job round again
+                decision = FAIL_PERMANENT
+                failure = Failure(
+                    CopyTooLarge(
+                        f"its copy to publish again takes a frame of {size} bytes, and the "
+                        f"broker's frame_max is {self._frame_max}: its headers are too large"
+                    )
+                )
+        if decision.action is Action.FAIL:
+            failed_fields = await self._fail(delivery, facts, decision, failure)
+            if failed_fields is None:
                 return
         event = Settled(delivery.message_id, facts, decision, failure, failed_fields)
         for observer in self._observers:
             observer.settled(event)
+
+    async def _fail(
+        self, delivery: Delivery, facts: Facts, decision: Decision, failure: Failure | None
+    ) -> dict[str, str] | None:
+        """Publish the failed copy, then ack: its log fields, or None if the channel closed."""
+        assert decision.kind is not None
+        failed = failed_copy(
+            delivery,
+            facts,
+            failure,
+            decision.kind,
+            queue=self._names.queue,
+            frame_max=self._frame_max,
+            now=dt.datetime.now(dt.UTC),
+        )
+        names = self._names
+        if not await self.copy_then_ack(
+            delivery, failed.message, names.failed, notify=names.events
+        ):
+            return None
+        return failed.log_fields
 
     def _copy(self, delivery: Delivery, decision: Decision) -> tuple[aio_pika.Message, str, str]:
         """(copy, routing key, exchange) of a job published again: cleaned of a forged x-death
