@@ -29,6 +29,10 @@ async def post_raw(url: str, body: bytes, content_type: str) -> tuple[int, str]:
         "discarded=" + "9" * 5000,  # more digits than int() converts
         "replayed=-1",
         "discarded=",
+        "page=0",
+        "page=two",
+        "page=\u00b2",
+        "page=" + "9" * 5000,
     ],
 )
 async def test_a_query_it_cannot_read_is_a_400(

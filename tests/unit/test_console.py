@@ -6,7 +6,7 @@ import re
 import pytest
 from ricochet.delivery.failed import FailureInfo
 from ricochet.monitor.console import templates, token_matches
-from ricochet.monitor.groups import group_by_reason
+from ricochet.monitor.groups import group_by_reason, listing
 from ricochet.ops.failed_queue import CopyDetails, body_text, jsonable
 
 SCRIPT = "<script>alert('x')</script>"
@@ -39,12 +39,6 @@ def test_groups_by_exact_reason_largest_first() -> None:
     assert groups[2].newest_failed_at is None
 
 
-def test_a_group_lists_some_jobs_and_counts_them_all() -> None:
-    """A big group lists the first jobs only; its count covers every copy."""
-    [group] = group_by_reason([info(str(i), "E", None) for i in range(7)], jobs_shown=3)
-    assert (group.count, len(group.jobs), group.hidden) == (7, 3, 4)
-
-
 def test_group_anchors_are_stable_and_safe() -> None:
     """The same reason gives the same anchor on every page; it is made of safe characters."""
     [a] = group_by_reason([info("a", SCRIPT, None)])
@@ -72,6 +66,7 @@ def test_token_matches(expected: str | None, given: str | None, matches: bool) -
 def test_index_page_escapes_what_jobs_carry() -> None:
     """Reasons, types and ids from jobs appear as text, never as markup."""
     failures = [info(f"id-{SCRIPT}", f"ValueError: {SCRIPT}", None, job_type=SCRIPT)]
+    found = listing(failures)
     html = (
         templates()
         .get_template("failed.html")
@@ -80,7 +75,10 @@ def test_index_page_escapes_what_jobs_carry() -> None:
             failed_queue="q.failed",
             writable=True,
             total=1,
-            groups=group_by_reason(failures),
+            reasons=1,
+            page=found.pages[0],
+            table=found.reasons_from(found.pages[0]),
+            pages=1,
             done={},
         )
     )
@@ -103,7 +101,13 @@ def test_job_page_escapes_body_headers_and_traceback() -> None:
         templates()
         .get_template("job.html")
         .render(
-            queue="q", failed_queue="q.failed", writable=True, message_id=SCRIPT, copies=[details]
+            queue="q",
+            failed_queue="q.failed",
+            writable=True,
+            message_id=SCRIPT,
+            copies=[details],
+            count=1,
+            compact=False,
         )
     )
     assert "<script>" not in html

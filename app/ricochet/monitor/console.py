@@ -1,18 +1,28 @@
 """The failed-jobs console: the failed queue as HTML pages, on the monitor's HTTP server.
 
-GET /failed groups the copies by reason; GET /failed/<message_id> shows one. Replay and discard
-are forms that POST, and work only when RICOCHET_CONSOLE_TOKEN is set and the form carries it:
-a token in the form, not a cookie, so another site cannot make a browser send it (CSRF). Pages
-are rendered by Jinja2 with autoescaping, and served with a policy that runs no script at all,
-so nothing a job carries can run in the page.
+GET /failed groups the copies by reason, a page at a time; GET /failed/<message_id> shows one.
+Replay and discard are forms that POST, and work only when RICOCHET_CONSOLE_TOKEN is set and the
+form carries it: a token in the form, not a cookie, so another site cannot make a browser send it
+(CSRF). Pages are rendered by Jinja2 with autoescaping, and served with a policy that runs no
+script at all, so nothing a job carries can run in the page.
+
+Anyone who reaches the port may ask for pages, so what a page costs is bounded whatever the
+failed queue holds: a page lists a bounded number of jobs and clips what it shows of each value;
+it is rendered in a thread, off the event loop the probes answer on; the page views that come
+while a scan runs share it, and a scan no view waits for any more ends; beyond
+PAGE_VIEWS_AT_ONCE requests the console answers 503 at once, leaving the connections to the
+probes.
 """
 
 import asyncio
+import functools
 import hmac
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, quote
 
 import jinja2
@@ -20,17 +30,21 @@ import structlog
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
+from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.topology import Names
-from ricochet.errors import BrokerUnavailable, RicochetError
-from ricochet.monitor.groups import group_by_reason
-from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
+from ricochet.errors import RicochetError
+from ricochet.monitor.groups import Listing, listing
+from ricochet.ops.failed_queue import CopyDetails, details_of, discard_failed
 from ricochet.ops.replay import replay
+from ricochet.ops.scan import Copy, scanning
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.console")
 T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # A page waits this long for the broker before it says it cannot reach it.
 CONNECT_TIMEOUT_S = 5.0
@@ -46,6 +60,28 @@ HEADERS = {
 }
 ACTIONS = ("replay", "discard")
 READ_ONLY = "the console is read-only: RICOCHET_CONSOLE_TOKEN is not set"
+# What the console cannot read the failed queue through: a page says so with a 503.
+UNREADABLE = (RicochetError, *CONNECTION_ERRORS)
+
+# Console requests served at once. They share the HTTP server's connections with the probes, so
+# more get a 503 at once, and their connection back, rather than waiting on one.
+PAGE_VIEWS_AT_ONCE = 8
+BUSY = "the console is busy with other page views: try again in a moment\n"
+PAGE_MAX_BYTES = 1_000_000
+# What a page shows of a value at most, in characters: a job's type, kind and failed_at, a
+# message_id's text (its link carries it whole: AMQP caps it at 255 bytes), a reason in the
+# summary table, the types of a group; on a job's page, the copies of one message_id, and each
+# copy's traceback, body (less in the compact form of a page too large otherwise) and header value.
+FIELD_CHARS = 60
+ID_CHARS = 100
+SUMMARY_REASON_CHARS = 200
+TYPES_SHOWN = 5
+COPIES_SHOWN = 3
+TRACEBACK_CHARS = 16_384
+BODY_CHARS = 65_536
+COMPACT_BODY_CHARS = 4_096
+VALUE_CHARS = 8_192
+
 FORM = "application/x-www-form-urlencoded"
 FORM_MAX_FIELDS = 8
 # A count or page number in a query: ASCII digits only (str.isdigit() also takes "²", which
@@ -62,6 +98,17 @@ def templates() -> jinja2.Environment:
     )
     env.filters["url"] = lambda text: quote(str(text), safe="")
     env.filters["pretty"] = _pretty
+    env.filters["clip"] = clip
+    env.filters["names"] = names
+    env.globals.update(
+        id_chars=ID_CHARS,
+        reason_max_chars=REASON_MAX_CHARS,
+        summary_reason_chars=SUMMARY_REASON_CHARS,
+        traceback_chars=TRACEBACK_CHARS,
+        body_chars=BODY_CHARS,
+        compact_body_chars=COMPACT_BODY_CHARS,
+        value_chars=VALUE_CHARS,
+    )
     return env
 
 
@@ -70,6 +117,20 @@ def _pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def clip(text: str | None, chars: int = FIELD_CHARS) -> str | None:
+    """At most chars characters of text, with an ellipsis when it was longer (None stays None)."""
+    if text is None or len(text) <= chars:
+        return text
+    return text[:chars] + "…"
+
+
+def names(values: Iterable[str], shown: int = TYPES_SHOWN) -> str:
+    """'a, b, c and 4 more': the first values in sorted order, each clipped."""
+    ordered = sorted(values)
+    text = ", ".join(clip(v) or "" for v in ordered[:shown])
+    return f"{text} and {len(ordered) - shown} more" if len(ordered) > shown else text
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:
@@ -123,9 +184,89 @@ def form_fields(body: bytes) -> dict[str, str]:
     return found
 
 
+@dataclass
+class Stop:
+    """How a shared scan learns that no page view waits for it any more, and whether it holds
+    copies (then it must be stopped, not cancelled)."""
+
+    requested: bool = False
+    holding: bool = False
+
+
+@dataclass
+class _Flight:
+    task: asyncio.Task[Any]
+    stop: Stop
+    waiting: int = 0
+
+
+class Flights:
+    """Scans shared by the page views that ask for the same page while one runs.
+
+    The last view to leave (its client gone, so the server cancelled its handler) ends the scan:
+    one that holds no copies yet (it waits for the lock, the broker or another reader) is
+    cancelled; one that holds copies is stopped at its next copy, so that it hands them back in
+    one nack as every scan's end does, not by closing its channel, which some brokers count as
+    a delivery of each copy.
+    """
+
+    def __init__(self) -> None:
+        self._flying: dict[str | None, _Flight] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # referenced until they end
+
+    async def join(self, key: str | None, scan: Callable[[Stop], Coroutine[Any, Any, T]]) -> T:
+        """The result of the scan for key under way, or of a new one of scan(stop)."""
+        flight = self._flying.get(key)
+        if flight is None:
+            stop = Stop()
+            task = asyncio.get_running_loop().create_task(scan(stop))
+            flight = self._flying[key] = _Flight(task, stop)
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._landed, key, flight))
+            log.info("console scan", message_id=key)
+        flight.waiting += 1
+        try:
+            return cast(T, await asyncio.shield(flight.task))
+        finally:
+            flight.waiting -= 1
+            if not flight.waiting and not flight.task.done():
+                self._abandon(key, flight)
+
+    def _abandon(self, key: str | None, flight: _Flight) -> None:
+        if self._flying.get(key) is flight:
+            del self._flying[key]  # a view that comes now starts a scan of its own
+        flight.stop.requested = True
+        if not flight.stop.holding:
+            flight.task.cancel()
+        log.info("console scan abandoned", message_id=key, holding=flight.stop.holding)
+
+    def _landed(self, key: str | None, flight: _Flight, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if self._flying.get(key) is flight:
+            del self._flying[key]
+        if not task.cancelled():
+            task.exception()  # its waiters saw it, or there were none left to see it
+
+
+@dataclass
+class Found:
+    """The copies of one message_id that a scan found: how many, the oldest few in full."""
+
+    message_id: str
+    count: int = 0
+    copies: list[CopyDetails] = field(default_factory=list)
+
+    def add(self, copy: Copy) -> None:
+        if copy.failure.message_id != self.message_id:
+            return
+        self.count += 1
+        if len(self.copies) < COPIES_SHOWN:
+            self.copies.append(details_of(copy.message, copy.failure))
+
+
 class Console:
-    """The console's request handlers, over one lock: one scan of the failed queue at a time,
-    since two at once would each see only the copies the other does not hold."""
+    """The console's request handlers. Its scans take turns under one lock, since two at once
+    would each see only the copies the other does not hold."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -134,15 +275,35 @@ class Console:
         self._token = None if token is None else token.get_secret_value()
         self._env = templates()
         self._lock = asyncio.Lock()
+        self._flights = Flights()
+        self._serving = 0
+        self._actions: set[asyncio.Task[Any]] = set()  # referenced until they end
 
     def routes(self) -> web.RouteTableDef:
         table = web.RouteTableDef()
-        table.get("/failed")(self.index)
-        table.post("/failed/actions/{action}")(self.act)
-        table.get("/failed/{message_id:.+}")(self.job)
-        table.post("/failed")(self.not_an_action)
-        table.post("/failed/{message_id:.+}")(self.not_an_action)
+        table.get("/failed")(self._limited(self.index))
+        table.post("/failed/actions/{action}")(self._limited(self.act))
+        table.get("/failed/{message_id:.+}")(self._limited(self.job))
+        table.post("/failed")(self._limited(self.not_an_action))
+        table.post("/failed/{message_id:.+}")(self._limited(self.not_an_action))
         return table
+
+    def _limited(self, handler: Handler) -> Handler:
+        """handler, unless PAGE_VIEWS_AT_ONCE requests are being served already: then a 503 at
+        once, which closes its connection."""
+
+        async def limited(request: web.Request) -> web.StreamResponse:
+            if self._serving >= PAGE_VIEWS_AT_ONCE:
+                busy = web.Response(status=503, text=BUSY, headers={**HEADERS, "Retry-After": "5"})
+                busy.force_close()
+                return busy
+            self._serving += 1
+            try:
+                return await handler(request)
+            finally:
+                self._serving -= 1
+
+        return limited
 
     async def _with_broker(self, work: Callable[[AbstractConnection], Awaitable[T]]) -> T:
         async with self._lock:
@@ -153,43 +314,96 @@ class Console:
             finally:
                 await close_quietly(connection)
 
-    def _page(self, template: str, status: int = 200, **values: Any) -> web.Response:
-        html = self._env.get_template(template).render(
+    async def _read_each(self, stop: Stop, visit: Callable[[Copy], None]) -> None:
+        """Hand every copy of Q.failed to visit, or those up to the one at which stop is
+        requested; the scan hands them all back."""
+
+        async def read(connection: AbstractConnection) -> None:
+            started = time.monotonic()
+            async with scanning(connection, self._names) as scan:
+                stop.holding = True
+                async for copy in scan.copies():
+                    if stop.requested:
+                        break
+                    visit(copy)
+            log.info(
+                "console scan stopped" if stop.requested else "console scan done",
+                queue=self._names.failed,
+                copies=scan.read,
+                took_s=round(time.monotonic() - started, 3),
+            )
+
+        await self._with_broker(read)
+
+    async def _list(self, stop: Stop) -> Listing:
+        failures: list[FailureInfo] = []
+        await self._read_each(stop, lambda copy: failures.append(copy.failure))
+        return await asyncio.to_thread(listing, failures)
+
+    async def _find(self, message_id: str, stop: Stop) -> Found:
+        found = Found(message_id)
+        await self._read_each(stop, found.add)
+        return found
+
+    def _render(self, template: str, values: Mapping[str, Any]) -> str:
+        return self._env.get_template(template).render(
             queue=self._names.queue,
             failed_queue=self._names.failed,
             writable=self._token is not None,
             **values,
         )
+
+    def _render_job(self, found: Found) -> str:
+        """A job's page; its compact form when the whole would pass PAGE_MAX_BYTES."""
+        values = {"message_id": found.message_id, "copies": found.copies, "count": found.count}
+        html = self._render("job.html", {**values, "compact": False})
+        if len(html.encode()) > PAGE_MAX_BYTES:
+            html = self._render("job.html", {**values, "compact": True})
+        return html
+
+    async def _page(self, render: Callable[[], str], status: int = 200) -> web.Response:
+        # In a thread: rendering a page takes long enough to keep the probes waiting.
+        html = await asyncio.to_thread(render)
         return web.Response(
             text=html, status=status, content_type="text/html", charset="utf-8", headers=HEADERS
         )
 
+    async def _error(self, status: int, message: str) -> web.Response:
+        return await self._page(lambda: self._render("error.html", {"message": message}), status)
+
     async def index(self, request: web.Request) -> web.Response:
+        number = query_number(request.query, "page", least=1) or 1
         done = {
             name: count
             for name in ("replayed", "discarded")
             if (count := query_number(request.query, name)) is not None
         }
         try:
-            outcome = await self._with_broker(lambda c: list_failed(c, self._names, Selection()))
-        except (BrokerUnavailable, RicochetError) as error:
-            return self._page("error.html", 503, message=str(error))
-        return self._page(
-            "failed.html",
-            total=len(outcome.selected),
-            groups=group_by_reason(outcome.selected),
-            done=done,
-        )
+            found = await self._flights.join(None, self._list)
+        except UNREADABLE as error:
+            return await self._error(503, str(error))
+        pages = len(found.pages)
+        if number > pages:
+            return await self._error(404, f"no page {number}: the failed jobs fill {pages} now")
+        values = {
+            "total": found.total,
+            "reasons": len(found.groups),
+            "page": found.pages[number - 1],
+            "table": found.reasons_from(found.pages[number - 1]),
+            "pages": pages,
+            "done": done,
+        }
+        return await self._page(lambda: self._render("failed.html", values))
 
     async def job(self, request: web.Request) -> web.Response:
         message_id = request.match_info["message_id"]
         try:
-            found = await self._with_broker(lambda c: show_failed(c, self._names, message_id))
-        except (BrokerUnavailable, RicochetError) as error:
-            return self._page("error.html", 503, message=str(error))
-        if not found:
-            return self._page("error.html", 404, message=f"no failed job {message_id!r}")
-        return self._page("job.html", message_id=message_id, copies=found)
+            found = await self._flights.join(message_id, lambda s: self._find(message_id, s))
+        except UNREADABLE as error:
+            return await self._error(503, str(error))
+        if not found.count:
+            return await self._error(404, f"no failed job {clip(message_id, ID_CHARS)!r}")
+        return await self._page(lambda: self._render_job(found))
 
     async def act(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]
@@ -206,16 +420,9 @@ class Console:
         else:
             raise web.HTTPBadRequest(text="an action needs a message_id or a reason\n")
         try:
-            outcome = await self._with_broker(lambda c: self._do(c, action, selection))
-        except (BrokerUnavailable, RicochetError) as error:
-            return self._page("error.html", 503, message=str(error))
-        log.info(
-            f"console {action}",
-            message_id=selection.message_id,
-            reason=selection.reason_is,
-            jobs=len(outcome.selected),
-            peer=request.remote,
-        )
+            outcome = await self._whole(self._act(action, selection, request.remote))
+        except UNREADABLE as error:
+            return await self._error(503, str(error))
         past = "replayed" if action == "replay" else "discarded"
         raise web.HTTPSeeOther(f"/failed?{past}={len(outcome.selected)}")
 
@@ -224,24 +431,48 @@ class Console:
         (or 415) for what is no URL-encoded UTF-8 form. What the headers say is checked first,
         then the token, read as the form's other fields cannot be until it matches."""
         if self._token is None:
-            return self._refused(READ_ONLY)
+            return await self._refused(READ_ONLY)
         if request.content_type != FORM:
             raise web.HTTPUnsupportedMediaType(text=f"a console form is sent as {FORM}\n")
         if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
             raise web.HTTPBadRequest(text="a console form is read as UTF-8, in no other charset\n")
         body = await request.read()
         if not token_matches(self._token, form_token(body)):
-            return self._refused("missing or wrong console token")
+            return await self._refused("missing or wrong console token")
         try:
             return form_fields(body)
         except ValueError as error:
             raise web.HTTPBadRequest(text=f"{error}\n") from None
 
+    async def _act(self, action: str, selection: Selection, peer: str | None) -> Outcome:
+        outcome = await self._with_broker(lambda c: self._do(c, action, selection))
+        log.info(
+            f"console {action}",
+            message_id=selection.message_id,
+            reason=selection.reason_is,
+            jobs=len(outcome.selected),
+            peer=peer,
+        )
+        return outcome
+
+    async def _whole(self, work: Coroutine[Any, Any, T]) -> T:
+        """work's result; work goes on to its end if the client leaves meanwhile (the server then
+        cancels the handler): an action asked of the failed queue is carried out whole."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._actions.add(task)
+        task.add_done_callback(self._action_ended)
+        return await asyncio.shield(task)
+
+    def _action_ended(self, task: asyncio.Task[Any]) -> None:
+        self._actions.discard(task)
+        if not task.cancelled():
+            task.exception()  # the handler saw it, unless its client had left
+
     async def not_an_action(self, request: web.Request) -> web.Response:
         """A POST to a page: refused as every POST is on a read-only console; on a writable one
         the forms post to /failed/actions/replay and /failed/actions/discard."""
         if self._token is None:
-            return self._refused(READ_ONLY)
+            return await self._refused(READ_ONLY)
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
 
     async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
@@ -249,5 +480,5 @@ class Console:
             return await replay(connection, self._names, s)
         return await discard_failed(connection, self._names, s)
 
-    def _refused(self, why: str) -> web.Response:
-        return self._page("error.html", 403, message=why)
+    async def _refused(self, why: str) -> web.Response:
+        return await self._error(403, why)

@@ -68,9 +68,14 @@ async def serve_http(
     pages = list(pages)
     app.add_routes(pages)
     # aiohttp's keep-alive timer runs from the connection's start, also while a request's
-    # headers are still arriving: it is the header-read timeout too.
+    # headers are still arriving: it is the header-read timeout too. A client that goes away
+    # cancels its request's handler, so a page given up leaves no work behind.
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=REQUEST_TIMEOUT_S
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=REQUEST_TIMEOUT_S,
+        handler_cancellation=True,
     )
     await runner.setup()
     handler = runner.server
