@@ -108,6 +108,44 @@ def _level_pattern(k: int, digit: str) -> str:
     return "*." * (DELAY_LEVELS - 1 - k) + digit + ".#"
 
 
+# What a vhost's ricochet queues share begins with this; no job queue may (SPEC 18).
+SHARED_PREFIX = "ricochet."
+
+
+@dataclass(frozen=True)
+class SharedNames:
+    """The objects declared once per virtual host and shared by every ricochet queue in it:
+    the delays' levels, where a job whose queue is gone ends, and the cancel store."""
+
+    def delay(self, k: int) -> str:
+        """Level k of the delays: a topic exchange, and the queue of that name that waits 2^k
+        units."""
+        return f"{SHARED_PREFIX}delay.{k}"
+
+    @property
+    def delay_entry(self) -> str:
+        """Where a job to delay is published, with delay_key as its routing key."""
+        return self.delay(DELAY_LEVELS - 1)
+
+    @property
+    def return_exchange(self) -> str:
+        """Where the lowest level passes a due job on, to its queue by the end of its key."""
+        return f"{SHARED_PREFIX}return"
+
+    @property
+    def orphans(self) -> str:
+        """The exchange (the return exchange's alternate) and queue of jobs whose queue is gone."""
+        return f"{SHARED_PREFIX}orphans"
+
+    @property
+    def cancels(self) -> str:
+        """The cancel store: a stream whose records name their queue."""
+        return f"{SHARED_PREFIX}cancels"
+
+
+SHARED = SharedNames()
+
+
 @dataclass(frozen=True)
 class Names:
     """Every name derives from the main queue's."""
