@@ -1,19 +1,13 @@
-"""Which keys of the policies applied to ricochet's queues take effect over what ricochet declares.
-
-A policy key the queue's own arguments do not set always applies. When both set it, RabbitMQ
-takes the lower of the limits (the higher delivery limit when one is negative, meaning none, on
-RabbitMQ 4), the quorum queue's policy for overflow, and the argument for the rest
-(dead-lettering, queue mode).
+"""Doctor's check of the policies applied to ricochet's queues: which of their keys take effect
+over what ricochet declares (ricochet/ops/limits.py), and what each does to ricochet's jobs.
 """
 
 from typing import Any
 
 from ricochet.broker.topology import Plan
 from ricochet.ops.checks import JSON, BrokerState, Check, Status, vhost_option, worst
-
-LOWER_WINS = frozenset(
-    {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit"}
-)
+from ricochet.ops.limits import applied_policies, policy_names
+from ricochet.ops.limits import takes_effect as takes_effect  # doctor's, and its tests'
 
 # What a key that takes effect does to ricochet's jobs. Any other key is not one ricochet relies on.
 CONSEQUENCES = {
@@ -29,19 +23,6 @@ CONSEQUENCES = {
 }
 
 
-def takes_effect(key: str, value: Any, arguments: JSON, queue_type: str) -> bool:
-    """Whether a policy's key overrides (or adds to) what the queue was declared with."""
-    argument = arguments.get(f"x-{key}")
-    if argument is None:
-        return True
-    if not (isinstance(value, int) and isinstance(argument, int) and key in LOWER_WINS):
-        return key == "overflow" and queue_type == "quorum" and value != argument
-    if key == "delivery-limit" and min(value, argument) < 0:
-        # RabbitMQ 4 reads a negative limit as none, and then keeps the higher of the two.
-        return value > argument
-    return value < argument
-
-
 def _rating(key: str, value: Any, broker_version: tuple[int, ...] | None) -> tuple[Status, str]:
     """How a key that takes effect bears on ricochet's jobs, in words."""
     unlimited = isinstance(value, int) and value < 0 and key == "delivery-limit"
@@ -52,21 +33,14 @@ def _rating(key: str, value: Any, broker_version: tuple[int, ...] | None) -> tup
     return "warn", "not a setting ricochet relies on"
 
 
-# The API's field naming each kind of policy, what to call it, and the command that clears one.
-_KINDS = (
-    ("policy", "policy", "clear_policy"),
-    ("operator_policy", "operator policy", "clear_operator_policy"),
-)
-
-
 def _effects(
     queue: JSON, queue_type: str, version: tuple[int, ...] | None, vhost: str
 ) -> tuple[Status, str, set[str]] | None:
     """(status, what the queue's policies set, the commands that clear them), None without any."""
-    applied = [(queue[field], label, cmd) for field, label, cmd in _KINDS if queue.get(field)]
+    applied = applied_policies(queue)
     if not applied:
         return None
-    names = " and ".join(f"{label} {name!r}" for name, label, _ in applied)
+    names = policy_names(applied)
     definition = queue.get("effective_policy_definition")
     # An empty definition comes as [] from some versions.
     keys = definition if isinstance(definition, dict) else {}

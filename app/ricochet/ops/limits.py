@@ -1,0 +1,84 @@
+"""Which of a queue's arguments and policies RabbitMQ applies, and so the delivery limit a queue
+has (pure): what doctor's policy check reports, and what a scan of the failed queue heeds. Both
+read the management API's object for a queue (type, arguments, policies, effective definition).
+
+A policy key the queue's own arguments do not set always applies. When both set it, RabbitMQ
+takes the lower of the limits (the higher delivery limit when one is negative, meaning none, on
+RabbitMQ 4), the quorum queue's policy for overflow, and the argument for the rest
+(dead-lettering, queue mode).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ricochet.broker.topology import DELIVERY_LIMIT
+
+JSON = dict[str, Any]
+
+LOWER_WINS = frozenset(
+    {"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit"}
+)
+# The API's field naming each kind of policy, what to call it, and the command that clears one.
+POLICY_KINDS = (
+    ("policy", "policy", "clear_policy"),
+    ("operator_policy", "operator policy", "clear_operator_policy"),
+)
+# What RabbitMQ 4 gives a quorum queue declared without x-delivery-limit.
+DEFAULT_DELIVERY_LIMIT = 20
+
+
+def takes_effect(key: str, value: Any, arguments: JSON, queue_type: str) -> bool:
+    """Whether a policy's key overrides (or adds to) what the queue was declared with."""
+    argument = arguments.get(f"x-{key}")
+    if argument is None:
+        return True
+    if not (isinstance(value, int) and isinstance(argument, int) and key in LOWER_WINS):
+        return key == "overflow" and queue_type == "quorum" and value != argument
+    if key == "delivery-limit" and min(value, argument) < 0:
+        # RabbitMQ 4 reads a negative limit as none, and then keeps the higher of the two.
+        return value > argument
+    return value < argument
+
+
+def applied_policies(queue: JSON) -> list[tuple[str, str, str]]:
+    """(name, what to call it, the command that clears it) of each policy applied to a queue."""
+    return [(queue[field], label, cmd) for field, label, cmd in POLICY_KINDS if queue.get(field)]
+
+
+def policy_names(applied: list[tuple[str, str, str]]) -> str:
+    """The policies, in words: "policy 'ops' and operator policy 'limits'"."""
+    return " and ".join(f"{label} {name!r}" for name, label, _ in applied)
+
+
+@dataclass(frozen=True)
+class DeliveryLimit:
+    """The times a quorum queue hands a message back before it drops it, and what sets that: a
+    policy, the queue's own argument, or RabbitMQ 4's default (source says so in words)."""
+
+    value: int
+    set_by: Literal["policy", "argument", "default"]
+    source: str
+
+
+def delivery_limit(queue: JSON, version: tuple[int, ...] | None) -> DeliveryLimit | None:
+    """The delivery limit in effect on a queue; None when there is none: a classic queue,
+    RabbitMQ 3 without one, or a negative limit on RabbitMQ 4 (an unknown version counts as 4,
+    whose default is the stricter)."""
+    if queue.get("type") != "quorum":
+        return None
+    arguments = queue.get("arguments") or {}
+    key = DELIVERY_LIMIT.removeprefix("x-")
+    definition = queue.get("effective_policy_definition")
+    policy = definition.get(key) if isinstance(definition, dict) else None
+    argument = arguments.get(DELIVERY_LIMIT)
+    rabbitmq_4 = version is None or version >= (4, 0)
+    if isinstance(policy, int) and takes_effect(key, policy, arguments, "quorum"):
+        found = DeliveryLimit(policy, "policy", policy_names(applied_policies(queue)) or "a policy")
+    elif isinstance(argument, int):
+        found = DeliveryLimit(argument, "argument", f"its {DELIVERY_LIMIT} argument")
+    elif rabbitmq_4:
+        default = f"RabbitMQ 4's default: it was declared without {DELIVERY_LIMIT}"
+        found = DeliveryLimit(DEFAULT_DELIVERY_LIMIT, "default", default)
+    else:
+        return None
+    return None if found.value < 0 and rabbitmq_4 else found

@@ -1,0 +1,59 @@
+"""The delivery limit RabbitMQ applies to a queue, from the management API's object for it
+(pure): what a scan of the failed queue heeds."""
+
+from typing import Any
+
+import pytest
+from ricochet.ops.limits import DeliveryLimit, delivery_limit
+
+V3, V40, V43 = (3, 10, 8), (4, 0, 5), (4, 3, 6)
+
+
+def queue(
+    arguments: dict[str, Any] | None = None, policy: int | None = None, kind: str = "quorum"
+) -> dict[str, Any]:
+    """The management API's object for a queue, with a policy 'ops' setting delivery-limit."""
+    found: dict[str, Any] = {"type": kind, "arguments": {"x-queue-type": kind, **(arguments or {})}}
+    if policy is not None:
+        found |= {"policy": "ops", "effective_policy_definition": {"delivery-limit": policy}}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("found", "version", "limit"),
+    [
+        (queue(), V3, None),  # RabbitMQ 3 has no default
+        (queue(), V40, DeliveryLimit(20, "default", "x")),  # RabbitMQ 4 has 20
+        (queue(), None, DeliveryLimit(20, "default", "x")),  # unknown: the stricter, 4's
+        (queue({"x-delivery-limit": -1}), V40, None),  # as ricochet declares it on 4
+        (queue({"x-delivery-limit": -1}), V43, None),
+        (queue({"x-delivery-limit": 5}), V3, DeliveryLimit(5, "argument", "x")),
+        (queue(policy=3), V3, DeliveryLimit(3, "policy", "x")),
+        (queue({"x-delivery-limit": -1}, policy=3), V40, DeliveryLimit(3, "policy", "x")),
+        (queue(policy=-1), V43, None),  # a policy that lifts 4's default
+        (queue({"x-delivery-limit": 5}, policy=10), V43, DeliveryLimit(5, "argument", "x")),
+        (queue({"x-delivery-limit": 5}, policy=2), V43, DeliveryLimit(2, "policy", "x")),
+        (queue(policy=3, kind="classic"), V3, None),  # classic queues have no limit
+        (queue(kind="classic"), V43, None),
+    ],
+)
+def test_delivery_limit(
+    found: dict[str, Any], version: tuple[int, ...] | None, limit: DeliveryLimit | None
+) -> None:
+    """A policy's limit where it takes effect over the argument (the lower; the higher when one
+    is negative on 4), else the argument, else RabbitMQ 4's default of 20; none on a classic
+    queue, on 3 without one, or negative on 4."""
+    got = delivery_limit(found, version)
+    assert (got and (got.value, got.set_by)) == (limit and (limit.value, limit.set_by))
+
+
+def test_delivery_limit_names_what_sets_it() -> None:
+    """The limit says which policy sets it, or that it is the queue's own argument, or 4's
+    default for a queue declared without one."""
+    assert delivery_limit(queue(policy=3), V3) == DeliveryLimit(3, "policy", "policy 'ops'")
+    found = delivery_limit(queue({"x-delivery-limit": 7}), V40)
+    assert found is not None
+    assert found.source == "its x-delivery-limit argument"
+    default = delivery_limit(queue(), V40)
+    assert default is not None
+    assert "declared without x-delivery-limit" in default.source
