@@ -188,3 +188,23 @@ async def test_interrupted_replay_loses_and_duplicates_nothing(
     assert await depth(channel, names.failed) == 0
     assert sorted(in_main + in_failed) == ids
     assert in_main == ids[:moved]
+
+
+async def test_a_copy_at_the_largest_replay_count_moves_with_the_others(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """A replay-count at the largest signed 64-bit integer (a counter AMQP cannot carry one past)
+    stays there when replayed, and every other copy moves with it."""
+    names = Names(queue_name)
+    await declare(connection, make_settings(queue_name))
+    ids = [f"m{i}" for i in range(11)]
+    for message_id in ids:
+        count = {"replay-count": 2**63 - 1} if message_id == "m5" else {}
+        await publish_failed(channel, queue_name, message_id, ValueError("x"), headers=count)
+    result = await replay(connection, names, Selection())
+    assert [f.message_id for f in result.selected] == ids
+    jobs = await take(channel, queue_name, len(ids))
+    assert message_ids(jobs) == ids
+    counts = {m.message_id: (m.headers or {})["replay-count"] for m in jobs}
+    assert counts == {i: 2**63 - 1 if i == "m5" else 1 for i in ids}
+    assert await depth(channel, names.failed) == 0

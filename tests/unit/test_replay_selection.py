@@ -2,7 +2,7 @@
 
 import pytest
 from ricochet.delivery.failed import FAILURE_HEADERS, FailureInfo, read_failure
-from ricochet.ops.replay import replayed_headers
+from ricochet.ops.replay import COUNT_MAX, replayed_headers
 from ricochet.ops.selection import Selection
 
 COPY = FailureInfo("m1", "report", "ValueError: bad input", "permanent", 0, "2024-01-01T00:00:00")
@@ -44,10 +44,13 @@ def failed_copy_headers(**extra: object) -> dict[str, object]:
         ({"replay-count": "junk"}, 1),
         ({"replay-count": -3}, 1),
         ({"replay-count": True}, 1),
+        ({"replay-count": COUNT_MAX - 1}, COUNT_MAX),
+        ({"replay-count": COUNT_MAX}, COUNT_MAX),  # the largest a header carries: it stays
     ],
 )
 def test_replayed_headers(extra: dict[str, object], replay_count: int) -> None:
-    """The failure headers go, the application's stay, replay-count counts up from 0."""
+    """The failure headers go, the application's stay, replay-count counts up from 0, and stops
+    at the largest signed 64-bit integer, the most an AMQP header carries."""
     assert replayed_headers(failed_copy_headers(**extra)) == {
         "tenant": "acme",
         "max-retries": 2,

@@ -26,12 +26,15 @@ from ricochet.tracing import inject_current
 log = structlog.get_logger("ricochet.replay")
 
 REPLAY_COUNT = "replay-count"
+# The largest integer an AMQP header carries (a signed 64-bit one): a replay-count there stays.
+COUNT_MAX = 2**63 - 1
 # The failed queue's own delivery counters: they say nothing about the job in the main queue.
 DELIVERY_COUNTS = ("x-delivery-count", "x-acquired-count")
 
 
 def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """The copy's headers without the failure's, with replay-count incremented."""
+    """The copy's headers without the failure's, with replay-count incremented (up to
+    COUNT_MAX: a header past it could not be sent, and the replay would stop at that copy)."""
     kept = {
         k: v
         for k, v in copied_headers(headers).items()
@@ -40,7 +43,7 @@ def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     previous = headers.get(REPLAY_COUNT)
     if not is_int(previous) or previous < 0:
         previous = 0
-    kept[REPLAY_COUNT] = previous + 1
+    kept[REPLAY_COUNT] = min(previous + 1, COUNT_MAX)
     return kept
 
 
