@@ -61,6 +61,24 @@ def _check_handler(ref: str) -> str:
     return ref
 
 
+# Names ricochet derives from a queue's (broker/topology.py Names): a queue named so would share
+# its objects with the queue it derives from.
+_DERIVED = re.compile(
+    r".+\.(failed|failed\.events|topology|cancels|dlx|dlx\.first|return"
+    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|delay\.\d+)"
+)
+
+
+def _check_queue(name: str) -> str:
+    """A queue name of ricochet's own: not the broker's (amq.), not the shared objects'
+    (ricochet.), not one derived from another queue's (a.failed beside a)."""
+    if name.startswith(("amq.", "ricochet.")):
+        raise ValueError("names beginning with amq. (the broker's) or ricochet. (shared) are taken")
+    if _DERIVED.fullmatch(name):
+        raise ValueError("the name of an object ricochet derives from another queue's")
+    return name
+
+
 def _check_address(host: str) -> str:
     ipaddress.ip_address(host)  # ValueError when it is not an IPv4 or IPv6 address
     return host
@@ -110,10 +128,13 @@ class ClientSettings(BaseSettings):
         "amqp://guest:guest@localhost:5672/",
         json_schema_extra={"allowed": "an amqp:// or amqps:// URL"},
     )
-    queue: str = Field(
+    queue: Annotated[str, AfterValidator(_check_queue)] = Field(
         "jobs",
         pattern=r"^[A-Za-z0-9._-]{1,200}$",
-        json_schema_extra={"allowed": "1-200 characters of A-Za-z0-9._-"},
+        json_schema_extra={
+            "allowed": "1-200 characters of A-Za-z0-9._-, not beginning with amq. or ricochet., "
+            "not a name ricochet derives from another queue's (Q.failed, Q.retry.1, ...)"
+        },
     )
 
 

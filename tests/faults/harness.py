@@ -8,7 +8,9 @@ import json
 import re
 import signal
 import subprocess
+import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from ricochet.settings import Settings
 
 from tests.support import consumers, depth, journal, make_settings, ricochet_env, spawn, wait_for
 
+# Longer than any wait of the rows (a schedule, a RetryLater) in the shared levels.
+QUIET_S = 6
 PUBLISH_BATCH = 200  # confirms awaited together, so publishing N jobs takes a moment, not minutes
 
 
@@ -110,6 +114,7 @@ class FaultRun:
     # Cancelled ids enqueued again after their cancel: each new job runs, the cancelled one not.
     enqueued_again: set[str] = field(default_factory=set)
     workers: list[WorkerProcess] = field(default_factory=list)
+    waits_in_levels: bool = False  # whether some jobs were scheduled or asked a RetryLater
     _journal_at_cancel: int = 0  # the journal's lines when the last cancel was made
 
     @property
@@ -172,6 +177,10 @@ class FaultRun:
             )
         await channel.close()
         self.published.extend(m.message_id or "" for m in messages)
+        # Scheduled, or asking a RetryLater: some of its jobs wait in the shared levels.
+        self.waits_in_levels |= any(
+            "run-at" in (m.headers or {}) or b'"later"' in m.body for m in messages
+        )
 
     async def cancel(self, ids: list[str]) -> None:
         """Cancel these jobs (`ricochet cancel` for each): none of them may run from now on."""
@@ -204,6 +213,20 @@ class FaultRun:
         """A new connection for the test, after a fault that closed the old one."""
         await close_quietly(self.connection)
         self.connection = await aio_pika.connect(self.settings.amqp_url)
+
+    async def _quiet(self, drained: Callable[[], Awaitable[bool]]) -> None:
+        """Until no attempt of this run has started for QUIET_S with its queues drained: longer
+        than any wait of these rows in the shared levels, where its jobs cannot be counted."""
+        if not self.waits_in_levels:
+            return
+        seen = len(journal(self.journal_path))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            await asyncio.sleep(QUIET_S)
+            now = len(journal(self.journal_path))
+            if now == seen and await drained():
+                return
+            seen = now
 
     def done(self) -> Counter[str]:
         """How often each id's handler completed (more than once: a duplicate)."""
@@ -246,7 +269,10 @@ class FaultRun:
         await self.until_settled()
         channel = await self.connection.channel()
         declared = plan(self.settings)
-        waits = [*declared.tiers, *declared.lanes, *declared.delays]
+        # The delays' levels are shared by every queue of the vhost (other tests' jobs may wait
+        # there): this run's own waiting queues are counted, and its jobs in the levels waited
+        # for by time (quiet).
+        waits = [*declared.tiers, *declared.lanes]
         if any(worker.alive for worker in self.workers):
             # A job that was waiting (a RetryLater, a schedule, a tier) when its worker was
             # killed may wait a second time as a duplicate after its first copy settled: the
@@ -260,6 +286,7 @@ class FaultRun:
                 return True
 
             await wait_for(drained, longest_s + 30, "the waiting queues to drain")
+            await self._quiet(drained)
         for worker in self.workers:
             if worker.alive:
                 assert await worker.terminate() == 0, worker.output.read_text()[-3000:]

@@ -81,7 +81,8 @@ bodies = st.one_of(
 routing_keys = st.one_of(
     st.just(QUEUE),
     st.integers(0, 30).map(lambda k: f"{QUEUE}.attempt.{k}"),
-    st.integers(0, 10**9).map(delay_key),
+    st.integers(0, 10**9).map(lambda ms: delay_key(ms, QUEUE)),
+    st.integers(0, 10**9).map(lambda ms: delay_key(ms, QUEUE).removesuffix("." + QUEUE)),
     st.text(max_size=30),
 )
 

@@ -5,6 +5,7 @@ from ricochet.broker.topology import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
     LANES,
+    SHARED,
     Binding,
     Kept,
     Names,
@@ -43,8 +44,10 @@ def test_default_plan_matches_spec() -> None:
     assert (failed.name, events.name) == ("jobs.failed", "jobs.failed.events")
     assert "x-max-length" in events.arguments
     assert "x-max-length" not in failed.arguments
-    assert set(p.bindings) - set(delay_bindings(p.names)) == {
+    assert not set(delay_bindings(p.names)) & set(p.bindings)  # the levels are shared now
+    assert set(p.bindings) == {
         Binding("jobs.return", "jobs"),
+        Binding("ricochet.return", "jobs", "*." * DELAY_LEVELS + "jobs"),
         Binding("jobs.failed", "jobs.failed"),
         Binding("jobs.failed", "jobs.failed.events"),
         Binding("jobs.dlx.first", "jobs.retry.1"),
@@ -219,27 +222,57 @@ def test_a_jittered_tier_is_a_random_exchange_over_its_lanes() -> None:
 def test_a_delay_key_spells_whole_units_rounded_up(delay_ms: int, units: int) -> None:
     """The key holds a job at least its delay: units of 100 ms, rounded up, in binary, the
     longest level first."""
-    key = delay_key(delay_ms)
-    assert len(key.split(".")) == DELAY_LEVELS
-    assert int(key.replace(".", ""), 2) == units
+    key = delay_key(delay_ms, "a.x")
+    *digits, queue = key.split(".", DELAY_LEVELS)
+    assert (len(digits), queue) == (DELAY_LEVELS, "a.x")
+    assert int("".join(digits), 2) == units
+    assert len(delay_key(delay_ms, "q" * 200).encode()) <= 255  # the longest queue name
     assert units * DELAY_UNIT_MS >= delay_ms
 
 
 def test_each_level_of_the_delays_waits_on_its_digit_and_passes_on_the_rest() -> None:
     """Level k waits 2^k units in its queue on a 1 and goes on to the level below on a 0; the
-    lowest level leads back to the main queue."""
-    p = plan(Settings(queue="q"))
+    lowest level leads to the shared return exchange. The levels are the vhost's: the same
+    quorum queues with no delivery limit whatever the settings (SPEC 18)."""
+    p = plan(Settings(queue="q", queue_type="classic"), (4, 0, 5))
     assert [d.arguments["x-message-ttl"] for d in p.delays] == [
         2**k * DELAY_UNIT_MS for k in range(DELAY_LEVELS)
     ]
-    assert p.delays[0].arguments["x-dead-letter-exchange"] == "q.return"
-    assert p.delays[3].arguments["x-dead-letter-exchange"] == "q.delay.2"
+    assert [d.name for d in p.delays] == [f"ricochet.delay.{k}" for k in range(DELAY_LEVELS)]
+    assert all(d.arguments["x-queue-type"] == "quorum" for d in p.delays)
+    assert all(d.arguments["x-delivery-limit"] == -1 for d in p.delays)
+    assert p.delays[0].arguments["x-dead-letter-exchange"] == "ricochet.return"
+    assert p.delays[3].arguments["x-dead-letter-exchange"] == "ricochet.delay.2"
     assert "x-dead-letter-routing-key" not in p.delays[3].arguments
-    assert Binding("q.delay.0", "q.delay.0", "*." * 24 + "1.#") in p.bindings
-    assert Binding("q.delay.0", "q.return", "*." * 24 + "0.#", to_exchange=True) in p.bindings
-    assert Binding("q.delay.24", "q.delay.24", "1.#") in p.bindings
-    assert Binding("q.delay.24", "q.delay.23", "0.#", to_exchange=True) in p.bindings
-    assert Names("q").delay_entry == "q.delay.24"
+    shared = p.shared_bindings
+    assert Binding("ricochet.delay.0", "ricochet.delay.0", "*." * 24 + "1.#") in shared
+    assert (
+        Binding("ricochet.delay.0", "ricochet.return", "*." * 24 + "0.#", to_exchange=True)
+        in shared
+    )
+    assert Binding("ricochet.delay.24", "ricochet.delay.24", "1.#") in shared
+    assert Binding("ricochet.delay.24", "ricochet.delay.23", "0.#", to_exchange=True) in shared
+    assert SHARED.delay_entry == "ricochet.delay.24"
+
+
+def test_the_shared_part_does_not_depend_on_the_settings() -> None:
+    """Workers of any settings declare the shared objects alike, so they can share them."""
+    version = (3, 10, 8)
+    one = plan(Settings(queue="a", queue_type="classic", max_retries=0), version)
+    other = plan(Settings(queue="b", retry_jitter=0.5, retry_delay_ms=10), version)
+    for field in ("delays", "orphans", "shared_exchanges", "shared_bindings"):
+        assert getattr(one, field) == getattr(other, field)
+
+
+def test_a_due_job_whose_queue_is_gone_goes_to_the_orphans() -> None:
+    """The return exchange's alternate is the orphans' exchange, bound to the orphans' queue."""
+    p = plan(Settings(queue="q"))
+    exchanges = {name: (kind, args) for name, kind, args in p.shared_exchanges}
+    assert exchanges["ricochet.return"] == ("topic", {"alternate-exchange": "ricochet.orphans"})
+    assert exchanges["ricochet.orphans"][0] == "fanout"
+    assert Binding("ricochet.orphans", "ricochet.orphans") in p.shared_bindings
+    assert p.orphans is not None
+    assert p.orphans.name == "ricochet.orphans"
 
 
 def test_the_cancel_store_is_a_stream_kept_past_the_longest_wait() -> None:
@@ -255,6 +288,7 @@ def test_the_cancel_store_is_a_stream_kept_past_the_longest_wait() -> None:
 def test_a_job_back_from_the_delays_was_published_to_the_main_queue() -> None:
     """The key that spelled a job's wait is not the one it was published with: that was Q."""
     n = Names("jobs")
-    assert n.published_key(delay_key(90_000)) == "jobs"
+    assert n.published_key(delay_key(90_000, "jobs")) == "jobs"
+    assert n.published_key(delay_key(90_000, "jobs").removesuffix(".jobs")) == "jobs"  # earlier
     assert n.published_key("jobs.attempt.2") == "jobs.attempt.2"
     assert n.published_key("0.1.1") == "0.1.1"  # not a delay key: a key of the producer's own

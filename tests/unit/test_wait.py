@@ -63,7 +63,7 @@ def test_run_at_is_iso_8601_with_an_offset(value: Any, expected: dt.datetime | N
 
 
 # The routing key of a job back from the delays: the one that spelled its wait.
-BACK_FROM_DELAYS = delay_key(1000)
+BACK_FROM_DELAYS = delay_key(1000, "jobs")
 
 
 def facts(

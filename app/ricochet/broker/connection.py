@@ -20,6 +20,11 @@ log = structlog.get_logger("ricochet.connection")
 _UNREACHABLE = OSError
 
 
+# A client property of this version's connections: its workers wait in the shared levels, so
+# the per-queue levels of earlier versions may go once no connection without it is left.
+SHARED_WAITING = "ricochet_shared_waiting"
+
+
 def connection_name(role: str, queue: str) -> str:
     """How the broker (and rabbitmqctl list_connections) shows this process."""
     return f"ricochet {role} {queue} {socket.gethostname()}:{os.getpid()}"
@@ -50,7 +55,10 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
     )
     try:
         connection: AbstractConnection = await retrying(
-            aio_pika.connect, url, client_properties={"connection_name": name}, timeout=10
+            aio_pika.connect,
+            url,
+            client_properties={"connection_name": name, SHARED_WAITING: True},
+            timeout=10,
         )
     except _UNREACHABLE as error:
         raise BrokerUnavailable(

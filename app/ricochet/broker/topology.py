@@ -88,14 +88,23 @@ def lane_delays_ms(delay_ms: int, jitter: float) -> list[int]:
     return [round(delay_ms - i * step) for i in range(1, LANES)]
 
 
-def delay_key(delay_ms: int) -> str:
-    """The routing key that holds a job for delay_ms (rounded up to a whole unit, never less):
-    the units in binary, most significant level first, one word per level."""
+def delay_key(delay_ms: int, queue: str) -> str:
+    """The routing key that holds a job for delay_ms (rounded up to a whole unit, never less)
+    in the shared levels, then hands it to its queue: the units in binary, most significant
+    level first, one word per level, then the queue's name (at most 50 + 200 bytes of 255)."""
     units = min(math.ceil(max(delay_ms, 0) / DELAY_UNIT_MS), 2**DELAY_LEVELS - 1)
-    return ".".join(format(units, f"0{DELAY_LEVELS}b"))
+    return ".".join(format(units, f"0{DELAY_LEVELS}b")) + "." + queue
 
 
-_DELAY_KEY = re.compile(rf"[01](\.[01]){{{DELAY_LEVELS - 1}}}")
+def return_key(queue: str) -> str:
+    """The shared return exchange's binding to a queue: a delay key of any units that ends in
+    exactly the queue's name, word for word, so that `x` never takes `a.x`'s jobs."""
+    return "*." * DELAY_LEVELS + queue
+
+
+# A delay key: the levels' digits, then the queue's name (the per-queue levels of earlier
+# versions spelled the digits alone).
+_DELAY_KEY = re.compile(rf"[01](\.[01]){{{DELAY_LEVELS - 1}}}(\..+)?")
 
 
 def is_delay_key(routing_key: str) -> bool:
@@ -190,13 +199,13 @@ class Names:
         return f"{self.queue}.retry.{k}.lane.{i}"
 
     def delay(self, k: int) -> str:
-        """Level k of the delays: a topic exchange, and the queue of that name that waits 2^k
-        units."""
+        """Level k of the per-queue delays of earlier versions (retired once empty: the shared
+        levels, SharedNames.delay, replace them)."""
         return f"{self.queue}.delay.{k}"
 
     @property
     def delay_entry(self) -> str:
-        """Where a job to delay is published, with delay_key as its routing key."""
+        """Where an earlier version published a job to delay in the per-queue levels."""
         return self.delay(DELAY_LEVELS - 1)
 
     @property
@@ -254,14 +263,29 @@ class Plan:
     tiers: list[QueueSpec] = field(default_factory=list)
     # The lanes of jittered tiers (none without jitter), tier by tier.
     lanes: list[QueueSpec] = field(default_factory=list)
-    # The levels of the delays (schedules, RetryLater), and the cancel store.
-    delays: list[QueueSpec] = field(default_factory=list)
+    # The cancel store.
     cancel_store: QueueSpec | None = None
+    # What every ricochet queue of the vhost shares (SPEC 18), the same whatever the settings:
+    # the levels of the delays (schedules, RetryLater) and the queue of orphaned jobs, with
+    # their exchanges and bindings.
+    delays: list[QueueSpec] = field(default_factory=list)
+    orphans: QueueSpec | None = None
+    shared_exchanges: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    shared_bindings: list[Binding] = field(default_factory=list)
 
     @property
     def declared_queues(self) -> list[QueueSpec]:
         """Every queue but the tiers and lanes (whose delays may differ from the settings')."""
-        return [*self.queues, *self.delays, *([self.cancel_store] if self.cancel_store else [])]
+        return [
+            *self.queues,
+            *self.shared_queues,
+            *([self.cancel_store] if self.cancel_store else []),
+        ]
+
+    @property
+    def shared_queues(self) -> list[QueueSpec]:
+        """The levels of the delays and the orphans' queue."""
+        return [*self.delays, *([self.orphans] if self.orphans else [])]
 
     @property
     def jittered(self) -> bool:
@@ -326,7 +350,7 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         *(tier_source(n, k, jittered=jitter > 0) for k in range(1, r + 1)),
         *([] if r else [Binding(n.first_tier_exchange, n.failed, to_exchange=True)]),
         *(Binding(n.lanes(k), lane) for k in range(1, r + 1) if jitter > 0 for lane in lanes(n, k)),
-        *delay_bindings(n),
+        Binding(SHARED.return_exchange, n.queue, return_key(n.queue)),
     ]
     return Plan(
         names=n,
@@ -340,7 +364,6 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
             (n.return_exchange, aio_pika.ExchangeType.FANOUT.value, {}),
             (n.failed, aio_pika.ExchangeType.FANOUT.value, {}),
             *((n.lanes(k), RANDOM_EXCHANGE, {}) for k in range(1, r + 1) if jitter > 0),
-            *((n.delay(k), aio_pika.ExchangeType.TOPIC.value, {}) for k in range(DELAY_LEVELS)),
         ],
         queues=[
             QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl, **unlimited}),
@@ -350,19 +373,7 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         bindings=bindings,
         tiers=tiers,
         lanes=lane_specs,
-        delays=[
-            QueueSpec(
-                n.delay(k),
-                {
-                    **qtype,
-                    TTL: 2**k * DELAY_UNIT_MS,
-                    # No routing key of its own: the job keeps its delay key to the end.
-                    "x-dead-letter-exchange": _level_below(n, k),
-                    **dl,
-                },
-            )
-            for k in range(DELAY_LEVELS)
-        ],
+        **shared_plan(broker_version),
         cancel_store=QueueSpec(
             n.cancels,
             {
@@ -374,12 +385,51 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
     )
 
 
-def _level_below(n: Names, k: int) -> str:
-    """Where level k of the delays passes a job on: the level below, and from level 0 back to Q."""
+def shared_plan(broker_version: tuple[int, ...] | None) -> dict[str, Any]:
+    """The plan's shared part (Plan's fields): quorum queues whatever the settings, whose
+    dead-lettering is at-least-once, with no delivery limit, so that workers of any settings
+    declare them alike. A due job whose queue is gone (no binding for its key) goes from the
+    return exchange to its alternate, the orphans, rather than wait in the broker's
+    dead-letter worker, which would hold back the lowest level for every queue."""
+    quorum = {QUEUE_TYPE: "quorum"}
+    unlimited = _no_delivery_limit("quorum", broker_version)
+    dl = _dead_lettering("quorum")
+    topic = aio_pika.ExchangeType.TOPIC.value
+    return {
+        "delays": [
+            QueueSpec(
+                SHARED.delay(k),
+                {
+                    **quorum,
+                    TTL: 2**k * DELAY_UNIT_MS,
+                    # No routing key of its own: the job keeps its delay key to the end.
+                    "x-dead-letter-exchange": _level_below(SHARED, k),
+                    **dl,
+                    **unlimited,
+                },
+            )
+            for k in range(DELAY_LEVELS)
+        ],
+        "orphans": QueueSpec(SHARED.orphans, {**quorum, **unlimited}),
+        "shared_exchanges": [
+            *((SHARED.delay(k), topic, {}) for k in range(DELAY_LEVELS)),
+            (SHARED.return_exchange, topic, {"alternate-exchange": SHARED.orphans}),
+            (SHARED.orphans, aio_pika.ExchangeType.FANOUT.value, {}),
+        ],
+        "shared_bindings": [*delay_bindings(SHARED), Binding(SHARED.orphans, SHARED.orphans)],
+    }
+
+
+Levels = Names | SharedNames
+
+
+def _level_below(n: Levels, k: int) -> str:
+    """Where level k of the delays passes a job on: the level below, and from level 0 to the
+    return exchange (a queue's own, for the per-queue levels of earlier versions)."""
     return n.delay(k - 1) if k else n.return_exchange
 
 
-def delay_bindings(n: Names) -> list[Binding]:
+def delay_bindings(n: Levels) -> list[Binding]:
     """Each level of the delays waits (its queue) on a 1 digit and passes a 0 on to the level
     below at once."""
     return [
@@ -707,10 +757,13 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     p = plan(settings, broker_version(connection))
     d = _Declarer(connection, settings, p.names)
     try:
-        for name, kind, arguments in p.exchanges:
+        # The shared part first: the per-queue binding from the return exchange needs it.
+        for name, kind, arguments in [*p.shared_exchanges, *p.exchanges]:
             await _declare_exchange(d, name, kind, arguments)
         for spec in p.declared_queues:
             await d.queue(spec)
+        for b in p.shared_bindings:
+            await d.bind(b)
         await _declare_tiers(d, p)
         await _retire_stale_tiers(d, p)
         # Stale bindings go before new ones: a key with no binding falls through to tier 1,

@@ -12,11 +12,13 @@ from urllib.parse import quote
 from ricochet.broker.topology import (
     DELIVERY_LIMIT,
     QUEUE_TYPE,
+    SHARED,
     TTL,
     Binding,
     Plan,
     QueueSpec,
     delivery_limit_policy_command,
+    return_key,
     stale_bindings,
     stale_tiers,
 )
@@ -102,7 +104,25 @@ def queue_names(plan: Plan) -> list[str]:
 
 
 def exchange_names(plan: Plan) -> list[str]:
-    return [name for name, _, _ in plan.exchanges]
+    return [name for name, _, _ in all_exchanges(plan)]
+
+
+def all_exchanges(plan: Plan) -> list[tuple[str, str, dict[str, Any]]]:
+    """The queue's exchanges and those its vhost's ricochet queues share."""
+    return [*plan.exchanges, *plan.shared_exchanges]
+
+
+def all_bindings(plan: Plan) -> list[Binding]:
+    return [*plan.bindings, *plan.shared_bindings]
+
+
+def _another_queues_return(plan: Plan, b: JSON) -> bool:
+    """A binding from the shared return exchange to another ricochet queue: that queue's own."""
+    return bool(
+        b["source"] == SHARED.return_exchange
+        and b["destination"] != plan.names.queue
+        and b["routing_key"] == return_key(b["destination"])
+    )
 
 
 def _argument_differences(wanted: JSON, actual: JSON) -> list[str]:
@@ -196,7 +216,7 @@ def queue_checks(plan: Plan, queue_type: str, state: BrokerState) -> list[Check]
 def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
     """Every exchange of the plan exists with its type and arguments."""
     checks = []
-    for name, kind, arguments in plan.exchanges:
+    for name, kind, arguments in all_exchanges(plan):
         found = state.exchanges.get(name)
         label = f"exchange {name}"
         if found is None:
@@ -237,9 +257,10 @@ def _describe(key: tuple[str, str, str, str]) -> str:
 def binding_check(plan: Plan, state: BrokerState) -> Check:
     """Every binding of the plan exists."""
     present = {_api_key(b) for b in state.bindings}
-    missing = [_key(b) for b in plan.bindings if _key(b) not in present]
+    planned = all_bindings(plan)
+    missing = [_key(b) for b in planned if _key(b) not in present]
     if not missing:
-        return Check("bindings", "ok", f"all {len(plan.bindings)} bindings of the settings exist")
+        return Check("bindings", "ok", f"all {len(planned)} bindings of the settings exist")
     return Check(
         "bindings",
         "fail",
@@ -259,7 +280,7 @@ def _curl_delete(state: BrokerState, path: str) -> str:
 def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
     """No binding leads out of ricochet's exchanges, or into its exchanges and queues other than
     the main one (publishers may bind their own exchanges to that), unless the plan wants it."""
-    wanted = {_key(b) for b in plan.bindings}
+    wanted = {_key(b) for b in all_bindings(plan)}
     stale = {_key(b) for b in stale_bindings(plan)}
     stale_queues = set(stale_tiers(plan).values())
     ours = {
@@ -269,8 +290,9 @@ def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
     found = []
     for b in state.bindings:
         key = _api_key(b)
-        if b["source"] == "" or key in wanted:
-            continue  # the default exchange's implicit binding, or one the plan declares
+        if b["source"] == "" or key in wanted or _another_queues_return(plan, b):
+            continue  # the default exchange's implicit binding, one the plan declares, or one
+            # another ricochet queue of the vhost declares on the shared return exchange
         if (
             b["source"] not in ours["exchange"]
             and b["destination"] not in ours[b["destination_type"]]
@@ -367,6 +389,23 @@ def failed_check(plan: Plan, threshold: int, state: BrokerState) -> Check:
     if depth >= threshold:
         return Check("failed jobs", "fail", text + see)
     return Check("failed jobs", "ok", text + (see if depth else ""))
+
+
+def orphans_check(state: BrokerState) -> Check:
+    """Jobs whose queue was deleted while they waited in the shared levels (SPEC 18)."""
+    name = SHARED.orphans
+    depth = _figure("orphaned jobs", name, "messages", state)
+    if isinstance(depth, Check):
+        return depth
+    if not depth:
+        return Check("orphaned jobs", "ok", f"none in {name}")
+    return Check(
+        "orphaned jobs",
+        "warn",
+        f"{depth} in {name}: jobs whose queue was deleted while they waited; each keeps its "
+        "message_id and headers. Move them to a queue with a shovel, or purge the queue once "
+        "nobody needs them",
+    )
 
 
 def stranded_check(plan: Plan, state: BrokerState) -> Check:

@@ -9,7 +9,7 @@ import structlog
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.record import declared_settings
-from ricochet.broker.topology import PLAN_FIELDS, Plan, plan
+from ricochet.broker.topology import PLAN_FIELDS, SHARED_PREFIX, Plan, plan
 from ricochet.errors import BrokerUnavailable
 from ricochet.ops.checks import (
     BrokerState,
@@ -20,6 +20,7 @@ from ricochet.ops.checks import (
     exchange_names,
     failed_check,
     monitor_check,
+    orphans_check,
     queue_checks,
     queue_names,
     stale_tier_check,
@@ -47,8 +48,8 @@ BINDING_COLUMNS = "source,destination,destination_type,routing_key,properties_ke
 async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerState:
     """The overview, and the queues, exchanges and bindings of the plan's names as they are."""
     vh = vhost(amqp_url)
-    # The main queue's name and every name under it; the checks pick theirs.
-    names = f"^{re.escape(plan.names.queue)}(\\..*)?$"
+    # The main queue's name and every name under it, and the shared ones; the checks pick theirs.
+    names = f"^({re.escape(plan.names.queue)}(\\..*)?|{re.escape(SHARED_PREFIX)}.*)$"
     async with open_api(management_url, amqp_url) as api:
         overview, queues, exchanges = await asyncio.gather(
             api.get("overview", columns=OVERVIEW_COLUMNS),
@@ -92,6 +93,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         consumer_check(p, state),
         monitor_check(p, state),
         failed_check(p, settings.alert_failed_threshold, state),
+        orphans_check(state),
         policy_check(p, settings.queue_type, version, state),
         stranded_check(p, state),
     ]

@@ -26,7 +26,7 @@ from ricochet.broker.amqp import (
     refusal,
 )
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
-from ricochet.broker.topology import Names, delay_key
+from ricochet.broker.topology import SHARED, Names, delay_key
 from ricochet.delivery.events import Observer, Settled
 from ricochet.delivery.failed import Failure, counted_copy, failed_copy
 from ricochet.delivery.retry import FAIL_PERMANENT, Action, Decision, Facts
@@ -156,7 +156,7 @@ class Settler:
             return copy, self._names.queue, ""
         if decision.action is Action.DELAY:
             assert decision.delay_ms is not None
-            return copy, delay_key(decision.delay_ms), self._names.delay_entry
+            return copy, delay_key(decision.delay_ms, self._names.queue), SHARED.delay_entry
         assert decision.tier is not None
         return copy, self._names.attempt_key(decision.tier - 1), self._names.dlx
 
