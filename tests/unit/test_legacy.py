@@ -1,11 +1,13 @@
 """Retiring the per-queue delay levels of earlier versions: the decisions, pure."""
 
+from typing import Any
+
 from ricochet.broker.connection import SHARED_WAITING
 from ricochet.broker.legacy import held, older_workers
 
 
-def connection(name: str, shared: bool) -> dict[str, object]:
-    properties: dict[str, object] = {"connection_name": name}
+def connection(name: str, shared: bool) -> dict[str, Any]:
+    properties: dict[str, Any] = {"connection_name": name}
     if shared:
         properties[SHARED_WAITING] = True
     return {"client_properties": properties}
@@ -14,7 +16,7 @@ def connection(name: str, shared: bool) -> dict[str, object]:
 def test_only_workers_of_the_queue_without_the_mark_are_older() -> None:
     """A worker of Q that does not say it waits in the shared levels publishes to the old ones;
     this version's workers, another queue's, and other roles do not count."""
-    connections = [
+    connections: list[dict[str, Any]] = [
         connection("ricochet worker jobs host:1", shared=False),
         connection("ricochet worker jobs host:2", shared=True),
         connection("ricochet worker jobs.x host:3", shared=False),

@@ -1,7 +1,9 @@
 """What the status and plan tables show: the hint to read failure reasons, and durations."""
 
 import pytest
-from ricochet.ops.report import QueueStatus, duration, status_table
+from ricochet.broker.topology import plan
+from ricochet.ops.report import QueueStatus, duration, roles, status_table
+from ricochet.settings import Settings
 
 
 @pytest.mark.parametrize(("failed", "hint"), [(0, False), (None, False), (3, True)])
@@ -99,3 +101,23 @@ def test_a_jobs_line_breaks_and_escapes_stay_on_one_line() -> None:
 )
 def test_duration(delay_ms: int | None, shown: str) -> None:
     assert duration(delay_ms) == shown
+
+
+def test_status_shows_the_shared_levels_once_after_the_queues_own() -> None:
+    """The 25 shared levels are one line, their jobs summed, after the queue's own rows."""
+    p = plan(Settings(queue="q", max_retries=1))
+    rows = [
+        QueueStatus(name, role, delay_ms, int(role != "failed"), 0)
+        for name, role, delay_ms in roles(p)
+    ]
+    lines = status_table(rows).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == [
+        "q",
+        "q.retry.1",
+        "q.failed",
+        "q.failed.events",
+        "q.cancels",
+        "ricochet.delay.0-24",
+        "ricochet.orphans",
+    ]
+    assert lines[-2].split()[-2] == "25"

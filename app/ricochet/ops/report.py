@@ -2,8 +2,9 @@
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from ricochet.broker.topology import DELAY_UNIT_MS, Plan
+from ricochet.broker.topology import DELAY_UNIT_MS, Binding, Plan, QueueSpec
 from ricochet.delivery.failed import FailureInfo
 from ricochet.ops.failed_queue import CopyDetails
 from ricochet.ops.selection import Outcome
@@ -45,28 +46,43 @@ def duration(delay_ms: int | None) -> str:
 
 
 def plan_table(plan: Plan) -> str:
-    """The queues (with arguments) and the bindings of a plan."""
-    queues = table(
+    """The queues (with arguments), exchanges and bindings of a plan: the queue's own, then
+    what every ricochet queue of the vhost shares."""
+    own = _objects_table(
+        [
+            plan.queues[0],
+            *plan.tiers,
+            *plan.lanes,
+            *plan.queues[1:],
+            *([plan.cancel_store] if plan.cancel_store else []),
+        ],
+        plan.exchanges,
+        plan.bindings,
+    )
+    shared = _objects_table(plan.shared_queues, plan.shared_exchanges, plan.shared_bindings)
+    return f"{own}\n\nshared by every ricochet queue of the virtual host:\n\n{shared}"
+
+
+def _objects_table(
+    queues: Sequence[QueueSpec],
+    exchanges: Sequence[tuple[str, str, dict[str, Any]]],
+    bindings: Sequence[Binding],
+) -> str:
+    queue_rows = table(
         ["queue", "delay", "arguments"],
         [
             (q.name, duration(q.delay_ms), ", ".join(f"{k}={v}" for k, v in q.arguments.items()))
-            for q in [
-                plan.queues[0],
-                *plan.tiers,
-                *plan.lanes,
-                *plan.queues[1:],
-                *plan.declared_queues[len(plan.queues) :],
-            ]
+            for q in queues
         ],
     )
-    exchanges = table(
+    exchange_rows = table(
         ["exchange", "type", "arguments"],
         [
             (name, kind, ", ".join(f"{k}={v}" for k, v in args.items()))
-            for name, kind, args in plan.exchanges
+            for name, kind, args in exchanges
         ],
     )
-    bindings = table(
+    binding_rows = table(
         ["from exchange", "routing key", "to"],
         [
             (
@@ -74,10 +90,10 @@ def plan_table(plan: Plan) -> str:
                 b.routing_key or "(any)",
                 f"exchange {b.destination}" if b.to_exchange else b.destination,
             )
-            for b in plan.bindings
+            for b in bindings
         ],
     )
-    return f"{queues}\n\n{exchanges}\n\n{bindings}"
+    return f"{queue_rows}\n\n{exchange_rows}\n\n{binding_rows}"
 
 
 def checks_table(checks: Sequence[tuple[str, str, str]]) -> str:
@@ -118,22 +134,50 @@ def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
         (n.queue, "main", None),
         *((spec.name, f"tier {k}", spec.delay_ms) for k, spec in enumerate(plan.tiers, start=1)),
         *lanes,
-        *(
-            (spec.name, f"delay level {k}", 2**k * DELAY_UNIT_MS)
-            for k, spec in enumerate(plan.delays)
-        ),
         (n.failed, "failed", None),
         (n.events, "failed events", None),
         (n.cancels, "cancels", None),
+        *(
+            (spec.name, f"{SHARED_ROLE} delay level {k}", 2**k * DELAY_UNIT_MS)
+            for k, spec in enumerate(plan.delays)
+        ),
+        *([(plan.orphans.name, f"{SHARED_ROLE} orphans", None)] if plan.orphans else []),
     ]
+
+
+# The role of what every ricochet queue of the vhost shares (the delays' levels, the orphans).
+SHARED_ROLE = "shared"
+
+
+def _shown(rows: Sequence[QueueStatus]) -> list[tuple[object, ...]]:
+    """The queue's own rows, then the shared levels on one line (their jobs summed), then the
+    other shared queues."""
+    own = [r for r in rows if not r.role.startswith(SHARED_ROLE)]
+    levels = [r for r in rows if r.role.startswith(f"{SHARED_ROLE} delay level")]
+    others = [r for r in rows if r.role.startswith(SHARED_ROLE) and r not in levels]
+    shown: list[tuple[object, ...]] = [
+        (s.name, s.role, duration(s.delay_ms), s.messages, s.consumers) for s in own
+    ]
+    if levels:
+        counts = [r.messages for r in levels]
+        total = None if None in counts else sum(c or 0 for c in counts)
+        first, last = levels[0], levels[-1]
+        shown.append(
+            (
+                f"{first.name}-{last.name.rsplit('.', 1)[1]}",
+                f"{SHARED_ROLE} delay levels",
+                f"{duration(first.delay_ms)}-{duration(last.delay_ms)}",
+                total,
+                None,
+            )
+        )
+    shown += [(s.name, s.role, duration(s.delay_ms), s.messages, s.consumers) for s in others]
+    return shown
 
 
 def status_table(rows: Sequence[QueueStatus]) -> str:
     """Depth and consumers per queue; missing queues show as '-'."""
-    text = table(
-        ["queue", "role", "delay", "messages", "consumers"],
-        [(s.name, s.role, duration(s.delay_ms), s.messages, s.consumers) for s in rows],
-    )
+    text = table(["queue", "role", "delay", "messages", "consumers"], _shown(rows))
     failed = sum(s.messages or 0 for s in rows if s.role == "failed")
     if failed:
         # Reading reasons means taking every copy off the queue; status stays read-only.
