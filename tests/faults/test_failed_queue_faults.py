@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet.broker.topology import Names, declare
+from ricochet.ops import scan
 
 from tests.broker import Broker
 from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally
@@ -154,3 +155,82 @@ async def _take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomi
         previous = now
         await asyncio.sleep(0.3)
     return await take(channel, queue, now)
+
+
+async def _copies(channel: AbstractChannel, queue: str, n: int) -> list[str]:
+    """n failed copies in a declared topology, every other one matching MATCHING."""
+    ids = [f"c{i:05d}" for i in range(n)]
+    for start in range(0, n, PUBLISH_BATCH):
+        batch = enumerate(ids[start : start + PUBLISH_BATCH], start=start)
+        await asyncio.gather(
+            *(
+                publish_failed(channel, queue, i, KeyError("x") if k % 2 == 0 else ValueError("y"))
+                for k, i in batch
+            )
+        )
+    return ids
+
+
+def _listed(output: str) -> Counter[str]:
+    """The message_ids a `failed list --json` printed, each as often as it printed it."""
+    return Counter(
+        json.loads(line)["message_id"] for line in output.splitlines() if line.startswith("{")
+    )
+
+
+async def _account(
+    connection: AbstractConnection, names: Names, ids: list[str], fault: str
+) -> Counter[str]:
+    """Take every copy left in Q.failed (and anything in Q), tally the row, and give what Q.failed
+    held: nothing may be lost, doubled or moved by a command that only reads."""
+    channel = await connection.channel()
+    in_failed = Counter(str(m.message_id) for m in await _take_all(channel, names.failed))
+    in_main = Counter(str(m.message_id) for m in await _take_all(channel, names.queue))
+    await channel.close()
+    everywhere = in_failed + in_main
+    lost = set(ids) - set(everywhere)
+    TALLIES.append(
+        Tally(
+            fault=fault,
+            published=len(ids),
+            completed=len(in_main),
+            failed=len(in_failed),
+            lost=len(lost),
+            duplicates=sum(n - 1 for n in everywhere.values()),
+        )
+    )
+    assert not lost, sorted(lost)[:10]
+    assert in_failed == Counter(ids)
+    return in_failed
+
+
+@pytest.mark.parametrize("fault", ["started together", "the first killed -9 as the other waits"])
+async def test_two_lists_at_once_each_see_every_copy(
+    fault_broker: Broker, connection: AbstractConnection, queue_name: str, fault: str
+) -> None:
+    """Two `failed list` processes on more copies than one consumer is given at once: each lists
+    every copy, whether they start together or the first is killed while the second waits for
+    it (a killed scan holds nothing), and the queue keeps them all."""
+    names = Names(queue_name)
+    channel = await connection.channel(publisher_confirms=True)
+    await declare(connection, make_settings(queue_name, amqp_url=fault_broker.amqp_url))
+    ids = await _copies(channel, queue_name, scan.PER_CONSUMER + 100)
+    env = ricochet_env(make_settings(queue_name, amqp_url=fault_broker.amqp_url))
+    command = ["failed", "list", "--json"]
+    first = spawn(command, env)
+    if fault != "started together":
+        await wait_for(lambda: consumers(connection, names.failed), 30, "the first to read")
+        first.send_signal(signal.SIGSTOP)  # held with the lock and the copies it read
+    second = spawn(command, env)
+    if fault != "started together":
+        await asyncio.sleep(1)
+        assert second.poll() is None  # waiting for the first
+        first.kill()
+    outputs = [await asyncio.to_thread(p.communicate, timeout=60) for p in (first, second)]
+    await _account(connection, names, ids, f"two failed lists, {fault}")
+    if fault == "started together":
+        assert [p.returncode for p in (first, second)] == [0, 0], outputs
+        assert [_listed(out) for out, _ in outputs] == [Counter(ids)] * 2
+    else:
+        assert second.returncode == 0, outputs[1]
+        assert _listed(outputs[1][0]) == Counter(ids)

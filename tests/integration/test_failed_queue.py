@@ -5,13 +5,17 @@ import asyncio
 import json
 
 import aio_pika
+import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet.broker.amqp import broker_version
+from ricochet.broker.amqp import broker_version, requeue_all
 from ricochet.broker.topology import Names, declare
 from ricochet.delivery.retry import FailureKind
+from ricochet.errors import RicochetError
+from ricochet.ops import scan
 from ricochet.ops.failed_queue import list_failed
 from ricochet.ops.selection import Selection
 
+from tests.broker import BROKER
 from tests.integration.failures import publish_failed
 from tests.support import depth, make_settings, ricochet_env, run_cli, take, wait_for
 
@@ -196,3 +200,90 @@ async def test_a_reader_waits_for_another_to_hand_its_copies_back(
     outcome = await asyncio.wait_for(listing, 30)
     assert sorted(str(f.message_id) for f in outcome.selected) == ["m1", "m2", "m3", "m4"]
     assert sorted(await failed_ids(channel, queue_name)) == ["m1", "m2", "m3", "m4"]
+
+
+async def make_many_copies(
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue: str,
+    n: int,
+    queue_type: str = "quorum",
+) -> list[str]:
+    """n failed copies, c0000 onwards, in order."""
+    await declare(connection, make_settings(queue, queue_type=queue_type))
+    ids = [f"c{i:04d}" for i in range(n)]
+    for start in range(0, n, 500):
+        batch = ids[start : start + 500]
+        await asyncio.gather(*(publish_failed(channel, queue, i, KeyError("x")) for i in batch))
+    return ids
+
+
+async def listed_ids(connection: AbstractConnection, names: Names) -> list[str]:
+    return [str(f.message_id) for f in (await list_failed(connection, names, Selection())).selected]
+
+
+async def test_two_readers_started_together_each_see_every_copy(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Two lists started at the same moment on connections of their own (a failed list beside
+    a console page, say), three times over: each sees every copy, and the queue keeps
+    them all. More copies than one consumer is given at once, so two readers subscribed side by
+    side would split them."""
+    names = Names(queue_name)
+    ids = await make_many_copies(connection, channel, queue_name, scan.PER_CONSUMER + 100)
+    async with (
+        await aio_pika.connect(BROKER.amqp_url) as first,
+        await aio_pika.connect(BROKER.amqp_url) as second,
+    ):
+        for _ in range(3):
+            seen = await asyncio.gather(listed_ids(first, names), listed_ids(second, names))
+            assert [len(s) for s in seen] == [len(ids)] * 2
+            assert [sorted(s) for s in seen] == [ids, ids]
+    assert sorted(await failed_ids(channel, queue_name)) == ids
+
+
+async def test_a_reader_started_as_another_hands_back_sees_every_copy(
+    queue_name: str,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A list that starts while another is handing its copies back (held there for a moment,
+    its consumers already gone: on a classic queue no consumer is counted any more) waits for
+    them, and sees every copy."""
+    names = Names(queue_name)
+    ids = await make_many_copies(connection, channel, queue_name, 50, "classic")
+    second: list[asyncio.Task[list[str]]] = []
+
+    async def held_while_another_starts(ch: AbstractChannel) -> None:
+        if not second:
+            other = await aio_pika.connect(BROKER.amqp_url)
+            second.append(asyncio.create_task(listed_ids(other, names)))
+            second[0].add_done_callback(lambda _: asyncio.ensure_future(other.close()))
+            await asyncio.sleep(0.5)
+        await requeue_all(ch)
+
+    monkeypatch.setattr(scan, "requeue_all", held_while_another_starts)
+    assert await listed_ids(connection, names) == ids
+    assert await asyncio.wait_for(second[0], 30) == ids
+    assert await failed_ids(channel, queue_name) == ids
+
+
+async def test_a_reader_gives_up_on_another_that_keeps_reading(
+    queue_name: str,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A list that finds another scan still reading once the wait is over says why, and takes
+    nothing; the first scan ends normally and the queue keeps every copy."""
+    await make_copies(connection, channel, queue_name)
+    names = Names(queue_name)
+    monkeypatch.setattr(scan, "OTHER_READER_WAIT_S", 1.0)
+    other = await aio_pika.connect(BROKER.amqp_url)
+    async with other, scan.scanning(connection, names) as first:
+        async for _ in first.copies():
+            pass
+        with pytest.raises(RicochetError, match="still being read"):
+            await list_failed(other, names, Selection())
+    assert await failed_ids(channel, queue_name) == list(COPIES)

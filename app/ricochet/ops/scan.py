@@ -8,8 +8,16 @@ committed in batches. The broker applies a commit whole or not at all, and answe
 Q has confirmed the publishes, so a scan killed or cut off midway leaves each copy either in
 Q.failed or (taken) out of it, its replay in Q: never in both, never in neither.
 
+One scan reads a failed queue at a time: two side by side would each be handed part of it. A scan
+first holds a lock that the broker keeps for it, an exclusive queue with an exclusive consumer
+(basic.consume's exclusive flag on Q.failed itself would do on a classic queue, but quorum queues
+ignore it), and gives it up only once the copies it read count as ready again, so the next scan
+finds them all. A scan that does not get the lock, or finds another consumer of Q.failed, waits
+for it (OTHER_READER_WAIT_S at most), then says why.
+
 The copies a scan only read go back at its end with one basic.nack(requeue=true), which keeps
-their order; if the process dies first, the broker hands them back when the channel goes. Read
+their order; if the process dies first, the broker hands them back when the channel goes. Its
+consumers go first: a copy nacked while they are there would be delivered to them again. Read
 copies are never rejected one by one: RabbitMQ 4.3 counts a basic.reject, and a return by a
 closed channel, in a quorum copy's x-delivery-count, but not a basic.nack (3.10 and 4.0 count
 every return; 4.x lifts the delivery limit on Q.failed, docs/design.md).
@@ -29,10 +37,11 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractTransaction,
 )
+from aio_pika.exceptions import ChannelClosed
 
 from ricochet.broker.amqp import requeue_all
 from ricochet.broker.depth import Depth, read_depth
-from ricochet.broker.topology import Names
+from ricochet.broker.topology import QUEUE_TYPE, Names
 from ricochet.delivery.failed import FailureInfo, read_failure
 from ricochet.errors import MissingQueue, RicochetError
 from ricochet.ops.selection import Outcome, Selection
@@ -50,6 +59,8 @@ IDLE_S = 1.0
 RETURN_WAIT_S = 2.0
 # A scan waits this long at most for another reader of Q.failed to hand its copies back.
 OTHER_READER_WAIT_S = 30.0
+# How often a scan asks again for the lock another scan holds.
+LOCK_RETRY_S = 0.1
 # Unacked deliveries per consumer. A scan holds every copy it reads, and a quorum queue hands a
 # consumer without a limit no more than 2,000, so a scan adds a consumer whenever less than one
 # consumer's worth of room is left. Far larger credits make RabbitMQ 3.10's quorum queues read
@@ -169,6 +180,7 @@ class Scan:
     async def finish(self) -> None:
         """Commit the last batch and hand back, in one nack, every copy only read."""
         await self.commit()
+        # The consumers go first: the broker would deliver a nacked copy to them again.
         if self._queue is not None:
             for consumer in self._consumers:
                 await self._queue.cancel(consumer)
@@ -201,27 +213,78 @@ async def scanning(
     back; when it raises, nothing uncommitted applies and the channel's close hands every copy
     back.
     """
-    channel = await connection.channel(publisher_confirms=False)
+    deadline = asyncio.get_running_loop().time() + OTHER_READER_WAIT_S
+    async with _lock(connection, names, deadline):
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            depth = await _alone(channel, names, deadline)
+            transaction = channel.transaction()
+            await transaction.select()
+            scan = Scan(channel, transaction, names, depth.messages, on_taken)
+            await channel.set_qos(prefetch_count=PER_CONSUMER)
+            await scan.subscribe(await channel.get_queue(names.failed, ensure=False))
+            yield scan
+            await scan.finish()
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+
+def lock_name(names: Names) -> str:
+    """The exclusive queue that a scan of the failed queue holds while it reads."""
+    return f"{names.failed}.scan"
+
+
+@asynccontextmanager
+async def _lock(
+    connection: AbstractConnection, names: Names, deadline: float
+) -> AsyncIterator[None]:
+    """Hold the failed queue's scan lock for the block, waiting for another scan to give it up
+    (until deadline). An exclusive queue keeps out other connections (RESOURCE_LOCKED), and an
+    exclusive consumer on it other channels of the same connection (ACCESS_REFUSED); the broker
+    drops both when the connection goes, so a scan killed holds nothing."""
+    loop = asyncio.get_running_loop()
+    said = False
+    while True:
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            queue = await channel.declare_queue(
+                lock_name(names),
+                exclusive=True,
+                auto_delete=True,
+                arguments={QUEUE_TYPE: "classic"},
+            )
+            await queue.consume(_ignore, no_ack=True, exclusive=True)
+            break
+        except ChannelClosed as refused:  # the broker closed the channel: another scan has it
+            if loop.time() >= deadline:
+                raise RicochetError(
+                    f"{names.failed} is still being read by another scan (a failed list, "
+                    f"replay or console page) after {OTHER_READER_WAIT_S:g} s: its copies cannot "
+                    f"all be seen until it hands them back; try again then (the broker said: "
+                    f"{refused})"
+                ) from None
+            if not said:
+                log.info("waiting for another scan", queue=names.failed)
+                said = True
+            await asyncio.sleep(LOCK_RETRY_S)
     try:
-        depth = await _alone(channel, names)
-        transaction = channel.transaction()
-        await transaction.select()
-        scan = Scan(channel, transaction, names, depth.messages, on_taken)
-        await channel.set_qos(prefetch_count=PER_CONSUMER)
-        await scan.subscribe(await channel.get_queue(names.failed, ensure=False))
-        yield scan
-        await scan.finish()
+        yield
     finally:
         if not channel.is_closed:
-            await channel.close()
+            await channel.close()  # its consumer goes, and the queue with it (auto-delete)
 
 
-async def _alone(channel: AbstractChannel, names: Names) -> Depth:
-    """Q.failed's depth once no other reader holds copies of it. Another scan (a failed list, a
-    replay, a console page) holds every copy it read unacked, which the depth leaves out: a scan
-    that started beside it would find the queue emptier than it is, and miss copies."""
+async def _ignore(_: AbstractIncomingMessage) -> None:
+    """The lock's consumer: nothing is published to the lock, and nothing it gets matters."""
+
+
+async def _alone(channel: AbstractChannel, names: Names, deadline: float) -> Depth:
+    """Q.failed's depth once no other reader holds copies of it. Other scans wait for the lock;
+    a consumer of another kind (of your own, or a scan of an older ricochet) holds every copy it
+    read unacked, which the depth leaves out: a scan that started beside it would find the queue
+    emptier than it is, and miss copies."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + OTHER_READER_WAIT_S
     said = False
     while True:
         depth = await read_depth(channel, names.failed)
@@ -232,9 +295,9 @@ async def _alone(channel: AbstractChannel, names: Names) -> Depth:
         if loop.time() >= deadline:
             raise RicochetError(
                 f"{names.failed} is still being read by {depth.consumers} other consumer(s) "
-                f"after {OTHER_READER_WAIT_S:g} s (another failed list, replay or console page, "
-                "or a consumer of your own): its copies cannot all be seen until they are "
-                "handed back; try again then"
+                f"after {OTHER_READER_WAIT_S:g} s (a consumer of your own, or an older ricochet's "
+                "failed list, replay or console page): its copies cannot all be seen until they "
+                "are handed back; try again then"
             )
         if not said:
             log.info("waiting for another reader", queue=names.failed, consumers=depth.consumers)
