@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from ricochet.broker.topology import plan
-from ricochet.ops.checks import BrokerState, Check
+from ricochet.ops.checks import BrokerState, Check, open_files_check, permission_check
 from ricochet.ops.doctor import diagnose
 from ricochet.ops.report import checks_table
 from ricochet.settings import Settings
@@ -204,3 +204,52 @@ def test_delivery_limit_lifted_by_a_policy() -> None:
     found = on_rabbitmq_4({"delivery-limit": 20})
     assert found["queue jobs.failed"].status == "fail"
     assert found["policies"].status == "fail"
+
+
+def state_with(
+    quorum_queues: int | None, fd_total: int = 1024, permissions: dict[str, str] | None = None
+) -> BrokerState:
+    return BrokerState(
+        "http://localhost:15672/api/",
+        "/",
+        {},
+        {},
+        {},
+        [],
+        nodes=[{"name": "rabbit@a", "fd_used": 40, "fd_total": fd_total}],
+        quorum_queues=quorum_queues,
+        user="app",
+        permissions=permissions,
+    )
+
+
+@pytest.mark.parametrize(
+    ("quorum_queues", "fd_total", "status"),
+    [(26, 1024, "ok"), (220, 1024, "warn"), (300, 1024, "fail"), (300, 65536, "ok")],
+)
+def test_open_files_see_the_wedge_coming(quorum_queues: int, fd_total: int, status: str) -> None:
+    """A node with 1,024 open files stops accepting connections near 300 quorum queues: doctor
+    warns well before, fails near it, and says how to raise the limit."""
+    found = open_files_check(state_with(quorum_queues, fd_total))
+    assert found.status == status
+    if status != "ok":
+        assert "LimitNOFILE" in found.detail
+        assert "nofile" in found.detail
+
+
+@pytest.mark.parametrize(
+    ("permissions", "status"),
+    [
+        ({"configure": ".*", "write": ".*", "read": ".*"}, "ok"),
+        ({"configure": "^jobs", "write": ".*", "read": ".*"}, "fail"),  # not ricochet.*
+        ({"configure": "^(jobs|ricochet)\\.?", "write": ".*", "read": ".*"}, "ok"),
+        ({"configure": "(", "write": ".*", "read": ".*"}, "fail"),  # not a pattern
+        (None, "warn"),  # not readable by a user without the administrator tag
+    ],
+)
+def test_permissions_cover_the_queue_and_the_shared_objects(
+    permissions: dict[str, str] | None, status: str
+) -> None:
+    """The AMQP user must be allowed to declare, publish to and read the shared objects too."""
+    found = permission_check(plan(Settings(queue="jobs")), state_with(26, permissions=permissions))
+    assert found.status == status

@@ -4,8 +4,9 @@ Each check compares the broker with the same plan that `topology` declares, so n
 is spelled here; each finding says what to run to fix it.
 """
 
+import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -13,6 +14,7 @@ from ricochet.broker.topology import (
     DELIVERY_LIMIT,
     QUEUE_TYPE,
     SHARED,
+    SHARED_PREFIX,
     TTL,
     Binding,
     Plan,
@@ -57,6 +59,12 @@ class BrokerState:
     queues: dict[str, JSON]
     exchanges: dict[str, JSON]
     bindings: list[JSON]
+    # The nodes' open files (fd_used, fd_total), the quorum queues the broker holds in every
+    # vhost, and the AMQP user's permissions in the vhost (None: not readable).
+    nodes: list[JSON] = field(default_factory=list)
+    quorum_queues: int | None = None
+    user: str = ""
+    permissions: JSON | None = None
 
 
 def worst(statuses: Iterable[Status]) -> Status:
@@ -406,6 +414,78 @@ def orphans_check(state: BrokerState) -> Check:
         "message_id and headers. Move them to a queue with a shovel, or purge the queue once "
         "nobody needs them",
     )
+
+
+# Open files a quorum queue takes on a node: RabbitMQ 3.10 with an open-file limit of 1,024 stops
+# accepting connections at 300-325 of them (its file-handle cache is full), and new connections
+# hang with nothing logged.
+FILES_PER_QUORUM_QUEUE = 3
+RAISE_OPEN_FILES = (
+    "raise the broker's open-file limit: LimitNOFILE=65536 in a systemd override of "
+    "rabbitmq-server (systemctl edit rabbitmq-server), `ulimit -n 65536` before it starts, or in "
+    "a container its nofile ulimit (docker compose: `ulimits: {nofile: 65536}`)"
+)
+
+
+def open_files_check(state: BrokerState) -> Check:
+    """The quorum queues the broker holds against what its nodes' open-file limit can hold."""
+    limits = [n["fd_total"] for n in state.nodes if isinstance(n.get("fd_total"), int)]
+    used = [n["fd_used"] for n in state.nodes if isinstance(n.get("fd_used"), int)]
+    if not limits or state.quorum_queues is None:
+        return Check("open files", "warn", "the API gave no open-file figures: run doctor again")
+    limit = min(limits)
+    room = limit // FILES_PER_QUORUM_QUEUE
+    text = (
+        f"{state.quorum_queues} quorum queues on the broker; an open-file limit of {limit} "
+        f"holds about {room} (each ricochet queue takes 4 + its tiers, the shared ones 26), "
+        f"{max(used, default=0)} files open"
+    )
+    if state.quorum_queues >= room * 0.85 or max(used, default=0) >= limit * 0.9:
+        return Check(
+            "open files",
+            "fail",
+            f"{text}: the node will soon refuse connections; {RAISE_OPEN_FILES}",
+        )
+    if state.quorum_queues >= room * 0.6:
+        return Check("open files", "warn", f"{text}; {RAISE_OPEN_FILES}")
+    return Check("open files", "ok", text)
+
+
+def permission_check(plan: Plan, state: BrokerState) -> Check:
+    """The AMQP user may declare, publish to and read both the queue's objects and the shared
+    ones (RabbitMQ matches each permission's regular expression anywhere in a name)."""
+    if state.permissions is None:
+        return Check(
+            "permissions",
+            "warn",
+            f"{state.user}'s permissions in the vhost could not be read (the management user "
+            "needs the administrator tag to read them)",
+        )
+    names = [plan.names.queue, plan.names.failed, SHARED.delay_entry, SHARED.orphans]
+    missing = [
+        f"{kind} on {name}"
+        for kind in ("configure", "write", "read")
+        for name in names
+        if not _permits(state.permissions.get(kind), name)
+    ]
+    if missing:
+        return Check(
+            "permissions",
+            "fail",
+            f"{state.user} lacks {', '.join(missing)}: grant it with rabbitmqctl set_permissions"
+            f"{vhost_option(state)} {state.user} '.*' '.*' '.*' (or patterns that cover "
+            f"{plan.names.queue}.* and {SHARED_PREFIX}*)",
+        )
+    return Check(
+        "permissions", "ok", f"{state.user} may configure, write and read what ricochet uses"
+    )
+
+
+def _permits(pattern: object, name: str) -> bool:
+    try:
+        return isinstance(pattern, str) and re.search(pattern, name) is not None
+    except re.error:
+        return False
 
 
 def stranded_check(plan: Plan, state: BrokerState) -> Check:

@@ -2,7 +2,7 @@
 
 import asyncio
 import re
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import structlog
 
@@ -10,7 +10,7 @@ from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.record import declared_settings
 from ricochet.broker.topology import PLAN_FIELDS, SHARED_PREFIX, Plan, plan
-from ricochet.errors import BrokerUnavailable
+from ricochet.errors import BrokerUnavailable, ManagementUnavailable
 from ricochet.ops.checks import (
     BrokerState,
     Check,
@@ -20,7 +20,9 @@ from ricochet.ops.checks import (
     exchange_names,
     failed_check,
     monitor_check,
+    open_files_check,
     orphans_check,
+    permission_check,
     queue_checks,
     queue_names,
     stale_tier_check,
@@ -69,13 +71,32 @@ async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerSt
             *(f"queues/{v}/{quote(q, safe='')}/bindings" for q in ours_q),
         ]
         answers = await asyncio.gather(*(api.get(p, columns=BINDING_COLUMNS) for p in paths))
+        nodes, all_queues = await asyncio.gather(
+            api.get("nodes", columns="name,fd_used,fd_total"), api.get("queues", columns="type")
+        )
+        user = unquote(urlsplit(amqp_url).username or "guest")
+        try:
+            permissions = await api.get(f"permissions/{v}/{quote(user, safe='')}")
+        except ManagementUnavailable:  # only an administrator may read them
+            permissions = None
     # A binding between two of ricochet's names is listed at both ends.
     unique = {
         (b["source"], b["destination"], b["destination_type"], b["properties_key"]): b
         for answer in answers
         for b in answer or []
     }
-    return BrokerState(api.base, vh, overview or {}, ours_q, ours_x, list(unique.values()))
+    return BrokerState(
+        api.base,
+        vh,
+        overview or {},
+        ours_q,
+        ours_x,
+        list(unique.values()),
+        nodes=nodes or [],
+        quorum_queues=sum(1 for q in all_queues or [] if q.get("type") == "quorum"),
+        user=user,
+        permissions=permissions,
+    )
 
 
 def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
@@ -94,6 +115,8 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         monitor_check(p, state),
         failed_check(p, settings.alert_failed_threshold, state),
         orphans_check(state),
+        open_files_check(state),
+        permission_check(p, state),
         policy_check(p, settings.queue_type, version, state),
         stranded_check(p, state),
     ]
