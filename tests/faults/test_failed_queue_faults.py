@@ -8,20 +8,26 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from ricochet.broker.amqp import broker_version
 from ricochet.broker.topology import Names, declare
 from ricochet.ops import scan
 
-from tests.broker import Broker
+from tests.breakage import add_policy, remove_policy
+from tests.broker import BROKER, Broker
 from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally
 from tests.integration.failures import publish_failed
 from tests.support import (
+    api_queue,
     close_connections,
     consumers,
+    delete_topology,
     depth,
     make_settings,
     ricochet_env,
+    run_cli,
     spawn,
     take,
     wait_for,
@@ -202,6 +208,39 @@ async def _account(
     assert not lost, sorted(lost)[:10]
     assert in_failed == Counter(ids)
     return in_failed
+
+
+async def test_reads_under_a_delivery_limit_lose_no_copy(queue_name: str) -> None:
+    """Under a delivery-limit policy of 3 on Q.failed, five `failed list` processes in a row
+    (the fourth read emptied the queue once) leave every copy in it: before RabbitMQ 4.3, where
+    each copy a read hands back counts, each exits 1 saying so, having read none; on 4.3, where a
+    hand-back by nack costs nothing, each lists them all. On the broker under test, whose
+    management API tells the limit (the fault suite's own node has none)."""
+    names = Names(queue_name)
+    async with await aio_pika.connect(BROKER.amqp_url) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await declare(connection, make_settings(queue_name))
+        ids = await _copies(channel, queue_name, 10)
+        policy = add_policy(names.failed, {"delivery-limit": 3})
+        try:
+            await wait_for(lambda: _policy_shown(names.failed, policy), 30, "the policy")
+            env = ricochet_env(make_settings(queue_name))
+            command = ["failed", "list", "--json"]
+            runs = [await asyncio.to_thread(run_cli, command, env) for _ in range(5)]
+        finally:
+            remove_policy(policy)
+        version = broker_version(connection)
+        await _account(connection, names, ids, "failed list x5 under a delivery limit of 3")
+        await delete_topology(connection, queue_name)
+    if version is not None and version >= (4, 3):
+        assert [(r.returncode, _listed(r.stdout)) for r in runs] == [(0, Counter(ids))] * 5
+    else:
+        assert [r.returncode for r in runs] == [1] * 5
+        assert all("delivery limit of 3" in r.stderr for r in runs), runs[0].stderr
+
+
+async def _policy_shown(queue: str, policy: str) -> bool:
+    return (await api_queue(queue, "policy")).get("policy") == policy
 
 
 @pytest.mark.parametrize("fault", ["started together", "the first killed -9 as the other waits"])

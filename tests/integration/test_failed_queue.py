@@ -3,10 +3,12 @@
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet.broker.amqp import broker_version, requeue_all
 from ricochet.broker.topology import Names, declare
 from ricochet.delivery.retry import FailureKind
@@ -15,9 +17,18 @@ from ricochet.ops import scan
 from ricochet.ops.failed_queue import list_failed
 from ricochet.ops.selection import Selection
 
+from tests.breakage import add_policy, remove_policy
 from tests.broker import BROKER
 from tests.integration.failures import publish_failed
-from tests.support import depth, make_settings, ricochet_env, run_cli, take, wait_for
+from tests.support import (
+    api_queue,
+    depth,
+    make_settings,
+    ricochet_env,
+    run_cli,
+    take,
+    wait_for,
+)
 
 # message_id -> (type, error, kind)
 COPIES = {
@@ -200,6 +211,121 @@ async def test_a_reader_waits_for_another_to_hand_its_copies_back(
     outcome = await asyncio.wait_for(listing, 30)
     assert sorted(str(f.message_id) for f in outcome.selected) == ["m1", "m2", "m3", "m4"]
     assert sorted(await failed_ids(channel, queue_name)) == ["m1", "m2", "m3", "m4"]
+
+
+@asynccontextmanager
+async def delivery_limit(queue: str, limit: int) -> AsyncIterator[None]:
+    """A delivery-limit policy on this one queue for the block, from when the management API
+    shows it until it no longer does (it follows a few seconds after)."""
+    name = add_policy(queue, {"delivery-limit": limit})
+
+    async def shown() -> bool:
+        return (await api_queue(queue, "policy")).get("policy") == name
+
+    async def gone() -> bool:
+        return not await shown()
+
+    try:
+        await wait_for(shown, 30, f"the management API to show policy {name}")
+        yield
+    finally:
+        remove_policy(name)
+        await wait_for(gone, 30, f"the management API to drop policy {name}")
+
+
+async def read_repeatedly(connection: AbstractConnection, names: Names, times: int) -> list[object]:
+    """List the failed queue this many times: each time the ids read, or the refusal's text."""
+    seen: list[object] = []
+    for _ in range(times):
+        try:
+            outcome = await list_failed(connection, names, Selection())
+        except RicochetError as refusal:
+            seen.append(str(refusal))
+        else:
+            seen.append([f.message_id for f in outcome.selected])
+    return seen
+
+
+async def test_reading_under_a_delivery_limit_policy_drops_no_copy(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Six lists in a row under a delivery-limit policy of 3 on Q.failed lose no copy. Where
+    every copy a read hands back counts against the limit (before RabbitMQ 4.3) each list
+    refuses before it reads, saying why, and the CLI exits 1 with that; on 4.3, where a hand-back
+    by basic.nack costs nothing, each list reads all four."""
+    await make_copies(connection, channel, queue_name)
+    names = Names(queue_name)
+    async with delivery_limit(names.failed, 3):
+        seen = await read_repeatedly(connection, names, 6)
+        listed = run_cli(["failed", "list"], ricochet_env(make_settings(queue_name)))
+    assert await failed_ids(channel, queue_name) == list(COPIES)
+    version = broker_version(connection)
+    if version is not None and version >= (4, 3):
+        assert seen == [list(COPIES)] * 6
+        assert listed.returncode == 0, listed.stderr
+    else:
+        assert all(isinstance(s, str) and "delivery limit of 3" in s for s in seen), seen
+        assert listed.returncode == 1
+        assert "delivery limit of 3" in listed.stderr
+
+
+async def test_a_failed_queue_with_rabbitmq_4s_default_limit_is_not_read_away(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """A Q.failed declared before ricochet lifted RabbitMQ 4's delivery limit keeps the default
+    of 20: 22 lists in a row lose no copy. On 4.0 (where every hand-back counts) each refuses,
+    naming the limit; 3.10 has no limit, and on 4.3 reading costs nothing, so each reads."""
+    names = Names(queue_name)
+    await channel.declare_queue(names.failed, durable=True, arguments={"x-queue-type": "quorum"})
+    await make_copies(connection, channel, queue_name)
+    seen = await read_repeatedly(connection, names, 22)
+    assert await failed_ids(channel, queue_name) == list(COPIES)
+    version = broker_version(connection)
+    if version is not None and (4, 0) <= version < (4, 3):
+        assert all(isinstance(s, str) and "delivery limit of 20" in s for s in seen), seen
+    else:
+        assert seen == [list(COPIES)] * 22
+
+
+async def test_a_copy_near_its_delivery_limit_is_refused_and_kept(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """Copies handed back twice by closed channels (x-delivery-count 2, which every broker
+    counts) under a delivery-limit policy of 3: a list refuses rather than risk the last
+    return, on every broker, as often as it is asked, and keeps every copy; once the limit is
+    lifted, a list reads them all."""
+    await make_copies(connection, channel, queue_name)
+    names = Names(queue_name)
+    async with delivery_limit(names.failed, 3):
+        for _ in range(2):
+            await hand_back_by_closing(connection, channel, names.failed, len(COPIES))
+        seen = await read_repeatedly(connection, names, 3)
+    assert all(isinstance(s, str) and "delivery limit of 3" in s for s in seen), seen
+    outcome = await list_failed(connection, names, Selection())
+    assert [f.message_id for f in outcome.selected] == list(COPIES)
+    assert await failed_ids(channel, queue_name) == list(COPIES)
+
+
+async def hand_back_by_closing(
+    connection: AbstractConnection, channel: AbstractChannel, queue: str, n: int
+) -> None:
+    """Have a consumer hold all n messages of a queue, then close its channel: the broker hands
+    them back, and every version counts that return in x-delivery-count."""
+    reader = await connection.channel()
+    await reader.set_qos(prefetch_count=n)
+    held: list[AbstractIncomingMessage] = []
+
+    async def hold(message: AbstractIncomingMessage) -> None:
+        held.append(message)
+
+    await (await reader.get_queue(queue, ensure=False)).consume(hold)
+    await wait_for(lambda: len(held) == n, 10, "every message delivered")
+    await reader.close()
+
+    async def back() -> bool:
+        return await depth(channel, queue) == n
+
+    await wait_for(back, 10, "the messages back")
 
 
 async def make_many_copies(

@@ -92,18 +92,27 @@ def details_of(message: AbstractMessage, failure: FailureInfo) -> CopyDetails:
 
 
 async def list_failed(
-    connection: AbstractConnection, names: Names, selection: Selection, limit: int | None = None
+    connection: AbstractConnection,
+    names: Names,
+    selection: Selection,
+    limit: int | None = None,
+    *,
+    management_url: str | None = None,
 ) -> Outcome:
     """The copies that match, in queue order (at most limit); the queue keeps them all."""
-    return await select(connection, names, selection, limit=limit)
+    return await select(connection, names, selection, limit=limit, management_url=management_url)
 
 
 async def show_failed(
-    connection: AbstractConnection, names: Names, message_id: str
+    connection: AbstractConnection,
+    names: Names,
+    message_id: str,
+    *,
+    management_url: str | None = None,
 ) -> list[CopyDetails]:
     """Every copy with this message_id, oldest first (usually one); the queue keeps them."""
     found: list[CopyDetails] = []
-    async with scanning(connection, names) as scan:
+    async with scanning(connection, names, management_url=management_url) as scan:
         async for copy in scan.copies():
             if copy.failure.message_id == message_id:
                 found.append(details_of(copy.message, copy.failure))
@@ -118,7 +127,16 @@ async def discard_failed(
     limit: int | None = None,
     dry_run: bool = False,
     stop: asyncio.Event | None = None,
+    management_url: str | None = None,
 ) -> Outcome:
     """Remove the matching copies for good (with dry_run: list them and remove nothing)."""
     removal = None if dry_run else Removal("discarded")
-    return await select(connection, names, selection, removal=removal, limit=limit, stop=stop)
+    return await select(
+        connection,
+        names,
+        selection,
+        removal=removal,
+        limit=limit,
+        stop=stop,
+        management_url=management_url,
+    )

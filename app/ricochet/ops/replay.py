@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractConnection
 from ricochet.broker.topology import Names
 from ricochet.delivery.failed import FAILURE_HEADERS, copied_headers, copy_of, properties_of
 from ricochet.delivery.retry import is_int
-from ricochet.ops.scan import Copy, Removal, select
+from ricochet.ops.scan import DELIVERY_COUNT, Copy, Removal, select
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.tracing import inject_current
 
@@ -29,7 +29,7 @@ REPLAY_COUNT = "replay-count"
 # The largest integer an AMQP header carries (a signed 64-bit one): a replay-count there stays.
 COUNT_MAX = 2**63 - 1
 # The failed queue's own delivery counters: they say nothing about the job in the main queue.
-DELIVERY_COUNTS = ("x-delivery-count", "x-acquired-count")
+DELIVERY_COUNTS = (DELIVERY_COUNT, "x-acquired-count")
 
 
 def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,10 +55,19 @@ async def replay(
     limit: int | None = None,
     dry_run: bool = False,
     stop: asyncio.Event | None = None,
+    management_url: str | None = None,
 ) -> Outcome:
     """Move (or, with dry_run, list) the selected copies; stops early when stop is set."""
     removal = None if dry_run else Removal("replayed", _replayed)
-    return await select(connection, names, selection, removal=removal, limit=limit, stop=stop)
+    return await select(
+        connection,
+        names,
+        selection,
+        removal=removal,
+        limit=limit,
+        stop=stop,
+        management_url=management_url,
+    )
 
 
 def _replayed(copy: Copy) -> aio_pika.Message:

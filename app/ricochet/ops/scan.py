@@ -16,14 +16,23 @@ finds them all. A scan that does not get the lock, or finds another consumer of 
 for it (OTHER_READER_WAIT_S at most), then says why.
 
 The copies a scan only read go back at its end with one basic.nack(requeue=true), which keeps
-their order; if the process dies first, the broker hands them back when the channel goes. Its
+their order (on 3.10 and 4.0, as far as one consumer read them); if the process dies first, the broker hands them back when the channel goes. Its
 consumers go first: a copy nacked while they are there would be delivered to them again. Read
 copies are never rejected one by one: RabbitMQ 4.3 counts a basic.reject, and a return by a
 closed channel, in a quorum copy's x-delivery-count, but not a basic.nack (3.10 and 4.0 count
-every return; 4.x lifts the delivery limit on Q.failed, docs/design.md).
+every return in it, 4.1 and 4.2 in x-acquired-count, which their delivery limit reads).
+
+So a read wears a quorum copy down towards the queue's delivery limit, where the broker drops it,
+on every version before 4.3, and on 4.3 a read cut off does. A scan reads the limit (arguments
+and policies, through the management API) before it reads a copy: before 4.3 it reads nothing
+while a limit stands, since every read, refused or not, brings each copy one return nearer; on
+4.3 it refuses once a copy it reads is so near the limit that two cut-off reads would drop it,
+handing every copy back by a nack, which costs them nothing. Either way it raises
+DeliveryLimitRefusal, saying how to lift the limit. (4.x lifts it on Q.failed, docs/design.md.)
 """
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,12 +47,17 @@ from aio_pika.abc import (
     AbstractTransaction,
 )
 from aio_pika.exceptions import ChannelClosed
+from yarl import URL
 
-from ricochet.broker.amqp import requeue_all
+from ricochet.broker.amqp import CONNECTION_ERRORS, broker_version, requeue_all
 from ricochet.broker.depth import Depth, read_depth
-from ricochet.broker.topology import QUEUE_TYPE, Names
+from ricochet.broker.management import api_url as management_api
+from ricochet.broker.management import open_api, vhost
+from ricochet.broker.topology import QUEUE_TYPE, Names, delivery_limit_policy_command
 from ricochet.delivery.failed import FailureInfo, read_failure
-from ricochet.errors import MissingQueue, RicochetError
+from ricochet.delivery.retry import is_int
+from ricochet.errors import ManagementUnavailable, MissingQueue, RicochetError
+from ricochet.ops.limits import DeliveryLimit, delivery_limit
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.service.process import stop_signals
 
@@ -61,11 +75,26 @@ RETURN_WAIT_S = 2.0
 OTHER_READER_WAIT_S = 30.0
 # How often a scan asks again for the lock another scan holds.
 LOCK_RETRY_S = 0.1
+# How long a scan waits for the management API to say what delivery limit Q.failed has.
+LIMIT_READ_S = 2.0
+# The first RabbitMQ that does not count a basic.nack against a quorum queue's delivery limit.
+NACK_FREE_FROM = (4, 3)
+# The count that RabbitMQ 4.3's delivery limit reads.
+DELIVERY_COUNT = "x-delivery-count"
+# The counted returns a copy must have to spare, before the delivery limit, for a scan on 4.3 to
+# read it: one for this scan, should it be cut off, and one for the next, which then refuses it,
+# should that be cut off too.
+RETURNS_TO_SPARE = 2
 # Unacked deliveries per consumer. A scan holds every copy it reads, and a quorum queue hands a
 # consumer without a limit no more than 2,000, so a scan adds a consumer whenever less than one
 # consumer's worth of room is left. Far larger credits make RabbitMQ 3.10's quorum queues read
 # the whole batch at once, busy for minutes at 100,000 copies (docs/performance.md).
 PER_CONSUMER = 2_000
+
+
+class DeliveryLimitRefusal(RicochetError):
+    """Raised when reading the failed queue could make the broker drop copies at its delivery
+    limit: the scan read none, or handed back every copy it read."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +115,9 @@ class Scan:
         names: Names,
         depth: int,
         on_taken: Callable[[list[Copy]], None],
+        limit: DeliveryLimit | None = None,
     ) -> None:
+        """limit: the delivery limit to refuse a copy near (a broker where a nack costs nothing)."""
         self.depth = depth
         self.read = 0
         self.taken = 0
@@ -94,6 +125,7 @@ class Scan:
         self._tx = transaction
         self._names = names
         self._on_taken = on_taken
+        self._limit = limit
         self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._pending: list[Copy] = []
         self._replays = 0  # publishes to Q in the current batch
@@ -143,8 +175,24 @@ class Scan:
                 continue
             self.read += 1
             headers = dict(message.headers or {})
+            self._check(message.message_id, headers.get(DELIVERY_COUNT))
             yield Copy(
                 message, read_failure(headers, message.message_id, message.type, message.body)
+            )
+
+    def _check(self, message_id: str | None, count: object) -> None:
+        """Refuse a copy so near the delivery limit that it could not spare RETURNS_TO_SPARE
+        more counted returns."""
+        if self._limit is None or not is_int(count):
+            return
+        if self._limit.value - count < RETURNS_TO_SPARE:
+            raise DeliveryLimitRefusal(
+                f"{self._names.failed} has a delivery limit of {self._limit.value} "
+                f"({self._limit.source}), and its copy {message_id!r} has been handed back "
+                f"{count} times as the broker counts them ({DELIVERY_COUNT}): a read cut off "
+                "before it hands the copy back could bring it to the limit, where the broker "
+                "drops it. Every copy read was handed back; none was lost. "
+                + _lift(self._names, self._limit)
             )
 
     async def take(self, copy: Copy, replay: aio_pika.Message | None = None) -> None:
@@ -180,6 +228,16 @@ class Scan:
     async def finish(self) -> None:
         """Commit the last batch and hand back, in one nack, every copy only read."""
         await self.commit()
+        await self._hand_back()
+
+    async def abandon(self) -> None:
+        """Undo the current batch (its acks and publishes) and hand back, in one nack, every copy
+        read: by a nack, which RabbitMQ 4.3 does not count, rather than the channel's close."""
+        await self._tx.rollback()
+        self._pending, self._replays = [], 0
+        await self._hand_back()
+
+    async def _hand_back(self) -> None:
         # The consumers go first: the broker would deliver a nacked copy to them again.
         if self._queue is not None:
             for consumer in self._consumers:
@@ -206,24 +264,39 @@ async def scanning(
     connection: AbstractConnection,
     names: Names,
     on_taken: Callable[[list[Copy]], None] = lambda _: None,
+    *,
+    management_url: str | None = None,
 ) -> AsyncIterator[Scan]:
-    """A scan of Q.failed for the block; MissingQueue when there is no failed queue.
+    """A scan of Q.failed for the block; MissingQueue when there is no failed queue, and
+    DeliveryLimitRefusal when its delivery limit makes reading it unsafe.
 
     When the block ends normally the last batch is committed and the copies only read are handed
-    back; when it raises, nothing uncommitted applies and the channel's close hands every copy
-    back.
+    back; when it raises, nothing uncommitted applies and every copy is handed back. The delivery
+    limit is read through the management API at management_url (None: where RabbitMQ serves it
+    beside the connection's AMQP listener by default).
     """
     deadline = asyncio.get_running_loop().time() + OTHER_READER_WAIT_S
     async with _lock(connection, names, deadline):
         channel = await connection.channel(publisher_confirms=False)
         try:
             depth = await _alone(channel, names, deadline)
+            version = broker_version(connection)
+            limit = None
+            if depth.messages:
+                limit = await _read_limit(connection, names, management_url, version)
+            if limit is not None and not _nack_free(version):
+                raise DeliveryLimitRefusal(_every_read_counts(names, limit, version))
             transaction = channel.transaction()
             await transaction.select()
-            scan = Scan(channel, transaction, names, depth.messages, on_taken)
+            scan = Scan(channel, transaction, names, depth.messages, on_taken, limit)
             await channel.set_qos(prefetch_count=PER_CONSUMER)
             await scan.subscribe(await channel.get_queue(names.failed, ensure=False))
-            yield scan
+            try:
+                yield scan
+            except Exception:
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await scan.abandon()
+                raise
             await scan.finish()
         finally:
             if not channel.is_closed:
@@ -305,6 +378,93 @@ async def _alone(channel: AbstractChannel, names: Names, deadline: float) -> Dep
         await asyncio.sleep(0.1)
 
 
+def management_url_beside(amqp_url: URL) -> str:
+    """Where RabbitMQ serves the management API beside an AMQP listener by default: the same host,
+    the AMQP port plus 10,000 (15672 beside 5672, and over HTTPS 15671 beside 5671)."""
+    tls = amqp_url.scheme == "amqps"
+    port = amqp_url.explicit_port or (5671 if tls else 5672)
+    api = URL.build(scheme="https" if tls else "http", host=amqp_url.host or "", port=port + 10_000)
+    return f"{api}/"
+
+
+async def _read_limit(
+    connection: AbstractConnection,
+    names: Names,
+    management_url: str | None,
+    version: tuple[int, ...] | None,
+) -> DeliveryLimit | None:
+    """Q.failed's delivery limit, from the management API; None when it has none, or when the API
+    cannot say (logged: the scan then reads as if there were none)."""
+    assert connection.transport is not None
+    amqp_url = connection.transport.connection.url
+    api_url = management_url or management_url_beside(amqp_url)
+    try:
+        async with asyncio.timeout(LIMIT_READ_S), open_api(api_url, str(amqp_url)) as api:
+            queue = await api.queue(vhost(str(amqp_url)), names.failed, LIMIT_COLUMNS)
+    except (ManagementUnavailable, TimeoutError) as error:
+        log.warning(
+            "delivery limit unknown: reading as if there were none",
+            queue=names.failed,
+            error=str(error) or f"no answer within {LIMIT_READ_S:g} s",
+        )
+        return None
+    if queue is None:
+        log.warning(
+            "delivery limit unknown: the management API has no such queue",
+            queue=names.failed,
+            api=management_api(api_url),
+        )
+        return None
+    return delivery_limit(queue, version)
+
+
+# What the management API must say of Q.failed for its delivery limit.
+LIMIT_COLUMNS = "name,type,arguments,policy,operator_policy,effective_policy_definition"
+
+
+def _nack_free(version: tuple[int, ...] | None) -> bool:
+    """Whether the broker hands a copy back by basic.nack without counting it against the
+    delivery limit."""
+    return version is not None and version >= NACK_FREE_FROM
+
+
+def _version_text(version: tuple[int, ...] | None) -> str:
+    return "this RabbitMQ" if version is None else "RabbitMQ " + ".".join(map(str, version))
+
+
+def _every_read_counts(names: Names, limit: DeliveryLimit, version: tuple[int, ...] | None) -> str:
+    """Why a scan reads nothing of a failed queue with a delivery limit, on a broker that counts
+    every copy a read hands back against it."""
+    return (
+        f"{names.failed} has a delivery limit of {limit.value} ({limit.source}), and "
+        f"{_version_text(version)} counts every copy a read hands back against it: each read "
+        "(a failed list, show, discard or replay, a console page), refused or not, brings its "
+        "copies one step nearer to being dropped, so none is read while the limit stands. "
+        + _lift(names, limit, rabbitmq_3=version is not None and version < (4, 0))
+    )
+
+
+def _lift(names: Names, limit: DeliveryLimit, *, rabbitmq_3: bool = False) -> str:
+    """How to lift the failed queue's delivery limit."""
+    if limit.set_by == "argument":
+        return (
+            f"A policy cannot lift a queue's own argument: once {names.failed} is drained "
+            "(replay or discard its copies by other means), delete it and run `ricochet topology`."
+        )
+    if rabbitmq_3:
+        return (
+            "RabbitMQ 3 has no value that lifts a delivery limit: remove delivery-limit from "
+            f"{limit.source}, or narrow its pattern so that it skips {names.failed}."
+        )
+    command = f"`{delivery_limit_policy_command(names)}`"
+    if limit.set_by == "policy":
+        return (
+            f"Remove delivery-limit from {limit.source}, or lift it with a policy of a higher "
+            f"priority than that one: {command}."
+        )
+    return f"Lift it: {command}."
+
+
 @dataclass(frozen=True)
 class Removal:
     """What taking a selected copy means: the event logged for it, and the job it puts back in
@@ -322,11 +482,13 @@ async def select(
     removal: Removal | None = None,
     limit: int | None = None,
     stop: asyncio.Event | None = None,
+    management_url: str | None = None,
 ) -> Outcome:
     """The copies that match (at most limit), removed as removal says (none: only read).
 
     Each removal is logged, with the copy's message_id, type and reason (never its body), once
-    its batch is committed. Stops early, committing what it took, when stop is set.
+    its batch is committed. Stops early, committing what it took, when stop is set. The
+    management API at management_url tells the failed queue's delivery limit (see scanning).
     """
     removed: list[FailureInfo] = []
 
@@ -337,7 +499,7 @@ async def select(
             log.info(removal.event, message_id=f.message_id, type=f.type, reason=f.reason)
             removed.append(f)
 
-    async with scanning(connection, names, log_removed) as scan:
+    async with scanning(connection, names, log_removed, management_url=management_url) as scan:
         outcome = Outcome(depth=scan.depth)
         matched = 0
         async for copy in scan.copies():
