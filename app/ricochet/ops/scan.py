@@ -16,16 +16,18 @@ finds them all. A scan that does not get the lock, or finds another consumer of 
 for it (OTHER_READER_WAIT_S at most), then says why.
 
 The copies a scan only read go back at its end with one basic.nack(requeue=true), which keeps
-their order (on 3.10 and 4.0, as far as one consumer read them); if the process dies first, the broker hands them back when the channel goes. Its
-consumers go first: a copy nacked while they are there would be delivered to them again. Read
-copies are never rejected one by one: RabbitMQ 4.3 counts a basic.reject, and a return by a
-closed channel, in a quorum copy's x-delivery-count, but not a basic.nack (3.10 and 4.0 count
-every return in it, 4.1 and 4.2 in x-acquired-count, which their delivery limit reads).
+their order (on 3.10 and 4.0, as far as one consumer read them); if the process dies first, the
+broker hands them back when the channel goes. Its consumers go first: a copy nacked while they
+are there would be delivered to them again. Read copies are never rejected one by one: RabbitMQ
+4.3 counts a basic.reject, and a return by a closed channel, in a quorum copy's
+x-delivery-count, but not a basic.nack (3.10 and 4.0 count every return in it, 4.1 and 4.2 in
+x-acquired-count, which their delivery limit reads).
 
 So a read wears a quorum copy down towards the queue's delivery limit, where the broker drops it,
 on every version before 4.3, and on 4.3 a read cut off does. A scan reads the limit (arguments
 and policies, through the management API) before it reads a copy: before 4.3 it reads nothing
-while a limit stands, since every read, refused or not, brings each copy one return nearer; on
+while a limit stands, since every read brings each copy it reads one return nearer (a scan that
+read and then refused would too, so no margin keeps a console polled long enough safe); on
 4.3 it refuses once a copy it reads is so near the limit that two cut-off reads would drop it,
 handing every copy back by a nack, which costs them nothing. Either way it raises
 DeliveryLimitRefusal, saying how to lift the limit. (4.x lifts it on Q.failed, docs/design.md.)
@@ -438,8 +440,8 @@ def _every_read_counts(names: Names, limit: DeliveryLimit, version: tuple[int, .
     return (
         f"{names.failed} has a delivery limit of {limit.value} ({limit.source}), and "
         f"{_version_text(version)} counts every copy a read hands back against it: each read "
-        "(a failed list, show, discard or replay, a console page), refused or not, brings its "
-        "copies one step nearer to being dropped, so none is read while the limit stands. "
+        "(a failed list, show, discard or replay, a console page) brings every copy it reads "
+        "one step nearer to being dropped, so none is read while the limit stands. "
         + _lift(names, limit, rabbitmq_3=version is not None and version < (4, 0))
     )
 
