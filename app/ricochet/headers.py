@@ -11,6 +11,11 @@ RUN_AT = "run-at"
 # The worker's: the retries a job had made when ricochet published it again (to wait out a
 # RetryLater or a schedule, or to reach its tier from there).
 RETRIES = "ricochet-retries"
+# The client's: which enqueue of its message_id a job is, so that a cancel covers the jobs enqueued
+# before it and no job enqueued after it (ricochet.broker.cancels). FRESH_ID when the client made
+# the message_id up: no cancel can have come before it.
+INCARNATION = "ricochet-incarnation"
+FRESH_ID = "fresh"
 
 RESERVED_NAMES = frozenset(
     {
@@ -25,6 +30,7 @@ RESERVED_NAMES = frozenset(
         MAX_RETRIES,
         RUN_AT,
         RETRIES,
+        INCARNATION,
     }
 )
 RESERVED_PREFIXES = ("x-first-death-", "x-last-death-", "failed-", "original-")
