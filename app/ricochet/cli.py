@@ -110,7 +110,15 @@ def _take_copies(
             settings,
             role,
             lambda c: under_signals(
-                lambda stop: take(c, names, selection, limit=limit, dry_run=dry_run, stop=stop),
+                lambda stop: take(
+                    c,
+                    names,
+                    selection,
+                    limit=limit,
+                    dry_run=dry_run,
+                    stop=stop,
+                    management_url=settings.management_url,
+                ),
                 names,
                 command,
             ),
@@ -221,7 +229,11 @@ def failed_list(
     selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
     result = _run(
         _with_connection(
-            settings, "failed", lambda c: list_failed(c, names, selection, limit=limit)
+            settings,
+            "failed",
+            lambda c: list_failed(
+                c, names, selection, limit=limit, management_url=settings.management_url
+            ),
         )
     )
     if as_json:
@@ -239,7 +251,13 @@ def failed_show(message_id: str, as_json: bool) -> None:
     """Everything about one failed copy: properties, headers, traceback and body."""
     settings = _settings()
     names = Names(settings.queue)
-    found = _run(_with_connection(settings, "failed", lambda c: show_failed(c, names, message_id)))
+    found = _run(
+        _with_connection(
+            settings,
+            "failed",
+            lambda c: show_failed(c, names, message_id, management_url=settings.management_url),
+        )
+    )
     if not found:
         click.echo(f"ricochet: no copy with message_id {message_id!r} in {names.failed}", err=True)
         sys.exit(EXIT_RUNTIME)

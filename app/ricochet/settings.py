@@ -64,7 +64,7 @@ def _check_handler(ref: str) -> str:
 # Names ricochet derives from a queue's (broker/topology.py Names): a queue named so would share
 # its objects with the queue it derives from.
 _DERIVED = re.compile(
-    r".+\.(failed|failed\.events|topology|cancels|dlx|dlx\.first|return"
+    r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return"
     r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|delay\.\d+)"
 )
 

@@ -179,6 +179,11 @@ class Names:
         return f"{self.queue}.failed"
 
     @property
+    def failed_scan(self) -> str:
+        """The exclusive queue that a scan of the failed queue holds as its lock while it reads."""
+        return f"{self.queue}.failed.scan"
+
+    @property
     def events(self) -> str:
         return f"{self.queue}.failed.events"
 

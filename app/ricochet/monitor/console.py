@@ -320,7 +320,9 @@ class Console:
 
         async def read(connection: AbstractConnection) -> None:
             started = time.monotonic()
-            async with scanning(connection, self._names) as scan:
+            async with scanning(
+                connection, self._names, management_url=self._settings.management_url
+            ) as scan:
                 stop.holding = True
                 async for copy in scan.copies():
                     if stop.requested:
@@ -477,8 +479,12 @@ class Console:
 
     async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
         if action == "replay":
-            return await replay(connection, self._names, s)
-        return await discard_failed(connection, self._names, s)
+            return await replay(
+                connection, self._names, s, management_url=self._settings.management_url
+            )
+        return await discard_failed(
+            connection, self._names, s, management_url=self._settings.management_url
+        )
 
     async def _refused(self, why: str) -> web.Response:
         return await self._error(403, why)

@@ -305,11 +305,6 @@ async def scanning(
                 await channel.close()
 
 
-def lock_name(names: Names) -> str:
-    """The exclusive queue that a scan of the failed queue holds while it reads."""
-    return f"{names.failed}.scan"
-
-
 @asynccontextmanager
 async def _lock(
     connection: AbstractConnection, names: Names, deadline: float
@@ -324,7 +319,7 @@ async def _lock(
         channel = await connection.channel(publisher_confirms=False)
         try:
             queue = await channel.declare_queue(
-                lock_name(names),
+                names.failed_scan,
                 exclusive=True,
                 auto_delete=True,
                 arguments={QUEUE_TYPE: "classic"},
