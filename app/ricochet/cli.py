@@ -37,7 +37,7 @@ from ricochet.ops.report import (
 from ricochet.ops.scan import under_signals
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.status import read_status
-from ricochet.settings import Settings, load_settings
+from ricochet.settings import Settings, load_client_settings, load_settings
 from ricochet.worker.worker import run_worker
 
 # A click command function, as its decorators take and give it.
@@ -405,10 +405,16 @@ def publish(
 
 @main.command()
 @click.argument("message_id")
-def cancel(message_id: str) -> None:
-    """Cancel the job MESSAGE_ID: while it waits (scheduled, in a retry tier, or after a
-    RetryLater) it never runs again; an unknown or finished job is left as it is."""
+@click.option("--queue", default=None, help="the job's queue (default: RICOCHET_QUEUE)")
+def cancel(message_id: str, queue: str | None) -> None:
+    """Cancel the job MESSAGE_ID of the queue: while it waits (scheduled, in a retry tier, or
+    after a RetryLater) it never runs again; an unknown or finished job, or a job of another
+    queue with the same id, is left as it is."""
     settings = _settings()
-    names = Names(settings.queue)
+    try:
+        names = Names(load_client_settings(settings.amqp_url, queue).queue)
+    except ConfigError as error:
+        click.echo(f"ricochet: {error}", err=True)
+        sys.exit(EXIT_CONFIG)
     _run(_with_connection(settings, "cancel", lambda c: publish_cancel(c, names, message_id)))
     click.echo(f"cancelled {message_id}")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from ricochet import RetryLater
-from ricochet.broker.cancels import CancelLog
+from ricochet.broker.cancel_log import CancelLog
 from ricochet.broker.topology import delay_key, is_delay_key
 from ricochet.delivery.retry import (
     Action,
@@ -247,15 +247,16 @@ def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:
     log = CancelLog(kept_s=100)
 
     def kept(message_id: str) -> bool:
-        return log.cancels(message_id, lambda: None)
+        return log.covers("q", message_id, None, lambda: None)
 
-    log.add("a", at_s=0, now_s=10)
-    log.add("b", at_s=50, now_s=60)
-    log.add("old", at_s=0, now_s=140)
+    log.add_cancel("q", "a", offset=0, at_s=0, now_s=10)
+    log.add_cancel("q", "b", offset=1, at_s=50, now_s=60)
+    log.add_cancel("q", "old", offset=2, at_s=0, now_s=140)
+    log.prune(now_s=140)  # the reader prunes once a minute
     assert not kept("a")
     assert not kept("old")
     assert kept("b")
-    log.add("a", at_s=140, now_s=150)
+    log.add_cancel("q", "a", offset=3, at_s=140, now_s=150)
     log.prune(now_s=170)
     assert (kept("a"), kept("b"), len(log)) == (True, False, 1)
 
@@ -274,11 +275,12 @@ def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:
 def test_a_cancel_covers_the_job_published_before_it(
     message_id: str | None, published_s: float | None, cancelled: bool
 ) -> None:
-    """A cancel stops the job that was waiting when it was made, not its id for good: a job
-    published with that id after the cancel runs."""
+    """A job of another producer than the client (no incarnation token): a cancel stops the
+    job published before it, not its id for good: a job published with that id after the
+    cancel runs."""
     log = CancelLog(kept_s=100)
-    log.add("waiting", at_s=1000, now_s=1010)
-    assert log.cancels(message_id, lambda: published_s) is cancelled
+    log.add_cancel("q", "waiting", offset=0, at_s=1000, now_s=1010)
+    assert log.covers("q", message_id, None, lambda: published_s) is cancelled
 
 
 def test_a_cancel_reads_the_timestamp_only_for_a_cancelled_id() -> None:
@@ -288,4 +290,4 @@ def test_a_cancel_reads_the_timestamp_only_for_a_cancelled_id() -> None:
     def published_s() -> float:
         raise AssertionError("read for an id that has no cancel")
 
-    assert not log.cancels("other", published_s)
+    assert not log.covers("q", "other", None, published_s)

@@ -1,159 +1,365 @@
-"""The cancel store: a stream queue of cancelled message_ids that every worker reads whole.
+"""The cancel store: one stream per vhost, ricochet.cancels, of cancels that name their queue,
+and the waits of the client's jobs (ricochet.broker.cancel_log says how both decide a cancel).
 
 A stream keeps its records for everyone who reads it, from any offset, for as long as its
 retention says: a worker started after a cancel reads it too, and nothing but RabbitMQ keeps it.
+A worker does not read it whole: it starts from the newest snapshot, the live cancels as of an
+offset, kept in a queue of one message that the workers write as they read on, then reads the
+stream from that offset. An old per-queue store (Q.cancels, from an earlier ricochet) is read
+too while it exists, never declared, and deleted once its newest cancel is past the kept time.
 """
 
 import asyncio
+import random
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
-from aio_pika.exceptions import ChannelInvalidStateError
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
 
-from ricochet.broker.amqp import Frames, epoch_s
+from ricochet.broker.amqp import Frames, broker_version, epoch_s
+from ricochet.broker.cancel_log import (
+    BEFORE_ALL,
+    CancelLog,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
+)
 from ricochet.broker.publish import confirming_channel, publish_to_queue
-from ricochet.broker.topology import CANCELS_MAX_AGE_S, Names
+from ricochet.broker.topology import (
+    CANCELS_MAX_AGE,
+    CANCELS_MAX_AGE_S,
+    CANCELS_SEGMENT_BYTES,
+    SHARED,
+    Names,
+)
+from ricochet.headers import INCARNATION
 
 log = structlog.get_logger("ricochet.cancels")
 
-# A record's AMQP type: a cancel, or a reader's marker (how it knows it has read up to now).
+# A record's AMQP type: a cancel, a wait of a client's job, or a reader's marker (how it knows
+# it has read up to now).
 CANCEL = "cancel"
+WAIT = "wait"
 MARKER = "marker"
+# The queue a cancel or a wait concerns (the store is shared by every queue of the vhost).
+QUEUE_HEADER = "ricochet-queue"
+# The newest snapshot of the live cancels: a queue that keeps one message (the last written).
+SNAPSHOT_QUEUE = f"{SHARED.cancels}.snapshot"
 # Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
 READ_PREFETCH = 1000
 # A worker takes no job until it has read the store up to its own marker; past this, it
 # starts over on a new connection rather than wait on a store that does not answer.
 CATCH_UP_TIMEOUT_S = 60.0
+# A reader writes a snapshot once it has read this many records past the last one it started
+# from or wrote (give or take a random half, so that workers started together do not all write):
+# a worker then starts by reading at most this many records (about 2 s) after the snapshot.
+SNAPSHOT_EVERY = 10_000
+# ...and at once after a start that read this many without one.
+SNAPSHOT_AFTER_START = 1_000
+PRUNE_EVERY_S = 60.0
 
 
-class CancelLog:
-    """The message_ids cancelled within the kept time, oldest first: a cancel older than that
-    cannot concern a job still waiting, so it is forgotten and memory stays bounded (pure).
-
-    A cancel covers the job as it was published before it, not the id for good: a job published
-    again with that id after the cancel (enqueued anew, or replayed) runs. Both times are AMQP
-    timestamps, whole seconds, so a job published in the same second as the cancel is covered;
-    a job without a timestamp (some producers send none) is covered whenever it was published.
-    """
-
-    def __init__(self, kept_s: float) -> None:
-        self._kept_s = kept_s
-        # message_id -> cancelled at (epoch seconds). An OrderedDict: taking its oldest is O(1),
-        # where a dict's first item is found past the slots its deletions left behind.
-        self._at: OrderedDict[str, float] = OrderedDict()
-
-    def add(self, message_id: str, at_s: float, now_s: float) -> None:
-        """Record a cancel, forgetting those past the kept time."""
-        self.prune(now_s)
-        if now_s - at_s < self._kept_s:
-            self._at[message_id] = at_s
-            self._at.move_to_end(message_id)  # a cancel made again: the order stays by time
-
-    def prune(self, now_s: float) -> None:
-        while self._at:
-            message_id, at_s = next(iter(self._at.items()))
-            if now_s - at_s < self._kept_s:
-                break
-            del self._at[message_id]
-
-    def cancels(self, message_id: str | None, published_s: Callable[[], float | None]) -> bool:
-        """Whether a recorded cancel covers this job; published_s is read only for an id that
-        has one."""
-        if message_id is None:
-            return False
-        at_s = self._at.get(message_id)
-        if at_s is None:
-            return False
-        published = published_s()
-        return published is None or published <= at_s
-
-    def __len__(self) -> int:
-        return len(self._at)
+def store_arguments() -> dict[str, Any]:
+    """The store's arguments: a stream kept past the longest wait, in small segments (retention
+    drops whole segments, so small ones go on time); the same as the per-queue stores had."""
+    return {
+        "x-queue-type": "stream",
+        "x-max-age": CANCELS_MAX_AGE,
+        "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
+    }
 
 
-def record(kind: str, message_id: str) -> aio_pika.Message:
-    """A record of the cancel store: a cancel of message_id, or a reader's marker."""
+def snapshot_arguments(version: tuple[int, ...] | None) -> dict[str, Any]:
+    """A quorum queue that keeps the last message written; read by a get and a requeue, so
+    without RabbitMQ 4's delivery limit (which would drop it after 20 reads)."""
+    arguments: dict[str, Any] = {
+        "x-queue-type": "quorum",
+        "x-max-length": 1,
+        "x-overflow": "drop-head",
+    }
+    if version is not None and version >= (4, 0):
+        arguments["x-delivery-limit"] = -1
+    return arguments
+
+
+async def declare_store(channel: AbstractChannel, version: tuple[int, ...] | None) -> None:
+    """Declare the shared store and its snapshot queue (idempotent: their arguments never depend
+    on a worker's settings)."""
+    await channel.declare_queue(SHARED.cancels, durable=True, arguments=store_arguments())
+    await channel.declare_queue(SNAPSHOT_QUEUE, durable=True, arguments=snapshot_arguments(version))
+
+
+def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) -> aio_pika.Message:
+    """A record of the cancel store: a cancel, a wait, or a reader's marker."""
     return aio_pika.Message(
         b"",
         message_id=message_id,
         type=kind,
+        headers=headers,
         timestamp=time.time(),
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
 
 
-def cancel_record(message_id: str) -> aio_pika.Message:
-    """The record that cancels a job, for the cancel store."""
-    return record(CANCEL, message_id)
+def cancel_record(queue: str, message_id: str) -> aio_pika.Message:
+    """The record that cancels queue's job message_id."""
+    return record(CANCEL, message_id, {QUEUE_HEADER: queue})
+
+
+def wait_record(queue: str, message_id: str, token: str) -> aio_pika.Message:
+    """The record that the client's job (queue, message_id, token) starts to wait: written
+    before it waits, so that a cancel made while it waits comes after it in the store."""
+    return record(WAIT, message_id, {QUEUE_HEADER: queue, INCARNATION: token})
 
 
 async def publish_cancel(connection: AbstractConnection, names: Names, message_id: str) -> None:
-    """Record a cancel in the store, confirmed; MissingQueue when there is no store."""
+    """Record a cancel of names.queue's job in the store, confirmed; MissingQueue when there is
+    no store."""
     channel = await confirming_channel(connection)
     try:
-        await publish_to_queue(channel, names.cancels, cancel_record(message_id))
+        await publish_to_queue(channel, SHARED.cancels, cancel_record(names.queue, message_id))
     finally:
         await channel.close()
 
 
-class CancelReader:
-    """Follows the cancel store on a channel of its own, into one CancelLog kept across
-    connections. It reads the store from its first record on every connection: a store
-    deleted and declared again numbers its records from 0 again, so an offset kept from
-    before could wait forever for a marker it has already passed."""
+def _resolve(marker: asyncio.Future[None]) -> None:
+    if not marker.done():
+        marker.set_result(None)
 
-    def __init__(self, names: Names) -> None:
-        self._names = names
+
+class _Legacy:
+    """An old per-queue store, read on a channel of its own while it exists."""
+
+    def __init__(self, name: str, log: CancelLog, queue: str, next_offset: int | None) -> None:
+        self.name = name
+        self._log = log
+        self._queue = queue
+        self.next_offset = next_offset
+        self.markers: dict[str, asyncio.Future[None]] = {}
+
+    async def read(self, entry: AbstractIncomingMessage) -> None:
+        offset = entry.headers.get("x-stream-offset")
+        if entry.type == CANCEL and entry.message_id:
+            stamp = entry.timestamp
+            at = epoch_s(stamp) if stamp else time.time()
+            self._log.add_cancel(
+                self._queue, entry.message_id, offset=BEFORE_ALL, at_s=at, now_s=time.time()
+            )
+        elif entry.type == MARKER and entry.message_id in self.markers:
+            _resolve(self.markers.pop(entry.message_id))
+        if isinstance(offset, int):
+            self.next_offset = offset + 1
+        await entry.ack()
+
+
+class CancelReader:
+    """Follows the cancel store on a channel of its own, into one CancelLog, loaded again from
+    the newest snapshot on every connection."""
+
+    def __init__(self, queue: str) -> None:
+        self._queue = queue
         self.cancelled = CancelLog(CANCELS_MAX_AGE_S)
-        self._marker: str | None = None
-        self._caught_up = asyncio.Event()
+        self._channel: AbstractChannel | None = None
+        self._markers: dict[str, asyncio.Future[None]] = {}
+        self._next_offset = 0
+        self._since_snapshot = 0
+        self._snapshot_after = SNAPSHOT_EVERY
+        self._legacy_next: dict[str, int] = {}
+        self._legacy: _Legacy | None = None
+        self._writing: asyncio.Task[None] | None = None
+        self._use_snapshot = True
+        self._pruned_at = 0.0
         # Set when the reader's channel closes, or the broker cancels its consumer, under a live
         # connection: cancels stop arriving.
         self.lost = asyncio.Event()
 
     async def follow(self, connection: AbstractConnection) -> None:
-        """Read every cancel recorded until now, then go on reading new ones as they come.
+        """Read every cancel recorded until now (the newest snapshot, then the stream from its
+        offset), then go on reading new ones as they come.
 
-        A marker of its own, published first, tells when the reader has caught up: a job that
-        comes due after this returns is checked against every cancel made before it.
+        A marker of its own tells when the reader has caught up: a job that comes due after
+        this returns is checked against every cancel made before it.
         """
         self.lost.clear()
-        self._caught_up.clear()
-        self._marker = uuid.uuid4().hex
+        self.cancelled.clear()
         channel = await confirming_channel(connection)
+        version = broker_version(connection)
+        await declare_store(channel, version)
         await channel.set_qos(prefetch_count=READ_PREFETCH)
-        await publish_to_queue(channel, self._names.cancels, record(MARKER, self._marker))
-        queue = await channel.get_queue(self._names.cancels, ensure=False)
-        await queue.consume(self._read, arguments={"x-stream-offset": "first"})
+        snapshot = await read_snapshot(channel) if self._use_snapshot else None
+        start: int | str = "first"
+        self._next_offset, self._legacy_next = 0, {}
+        if snapshot is not None:
+            self.cancelled.load(snapshot, time.time())
+            self._next_offset = start = snapshot.next_offset
+            self._legacy_next = dict(snapshot.legacy)
+        self._since_snapshot = 0
+        self._channel = channel
+        self._markers = {}
+        queue = await channel.get_queue(SHARED.cancels, ensure=False)
+        await queue.consume(self._read, arguments={"x-stream-offset": start})
         channel.close_callbacks.add(self._closed)
         # The broker cancels a stream's consumer when the stream goes (deleted, its member lost).
         (await Frames.under(channel)).on_cancelled(self._closed)
-        waits = {asyncio.ensure_future(e.wait()) for e in (self._caught_up, self.lost)}
-        await asyncio.wait(waits, timeout=CATCH_UP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
-        for wait in waits:
-            wait.cancel()
-        if not self._caught_up.is_set():
+        if not await self._caught_up(channel, SHARED.cancels, self._markers):
+            # A snapshot newer than the stream (the stream deleted and declared again) would
+            # wait for ever at an offset the stream has not reached: start over without it.
+            self._use_snapshot = snapshot is None
             await channel.close()
             raise ChannelInvalidStateError(
                 "the cancel store could not be read up to now (its channel closed, or its "
                 f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
             )
-        log.info("cancels read", cancelled=len(self.cancelled))
+        self._use_snapshot = True
+        await self._follow_legacy(connection)
+        log.info(
+            "cancels read",
+            cancelled=len(self.cancelled),
+            snapshot=None if snapshot is None else snapshot.next_offset,
+            read=self._since_snapshot,
+        )
+        if self._since_snapshot >= SNAPSHOT_AFTER_START:
+            self._write_snapshot()
+
+    @property
+    def snapshot_pending(self) -> bool:
+        """Whether a snapshot is being written."""
+        return self._writing is not None and not self._writing.done()
+
+    async def current(self) -> None:
+        """Return once every record written to the store before this call has been read
+        (a marker's round trip): asked before a job of the client is dropped as cancelled, so
+        that a wait recorded by another process is not missed."""
+        channel = self._channel
+        if channel is None or channel.is_closed:
+            raise ChannelInvalidStateError("the cancel store is not being read")
+        if not await self._caught_up(channel, SHARED.cancels, self._markers):
+            raise ChannelInvalidStateError("the cancel store did not answer")
+
+    async def note_wait(self, queue: str, message_id: str, token: str) -> None:
+        """Record, confirmed, that the client's job starts to wait (before it does)."""
+        channel = self._channel
+        if channel is None or channel.is_closed:
+            raise ChannelInvalidStateError("the cancel store is not being read")
+        await publish_to_queue(channel, SHARED.cancels, wait_record(queue, message_id, token))
+
+    async def _caught_up(
+        self, channel: AbstractChannel, store: str, markers: dict[str, asyncio.Future[None]]
+    ) -> bool:
+        marker = uuid.uuid4().hex
+        seen = markers[marker] = asyncio.get_running_loop().create_future()
+        await publish_to_queue(channel, store, record(MARKER, marker))
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            await asyncio.wait(
+                {seen, lost}, timeout=CATCH_UP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            lost.cancel()
+            markers.pop(marker, None)
+        return seen.done() and not seen.cancelled()
+
+    async def _follow_legacy(self, connection: AbstractConnection) -> None:
+        """Read this queue's old per-queue store when it exists (without declaring it), or
+        delete it once it holds no cancel within the kept time and nobody else reads it."""
+        name = Names(self._queue).cancels
+        channel = await connection.channel(publisher_confirms=True)
+        try:
+            await channel.declare_queue(name, passive=True)
+        except ChannelClosed:
+            return  # none: the channel is closed with the refusal
+        await channel.set_qos(prefetch_count=READ_PREFETCH)
+        legacy = _Legacy(name, self.cancelled, self._queue, self._legacy_next.get(self._queue))
+        store = await channel.get_queue(name, ensure=False)
+        start = "first" if legacy.next_offset is None else legacy.next_offset
+        tag = await store.consume(legacy.read, arguments={"x-stream-offset": start})
+        channel.close_callbacks.add(self._closed)
+        if not await self._caught_up(channel, name, legacy.markers):
+            await channel.close()
+            raise ChannelInvalidStateError(f"the old cancel store {name} could not be read")
+        self._legacy = legacy
+        if not any(
+            queue == self._queue and offset == BEFORE_ALL
+            for queue, _, offset, _ in self.cancelled.entries()
+        ):
+            await store.cancel(tag)
+            channel.close_callbacks.discard(self._closed)
+            await channel.queue_delete(name, if_unused=True)
+            log.info("old cancel store deleted: its cancels are past the kept time", store=name)
+            self._legacy = None
+            self._legacy_next.pop(self._queue, None)
+            await channel.close()
 
     def _closed(self, *_: Any) -> None:
         self.lost.set()
+        for marker in self._markers.values():
+            if not marker.done():
+                marker.cancel()
 
     async def _read(self, entry: AbstractIncomingMessage) -> None:
-        if entry.type == CANCEL and entry.message_id:
+        offset = entry.headers.get("x-stream-offset")
+        queue = entry.headers.get(QUEUE_HEADER)
+        if not isinstance(offset, int):
+            offset = self._next_offset
+        if entry.type == CANCEL and entry.message_id and isinstance(queue, str):
             stamp = entry.timestamp
-            at = epoch_s(stamp) if stamp else time.time()
-            self.cancelled.add(entry.message_id, at, time.time())
-        elif entry.type == MARKER and entry.message_id == self._marker:
-            self._caught_up.set()
+            now = time.time()
+            at = epoch_s(stamp) if stamp else now
+            self.cancelled.add_cancel(queue, entry.message_id, offset=offset, at_s=at, now_s=now)
+        elif entry.type == WAIT and entry.message_id and isinstance(queue, str):
+            token = entry.headers.get(INCARNATION)
+            if isinstance(token, str):
+                self.cancelled.add_wait(queue, entry.message_id, token, offset=offset)
+        elif entry.type == MARKER and entry.message_id in self._markers:
+            _resolve(self._markers[entry.message_id])
+        self._next_offset = offset + 1
+        self._since_snapshot += 1
+        now = time.monotonic()
+        if now - self._pruned_at >= PRUNE_EVERY_S:
+            self._pruned_at = now
+            self.cancelled.prune(time.time())
+        if self._since_snapshot >= self._snapshot_after:
+            self._write_snapshot()
         await entry.ack()
+
+    def _write_snapshot(self) -> None:
+        """Write a snapshot of the log as read so far, in a task of its own (one at a time)."""
+        if self._writing is not None and not self._writing.done():
+            return
+        self._since_snapshot = 0
+        self._snapshot_after = int(SNAPSHOT_EVERY * (1 + random.random() / 2))
+        legacy = dict(self._legacy_next)
+        if self._legacy is not None and self._legacy.next_offset is not None:
+            legacy[self._queue] = self._legacy.next_offset
+        snapshot = Snapshot(
+            self.cancelled.entries(), self.cancelled.wait_entries(), self._next_offset, legacy
+        )
+        self._writing = asyncio.get_running_loop().create_task(self._publish_snapshot(snapshot))
+
+    async def _publish_snapshot(self, snapshot: Snapshot) -> None:
+        channel = self._channel
+        try:
+            data = await asyncio.to_thread(encode_snapshot, snapshot)
+            if channel is None or channel.is_closed:
+                return
+            message = aio_pika.Message(data, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            await publish_to_queue(channel, SNAPSHOT_QUEUE, message)
+            log.info("cancels snapshot written", cancels=len(snapshot.entries), bytes=len(data))
+        except Exception as error:  # a snapshot is an optimisation: the next reader writes one
+            log.warning("cancels snapshot not written", error=f"{type(error).__name__}: {error}")
+
+
+async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
+    """The newest snapshot, left in its queue; None when there is none or it cannot be read."""
+    queue = await channel.get_queue(SNAPSHOT_QUEUE, ensure=False)
+    message = await queue.get(no_ack=False, fail=False)
+    if message is None:
+        return None
+    try:
+        return await asyncio.to_thread(decode_snapshot, message.body)
+    finally:
+        await message.nack(requeue=True)

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import datetime as dt
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -14,12 +15,13 @@ from aio_pika.exceptions import DeliveryError, PublishError
 from aiormq import spec
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max, refusal
-from ricochet.broker.cancels import cancel_record
+from ricochet.broker.cancels import cancel_record, wait_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
-from ricochet.broker.topology import Names
+from ricochet.broker.topology import SHARED
 from ricochet.client.message import Delay, cancelled_id, check_frame, job_message
 from ricochet.errors import MissingQueue, NotConfirmed
+from ricochet.headers import FRESH_ID, INCARNATION, RUN_AT
 from ricochet.log import redact
 from ricochet.settings import load_client_settings
 from ricochet.tracing import publish_span
@@ -135,10 +137,15 @@ class Client:
             raise RuntimeError("the client is closed")
         body, properties = message
         job_id = str(properties.message_id)
+        # job_message gives every job a headers dict of its own.
+        headers = cast(dict[str, Any], properties.headers)
+        # Which enqueue of its id this is: a cancel covers this job only if it comes after its
+        # wait in the store (ricochet.broker.cancel_log). An id made up here needs no token.
+        token = f"{random.getrandbits(64):016x}" if message_id else FRESH_ID
+        headers[INCARNATION] = token
         self._enqueuing += 1
         try:
-            # job_message gives every job a headers dict of its own, for the span to add to.
-            with publish_span(self.queue, job_id, cast(dict[str, Any], properties.headers)):
+            with publish_span(self.queue, job_id, headers):
                 channel = await self._open_channel()
                 # Checked once the span's headers are in, against this connection's frame: a
                 # header frame too large would make the broker close the connection, and cut
@@ -147,7 +154,15 @@ class Client:
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    await self._publish(channel, body, properties, self.queue, job_id, _enqueuing)
+                    publish = self._publish(
+                        channel, body, properties, self.queue, job_id, _enqueuing
+                    )
+                    if message_id and RUN_AT in headers:
+                        # A scheduled job waits from now: its wait goes in the store beside it,
+                        # so that a cancel made once enqueue returned comes after it.
+                        await asyncio.gather(publish, self._note_wait(channel, job_id, token))
+                    else:
+                        await publish
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
@@ -158,7 +173,10 @@ class Client:
         """Cancel a job that waits (scheduled, between retries, or after a RetryLater): when it
         comes due, no worker runs it. An unknown or finished job is left as it is.
 
-        Returns once the broker has confirmed the cancel in the queue's cancel store;
+        The cancel names the client's queue: a job of another queue with the same message_id
+        is left as it is. A job enqueued through a client after this returned runs.
+
+        Returns once the broker has confirmed the cancel in the vhost's cancel store;
         InvalidJob (nothing sent) for a message_id no job can have (empty, not a string, over
         255 bytes in UTF-8); BrokerUnavailable or NotConfirmed as for enqueue (a cancel made
         twice is one cancel).
@@ -169,13 +187,13 @@ class Client:
         self._enqueuing += 1
         try:
             channel = await self._open_channel()
-            record = cancel_record(message_id)
+            record = cancel_record(self.queue, message_id)
             async with self._unconfirmed, self._one_per_id.alone(message_id):
                 await self._publish(
                     channel,
                     record.body,
                     record.properties,
-                    Names(self.queue).cancels,
+                    SHARED.cancels,
                     message_id,
                     _cancelling,
                 )
@@ -183,6 +201,21 @@ class Client:
             self._enqueuing -= 1
             if not self._enqueuing:
                 self._settled.set()
+
+    async def _note_wait(
+        self, channel: aiormq.abc.AbstractChannel, job_id: str, token: str
+    ) -> None:
+        """The wait of a scheduled job, in the cancel store; with no store there is no cancel
+        to come before it, so a wait the broker cannot route is no error."""
+        record = wait_record(self.queue, job_id, token)
+        with contextlib.suppress(PublishError):
+            await channel.basic_publish(
+                record.body,
+                routing_key=SHARED.cancels,
+                properties=record.properties,
+                mandatory=True,
+                timeout=self._confirm_timeout_s,
+            )
 
     async def close(self) -> None:
         """Wait until the jobs being enqueued are confirmed (or refused), then disconnect."""

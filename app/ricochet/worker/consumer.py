@@ -16,7 +16,7 @@ from typing import NamedTuple
 import structlog
 
 from ricochet.broker.amqp import Delivery
-from ricochet.broker.cancels import CancelLog
+from ricochet.broker.cancels import CancelReader
 from ricochet.broker.topology import Names, is_delay_key
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
@@ -24,11 +24,30 @@ from ricochet.delivery.retry import Action, Facts, decide, job_type, read_facts
 from ricochet.errors import RetryLater
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import bind_log_context, job_of
+from ricochet.headers import FRESH_ID, INCARNATION
 from ricochet.observe.metrics import QueueMetrics
 from ricochet.observe.spans import attempt_span, record_outcome, settle_span
 from ricochet.worker.settler import Settler
 
 log = structlog.get_logger("ricochet.consumer")
+# The longest incarnation token read (the client's are 16 characters).
+TOKEN_MAX_CHARS = 64
+
+
+# The endings after an attempt that leave the job waiting for another.
+_WAITS = frozenset({Action.RETRY, Action.RETRY_BY_COPY, Action.DELAY})
+
+
+def _token(delivery: Delivery) -> str | None:
+    """The client's incarnation token of the job, if it has a readable one."""
+    token = delivery.headers.get(INCARNATION)
+    return token if isinstance(token, str) and 0 < len(token) <= TOKEN_MAX_CHARS else None
+
+
+def _explicit_token(delivery: Delivery) -> str | None:
+    """The token of a client's job whose message_id was given (not made up by the client)."""
+    token = _token(delivery)
+    return None if token == FRESH_ID or not delivery.message_id else token
 
 
 class Arrival(NamedTuple):
@@ -48,14 +67,14 @@ class Consumer:
         max_retries: int,
         invoker: Invoker,
         metrics: QueueMetrics,
-        cancelled: CancelLog,
+        cancels: CancelReader,
         observers: Sequence[Observer],
     ):
         self._names = names
         self._queue = names.queue
         self._max_retries = max_retries
         self._invoker = invoker
-        self._cancelled = cancelled
+        self._cancels = cancels
         self._observers = observers
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
@@ -87,12 +106,18 @@ class Consumer:
             type_max_retries=self._invoker.max_retries(kind),
             unreadable=delivery.unreadable is not None,
             key_tier=names.tier_of_key(routing_key),
-            cancelled=self._cancelled.cancels(delivery.message_id, delivery.published_s),
+            cancelled=self._covered(delivery),
         )
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays
             facts = facts._replace(original_routing_key=original)
         return Arrival(delivery, facts, kind)
+
+    def _covered(self, delivery: Delivery) -> bool:
+        """Whether a cancel in the store covers the job (ricochet.broker.cancel_log)."""
+        return self._cancels.cancelled.covers(
+            self._queue, delivery.message_id, _token(delivery), delivery.published_s
+        )
 
     def spawn(self, settler: Settler, arrival: Arrival) -> asyncio.Task[None]:
         """Run the job in a task of its own, so closing a channel never cancels a handler."""
@@ -111,6 +136,13 @@ class Consumer:
         decision = decide(facts, None)
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
+        if decision.action is Action.CANCEL and _explicit_token(delivery) is not None:
+            # Dropped only once the store is read up to now: a wait this job recorded after the
+            # cancel (on another worker, or at its enqueue) spares it.
+            await self._cancels.current()
+            if not self._covered(delivery):
+                facts = facts._replace(cancelled=False)
+                decision = decide(facts, None)
         if decision.action is not Action.RUN:
             if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
                 bind_log_context(job_of(delivery, facts, kind))
@@ -129,5 +161,9 @@ class Consumer:
             decision = decide(facts, outcome, later_ms)
             failure = None if error is None else Failure(error)
             record_outcome(span, decision, failure)
+            token = _explicit_token(delivery)
+            if token is not None and decision.action in _WAITS:
+                # Recorded before it waits: a cancel made while it waits comes after it.
+                await self._cancels.note_wait(self._queue, str(delivery.message_id), token)
             with settle_span(self._queue, span, decision):
                 await settler.settle(delivery, facts, decision, failure)

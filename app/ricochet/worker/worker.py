@@ -10,7 +10,7 @@ from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.record import declare_recorded
-from ricochet.broker.topology import Names, Plan
+from ricochet.broker.topology import Plan
 from ricochet.delivery.events import Observer
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import pause_alert
@@ -42,7 +42,7 @@ class Worker:
         self._consumer: Consumer | None = None
         self._observers: list[Observer] = []
         self._session: Session | None = None
-        self._cancels = CancelReader(Names(settings.queue))
+        self._cancels = CancelReader(settings.queue)
         self._watch = PauseWatch(
             PausePolicy(
                 settings.pause_failure_ratio,
@@ -86,10 +86,15 @@ class Worker:
                 self._settings.max_retries,
                 self._invoker,
                 self._metrics,
-                self._cancels.cancelled,
+                self._cancels,
                 self._observers,
             )
         return self._consumer
+
+    @property
+    def cancels(self) -> CancelReader:
+        """The worker's reader of the cancel store."""
+        return self._cancels
 
     @property
     def observers(self) -> Sequence[Observer]:

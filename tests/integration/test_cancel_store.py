@@ -1,0 +1,209 @@
+"""The shared cancel store (SPEC 18, SPEC 24): one stream per vhost whose cancels name their
+queue, decided by the store's order rather than by two clocks, and read from a snapshot.
+
+The store ricochet.cancels is shared by every test: none deletes it, and each names its own
+queues, so other tests' records in it change nothing here."""
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import Client, Job
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.cancels import cancel_record, declare_store
+from ricochet.broker.topology import SHARED
+from ricochet.client import client as client_module
+from ricochet.client import message as message_module
+
+from tests.support import (
+    AMQP_URL,
+    InProcessWorker,
+    StartWorker,
+    delete_topology,
+    make_settings,
+    publish,
+    wait_for,
+)
+
+
+class Runs:
+    """Handler recording each attempt; payload {"fail": N} fails attempts 1..N."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str | None, list[int]] = {}
+
+    async def __call__(self, job: Job) -> None:
+        self.runs.setdefault(job.message_id, []).append(job.attempt)
+        if job.attempt <= job.payload.get("fail", 0):
+            raise ConnectionError(f"transient trouble on attempt {job.attempt}")
+
+
+def skewed(monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
+    """The client's clock skew_s seconds off: its jobs' timestamps and schedules with it."""
+    made = message_module.job_message
+
+    def job_message(*args: Any, now: dt.datetime, **kwargs: Any) -> Any:
+        return made(*args, now=now + dt.timedelta(seconds=skew_s), **kwargs)
+
+    monkeypatch.setattr(client_module, "job_message", job_message)
+
+
+async def test_a_job_enqueued_again_after_its_cancel_runs(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """cancel(B) then at once enqueue(B, delay=2): the new job runs; cancel(C) then enqueue(C)
+    that fails once: it runs again at its retry. A job waiting before the cancel does not."""
+    runs = Runs()
+    worker = await start_worker(runs, retry_delays_ms="1000")
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("job", {}, message_id="waiting", delay=1.5)
+        await client.cancel("waiting")
+        for message_id in ("B", "C"):
+            await client.cancel(message_id)
+        await client.enqueue("job", {}, message_id="B", delay=2)
+        await client.enqueue("job", {"fail": 1}, message_id="C")
+    await wait_for(lambda: runs.runs.get("B") == [1], 10, "B to run")
+    await wait_for(lambda: runs.runs.get("C") == [1, 2], 10, "C to run again at its retry")
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the waiting job cancelled")
+    assert "waiting" not in runs.runs
+
+
+@pytest.mark.parametrize("skew_s", [-5.0, 5.0])
+async def test_the_producers_clock_decides_nothing(
+    start_worker: StartWorker,
+    queue_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    skew_s: float,
+) -> None:
+    """A client whose clock is 5 s ahead or behind: a job cancelled 2 s before its due time is
+    cancelled, one waiting in a retry tier when cancelled never runs again, and the same id
+    enqueued again after the cancel runs, and is retried."""
+    runs = Runs()
+    worker = await start_worker(runs, retry_delays_ms="2500")
+    skewed(monkeypatch, skew_s)
+    due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2.5)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("job", {}, message_id="cancelled", run_at=due)
+        await client.enqueue("job", {"fail": 1}, message_id="again")
+        await wait_for(lambda: runs.runs.get("again") == [1], 10, "the first job to fail")
+        await client.cancel("cancelled")
+        await client.cancel("again")
+        await client.enqueue("job", {"fail": 1}, message_id="again")
+    await wait_for(lambda: runs.runs.get("again") == [1, 1, 2], 15, "the job enqueued again")
+    await wait_for(lambda: worker.count("cancelled") == 2, 10, "the two cancelled jobs")
+    assert "cancelled" not in runs.runs
+
+
+async def test_a_cancel_never_touches_another_queues_job(
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    queue_name: str,
+) -> None:
+    """The same id scheduled in two queues: a cancel of queue a's job leaves queue b's to run."""
+    other = f"{queue_name}-b"
+    runs, other_runs = Runs(), Runs()
+    worker = await start_worker(runs)
+    other_worker = InProcessWorker(make_settings(other), other_runs)
+    try:
+        await other_worker.start()
+        async with Client(AMQP_URL, other) as client:
+            await client.enqueue("job", {}, message_id="same", delay=1.5)
+        async with Client(AMQP_URL, queue_name) as client:
+            await client.enqueue("job", {}, message_id="same", delay=1.5)
+            await client.cancel("same")
+        await wait_for(lambda: other_runs.runs.get("same") == [1], 10, "b's job to run")
+        await wait_for(lambda: worker.count("cancelled") == 1, 10, "a's job cancelled")
+        assert "same" not in runs.runs
+        assert other_worker.count("cancelled") == 0
+    finally:
+        await other_worker.stop()
+        await delete_topology(connection, other)
+
+
+async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
+    """n cancels of queue's ids in the store, published with their confirms awaited together."""
+    batch: list[asyncio.Future[Any]] = []
+    for i in range(n):
+        message = cancel_record(queue, f"filler-{i:08d}")
+        batch.append(
+            asyncio.ensure_future(channel.default_exchange.publish(message, SHARED.cancels))
+        )
+        if len(batch) == 1000:
+            await asyncio.gather(*batch)
+            batch = []
+    await asyncio.gather(*batch)
+
+
+async def first_job_after(
+    start: Callable[[], Any], runs: Runs, message_id: str
+) -> tuple[Any, float]:
+    started = time.monotonic()
+    worker = await start()
+    await wait_for(lambda: message_id in runs.runs, 60, "the first job")
+    return worker, time.monotonic() - started
+
+
+async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
+) -> None:
+    """50,000 cancels kept: a worker that has read them leaves a snapshot, and the next worker
+    takes its first job within a few seconds (reading them all takes about ten), honouring
+    a cancel among them."""
+    declared = await connection.channel()
+    await declare_store(declared, broker_version(connection))
+    await declared.close()
+    await fill(channel, f"{queue_name}-filler", 50_000)
+    runs = Runs()
+    first = await start_worker(runs)
+    await wait_for(lambda: not first.worker.cancels.snapshot_pending, 60, "the snapshot")
+    await first.stop()
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("job", {}, message_id="old", delay=1)
+        await client.cancel("old")
+        await client.enqueue("job", {}, message_id="first")
+    second, took_s = await first_job_after(lambda: start_worker(runs), runs, "first")
+    assert took_s < 5.0, f"first job {took_s:.1f} s after start"
+    await wait_for(lambda: second.count("cancelled") == 1, 10, "the cancelled job")
+    assert "old" not in runs.runs
+
+
+async def test_an_old_per_queue_store_is_read_without_being_declared(
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
+) -> None:
+    """A broker holding an earlier ricochet's Q.cancels: its cancels are honoured."""
+    old = f"{queue_name}.cancels"
+    await channel.declare_queue(
+        old,
+        durable=True,
+        arguments={
+            "x-queue-type": "stream",
+            "x-max-age": "31D",
+            "x-stream-max-segment-size-bytes": 1_000_000,
+        },
+    )
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"", message_id="old", type="cancel", timestamp=time.time()), old
+    )
+    runs = Runs()
+    worker = await start_worker(runs)
+    await publish(
+        channel,
+        queue_name,
+        "{}",
+        message_id="old",
+        headers={"run-at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat()},
+        timestamp=time.time() - 60,
+    )
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the job cancelled in the old store")
+    assert "old" not in runs.runs
