@@ -2,15 +2,17 @@
 
 Every job is accounted for: 0 lost, and no cancelled job runs after its cancel."""
 
+import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable
 
 import aio_pika
+from ricochet import Client
 
 from tests.broker import Broker
 from tests.faults.harness import FaultRun, progress
-from tests.support import close_connections, wait_for
+from tests.support import close_connections, journal, wait_for
 
 JOBS = 600
 
@@ -122,3 +124,39 @@ async def test_cancelled_ids_enqueued_again_run_once_through_kill_9(
     assert close_connections(run.settings.queue, "worker", fault_broker) >= 1
     await run.account()
     assert set(tiered) <= set(run.done())
+
+
+async def test_a_cancel_racing_a_re_enqueue_of_its_id_through_kill_9(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """Jobs of the client wait in a tier; half are cancelled and, as each cancel returns, their
+    ids enqueued again at once with a 1 s delay (the same second as the cancel, from another
+    client); the worker is killed and its successor loses its connection: each new job runs as a
+    first attempt (twice at most, for a kill or a drop before its ack), no cancelled job runs
+    again, the others complete, nothing is lost."""
+    run = fault_run("cancel racing a re-enqueue of its id, kill -9", retry_delay_ms=6000)
+    settings = run.settings
+    ids = [f"raced-{i}" for i in range(40)]
+    await run.publish_messages([])  # the queue's topology
+    async with Client(settings.amqp_url, settings.queue) as client:
+        for message_id in ids:
+            await client.enqueue("job", {"fail": 1}, message_id=message_id)
+        run.published.extend(ids)
+        worker = await run.start_worker()
+        await until_started(run, ids)
+        raced = ids[::2]
+        async with Client(settings.amqp_url, settings.queue) as other:
+
+            async def cancel_then_enqueue(message_id: str) -> None:
+                await client.cancel(message_id)
+                await other.enqueue("job", {}, message_id=message_id, delay=1)
+
+            run._journal_at_cancel = len(journal(run.journal_path))
+            await asyncio.gather(*(cancel_then_enqueue(i) for i in raced))
+        run.enqueued_again.update(raced)
+    worker.kill()
+    await run.start_worker()
+    assert close_connections(settings.queue, "worker", fault_broker) >= 1
+    tally = await run.account()
+    assert set(ids) <= set(run.done())
+    assert tally.duplicates <= 32

@@ -154,15 +154,12 @@ class Client:
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    publish = self._publish(
-                        channel, body, properties, self.queue, job_id, _enqueuing
-                    )
                     if message_id and RUN_AT in headers:
-                        # A scheduled job waits from now: its wait goes in the store beside it,
-                        # so that a cancel made once enqueue returned comes after it.
-                        await asyncio.gather(publish, self._note_wait(channel, job_id, token))
-                    else:
-                        await publish
+                        # A scheduled job waits from now: its wait goes in the store first, so
+                        # that a worker that sees the job can read its wait (and a cancel made
+                        # once enqueue returned comes after it).
+                        await self._note_wait(channel, job_id, token)
+                    await self._publish(channel, body, properties, self.queue, job_id, _enqueuing)
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
