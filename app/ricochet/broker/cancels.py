@@ -56,8 +56,8 @@ READ_PREFETCH = 1000
 CATCH_UP_TIMEOUT_S = 60.0
 # A reader writes a snapshot once it has read this many records past the last one it started
 # from or wrote (give or take a random half, so that workers started together do not all write):
-# a worker then starts by reading at most this many records (about 2 s) after the snapshot.
-SNAPSHOT_EVERY = 10_000
+# a worker then starts by reading at most 1.5 times this many records (about 1.5 s) after it.
+SNAPSHOT_EVERY = 5_000
 # ...and at once after a start that read this many without one.
 SNAPSHOT_AFTER_START = 1_000
 PRUNE_EVERY_S = 60.0
@@ -223,7 +223,9 @@ class CancelReader:
             read=self._since_snapshot,
         )
         if self._since_snapshot >= SNAPSHOT_AFTER_START:
-            self._write_snapshot()
+            # After the one being written, if any: the next start reads from here.
+            pending = self._writing
+            self._writing = asyncio.get_running_loop().create_task(self._after(pending))
 
     @property
     def snapshot_pending(self) -> bool:
@@ -325,6 +327,14 @@ class CancelReader:
         if self._since_snapshot >= self._snapshot_after:
             self._write_snapshot()
         await entry.ack()
+
+    async def _after(self, pending: "asyncio.Task[None] | None") -> None:
+        if pending is not None:
+            await asyncio.wait({pending})
+        self._writing = None
+        self._write_snapshot()
+        if self._writing is not None:
+            await self._writing
 
     def _write_snapshot(self) -> None:
         """Write a snapshot of the log as read so far, in a task of its own (one at a time)."""
