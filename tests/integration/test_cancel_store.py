@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
 from ricochet.broker.amqp import broker_version
 from ricochet.broker.cancels import cancel_record, declare_store
-from ricochet.broker.topology import SHARED
+from ricochet.broker.topology import CANCELS_MAX_AGE_S, SHARED
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
 
@@ -126,10 +126,15 @@ async def test_a_cancel_never_touches_another_queues_job(
 
 
 async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
-    """n cancels of queue's ids in the store, published with their confirms awaited together."""
+    """n cancels of queue's ids in the store, published with their confirms awaited together.
+
+    They were made (their timestamp says) 10 minutes short of the kept time: kept through the
+    test, then forgotten, so that the workers of later tests do not carry them for 31 days."""
+    made = time.time() - CANCELS_MAX_AGE_S + 600
     batch: list[asyncio.Future[Any]] = []
     for i in range(n):
         message = cancel_record(queue, f"filler-{i:08d}")
+        message.timestamp = dt.datetime.fromtimestamp(made, dt.UTC)
         batch.append(
             asyncio.ensure_future(channel.default_exchange.publish(message, SHARED.cancels))
         )

@@ -288,9 +288,13 @@ class CancelReader:
             queue == self._queue and offset == BEFORE_ALL
             for queue, _, offset, _ in self.cancelled.entries()
         ):
-            await store.cancel(tag)
             channel.close_callbacks.discard(self._closed)
-            await channel.queue_delete(name, if_unused=True)
+            await store.cancel(tag)
+            try:
+                await channel.queue_delete(name, if_unused=True)
+            except ChannelClosed as error:  # read by a worker of an earlier ricochet: kept
+                log.info("old cancel store kept: still in use", store=name, reason=str(error))
+                return
             log.info("old cancel store deleted: its cancels are past the kept time", store=name)
             self._legacy = None
             self._legacy_next.pop(self._queue, None)
