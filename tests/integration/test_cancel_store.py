@@ -27,6 +27,8 @@ from tests.support import (
     delete_topology,
     make_settings,
     publish,
+    ricochet_env,
+    run_cli,
     wait_for,
 )
 
@@ -123,6 +125,24 @@ async def test_a_cancel_never_touches_another_queues_job(
     finally:
         await other_worker.stop()
         await delete_topology(connection, other)
+
+
+async def test_ricochet_cancel_takes_the_queue_it_is_told(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """`ricochet cancel --queue Q ID` cancels Q's job, whatever RICOCHET_QUEUE says; a queue
+    name the settings refuse exits 2."""
+    runs = Runs()
+    worker = await start_worker(runs)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("job", {}, message_id="told", delay=1.5)
+    env = ricochet_env(make_settings(f"{queue_name}-elsewhere"))
+    done = await asyncio.to_thread(run_cli, ["cancel", "--queue", queue_name, "told"], env)
+    assert (done.returncode, done.stdout) == (0, "cancelled told\n"), done.stderr
+    refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", "amq.x", "told"], env)
+    assert refused.returncode == 2, refused.stderr
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    assert "told" not in runs.runs
 
 
 async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
