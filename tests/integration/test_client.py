@@ -23,6 +23,7 @@ from ricochet.broker.topology import declare
 from ricochet.client.message import run_at_text
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import ConfigError
+from ricochet.headers import INCARNATION
 
 from tests.support import (
     AMQP_URL,
@@ -179,7 +180,8 @@ async def test_headers_that_fill_the_frame_travel(
     await channel.declare_queue(queue_name, durable=True)
     limit = frame_max(connection) - PROPERTIES_RESERVE_BYTES
     run_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    added = {"max-retries": 25, "run-at": run_at_text(run_at)}  # what the client adds
+    # What the client adds (the incarnation token is 16 hex digits of its own).
+    added = {"max-retries": 25, "run-at": run_at_text(run_at), INCARNATION: "0" * 16}
     blob = "b" * (limit - table_size({**added, "blob": ""}))
     longest: dict[str, Any] = {
         "message_id": "m" * 255,
@@ -193,7 +195,11 @@ async def test_headers_that_fill_the_frame_travel(
             await client.enqueue("t" * 255, b"", headers={"blob": blob + "b"}, **longest)
         await client.enqueue("mail", {}, message_id="after")
     full, after = await take(channel, queue_name, 2)
+    token = full.headers.pop(INCARNATION)
+    added.pop(INCARNATION)
     assert full.headers == {**added, "blob": blob}
+    assert isinstance(token, str)
+    assert len(token) == 16
     assert (full.message_id, full.type) == ("m" * 255, "t" * 255)
     assert after.message_id == "after"
 

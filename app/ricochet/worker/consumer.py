@@ -161,8 +161,7 @@ class Consumer:
             decision = decide(facts, outcome, later_ms)
             failure = None if error is None else Failure(error)
             record_outcome(span, decision, failure)
-            token = _explicit_token(delivery)
-            if token is not None and decision.action in _WAITS:
+            if decision.action in _WAITS and (token := _explicit_token(delivery)) is not None:
                 # Recorded before it waits: a cancel made while it waits comes after it.
                 await self._cancels.note_wait(self._queue, str(delivery.message_id), token)
             with settle_span(self._queue, span, decision):
