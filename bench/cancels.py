@@ -36,9 +36,9 @@ import aio_pika
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
-from ricochet.broker.amqp import broker_version  # noqa: E402
-from ricochet.broker.cancels import cancel_record, declare_store  # noqa: E402
-from ricochet.broker.topology import SHARED  # noqa: E402
+from ricochet.broker.cancels import cancel_record  # noqa: E402
+from ricochet.broker.topology import SHARED, declare  # noqa: E402
+from ricochet.settings import Settings  # noqa: E402
 
 QUEUE = "bench-cancels"
 VHOST = "ricochet-bench-cancels"
@@ -74,7 +74,7 @@ async def _fill(url: str, n: int) -> float:
     started = time.monotonic()
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
-    await declare_store(channel, broker_version(connection))
+    await declare(connection, Settings(queue=QUEUE, amqp_url=url))  # the store with the rest
     queues = [QUEUE, "orders", "mail", "thumbnails"]
     for start in range(0, n, BATCH):
         await asyncio.gather(

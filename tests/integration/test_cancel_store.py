@@ -14,9 +14,8 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
-from ricochet.broker.amqp import broker_version
-from ricochet.broker.cancels import cancel_record, declare_store
-from ricochet.broker.topology import CANCELS_MAX_AGE_S, SHARED
+from ricochet.broker.cancels import cancel_record
+from ricochet.broker.topology import CANCELS_MAX_AGE_S, SHARED, declare
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
 
@@ -182,9 +181,7 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
     """50,000 cancels kept: a worker that has read them leaves a snapshot, and the next worker
     takes its first job within a few seconds (reading them all takes about ten), honouring
     a cancel among them."""
-    declared = await connection.channel()
-    await declare_store(declared, broker_version(connection))
-    await declared.close()
+    await declare(connection, make_settings(queue_name))  # the store, with the rest
     await fill(channel, f"{queue_name}-filler", 50_000)
     runs = Runs()
     first = await start_worker(runs)

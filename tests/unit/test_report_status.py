@@ -116,8 +116,9 @@ def test_status_shows_the_shared_levels_once_after_the_queues_own() -> None:
         "q.retry.1",
         "q.failed",
         "q.failed.events",
-        "q.cancels",
         "ricochet.delay.0-24",
         "ricochet.orphans",
+        "ricochet.cancels",
+        "ricochet.cancels.snapshot",
     ]
-    assert lines[-2].split()[-2] == "25"
+    assert lines[-4].split()[-2] == "25"

@@ -20,7 +20,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
 
-from ricochet.broker.amqp import Frames, broker_version, epoch_s
+from ricochet.broker.amqp import Frames, epoch_s
 from ricochet.broker.cancel_log import (
     BEFORE_ALL,
     CancelLog,
@@ -30,9 +30,7 @@ from ricochet.broker.cancel_log import (
 )
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.topology import (
-    CANCELS_MAX_AGE,
     CANCELS_MAX_AGE_S,
-    CANCELS_SEGMENT_BYTES,
     SHARED,
     Names,
 )
@@ -48,7 +46,6 @@ MARKER = "marker"
 # The queue a cancel or a wait concerns (the store is shared by every queue of the vhost).
 QUEUE_HEADER = "ricochet-queue"
 # The newest snapshot of the live cancels: a queue that keeps one message (the last written).
-SNAPSHOT_QUEUE = f"{SHARED.cancels}.snapshot"
 # Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
 READ_PREFETCH = 1000
 # A worker takes no job until it has read the store up to its own marker; past this, it
@@ -61,36 +58,6 @@ SNAPSHOT_EVERY = 5_000
 # ...and at once after a start that read this many without one.
 SNAPSHOT_AFTER_START = 1_000
 PRUNE_EVERY_S = 60.0
-
-
-def store_arguments() -> dict[str, Any]:
-    """The store's arguments: a stream kept past the longest wait, in small segments (retention
-    drops whole segments, so small ones go on time); the same as the per-queue stores had."""
-    return {
-        "x-queue-type": "stream",
-        "x-max-age": CANCELS_MAX_AGE,
-        "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
-    }
-
-
-def snapshot_arguments(version: tuple[int, ...] | None) -> dict[str, Any]:
-    """A quorum queue that keeps the last message written; read by a get and a requeue, so
-    without RabbitMQ 4's delivery limit (which would drop it after 20 reads)."""
-    arguments: dict[str, Any] = {
-        "x-queue-type": "quorum",
-        "x-max-length": 1,
-        "x-overflow": "drop-head",
-    }
-    if version is not None and version >= (4, 0):
-        arguments["x-delivery-limit"] = -1
-    return arguments
-
-
-async def declare_store(channel: AbstractChannel, version: tuple[int, ...] | None) -> None:
-    """Declare the shared store and its snapshot queue (idempotent: their arguments never depend
-    on a worker's settings)."""
-    await channel.declare_queue(SHARED.cancels, durable=True, arguments=store_arguments())
-    await channel.declare_queue(SNAPSHOT_QUEUE, durable=True, arguments=snapshot_arguments(version))
 
 
 def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) -> aio_pika.Message:
@@ -187,8 +154,6 @@ class CancelReader:
         self.lost.clear()
         self.cancelled.clear()
         channel = await confirming_channel(connection)
-        version = broker_version(connection)
-        await declare_store(channel, version)
         await channel.set_qos(prefetch_count=READ_PREFETCH)
         snapshot = await read_snapshot(channel) if self._use_snapshot else None
         start: int | str = "first"
@@ -364,7 +329,7 @@ class CancelReader:
             if channel is None or channel.is_closed:
                 return
             message = aio_pika.Message(data, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-            await publish_to_queue(channel, SNAPSHOT_QUEUE, message)
+            await publish_to_queue(channel, SHARED.cancels_snapshot, message)
             log.info("cancels snapshot written", cancels=len(copied), bytes=len(data))
         except Exception as error:  # a snapshot is an optimisation: the next reader writes one
             log.warning("cancels snapshot not written", error=f"{type(error).__name__}: {error}")
@@ -376,7 +341,7 @@ def _encoded(copied: CancelLog, next_offset: int, legacy: dict[str, int]) -> byt
 
 async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
     """The newest snapshot, left in its queue; None when there is none or it cannot be read."""
-    queue = await channel.get_queue(SNAPSHOT_QUEUE, ensure=False)
+    queue = await channel.get_queue(SHARED.cancels_snapshot, ensure=False)
     message = await queue.get(no_ack=False, fail=False)
     if message is None:
         return None

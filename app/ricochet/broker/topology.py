@@ -151,6 +151,11 @@ class SharedNames:
         """The cancel store: a stream whose records name their queue."""
         return f"{SHARED_PREFIX}cancels"
 
+    @property
+    def cancels_snapshot(self) -> str:
+        """The newest snapshot of the cancel store, where a starting worker begins to read it."""
+        return f"{SHARED_PREFIX}cancels.snapshot"
+
 
 SHARED = SharedNames()
 
@@ -215,6 +220,7 @@ class Names:
 
     @property
     def cancels(self) -> str:
+        """The per-queue cancel store of earlier versions, read until its cancels expire."""
         return f"{self.queue}.cancels"
 
     def published_key(self, routing_key: str) -> str:
@@ -268,29 +274,26 @@ class Plan:
     tiers: list[QueueSpec] = field(default_factory=list)
     # The lanes of jittered tiers (none without jitter), tier by tier.
     lanes: list[QueueSpec] = field(default_factory=list)
-    # The cancel store.
-    cancel_store: QueueSpec | None = None
     # What every ricochet queue of the vhost shares (SPEC 18), the same whatever the settings:
-    # the levels of the delays (schedules, RetryLater) and the queue of orphaned jobs, with
-    # their exchanges and bindings.
+    # the levels of the delays (schedules, RetryLater), the queue of orphaned jobs, the cancel
+    # store and its snapshot, with their exchanges and bindings.
     delays: list[QueueSpec] = field(default_factory=list)
     orphans: QueueSpec | None = None
+    cancel_store: QueueSpec | None = None
+    cancel_snapshot: QueueSpec | None = None
     shared_exchanges: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     shared_bindings: list[Binding] = field(default_factory=list)
 
     @property
     def declared_queues(self) -> list[QueueSpec]:
         """Every queue but the tiers and lanes (whose delays may differ from the settings')."""
-        return [
-            *self.queues,
-            *self.shared_queues,
-            *([self.cancel_store] if self.cancel_store else []),
-        ]
+        return [*self.queues, *self.shared_queues]
 
     @property
     def shared_queues(self) -> list[QueueSpec]:
-        """The levels of the delays and the orphans' queue."""
-        return [*self.delays, *([self.orphans] if self.orphans else [])]
+        """The levels of the delays, the orphans' queue, the cancel store and its snapshot."""
+        single = (self.orphans, self.cancel_store, self.cancel_snapshot)
+        return [*self.delays, *(spec for spec in single if spec is not None)]
 
     @property
     def jittered(self) -> bool:
@@ -379,14 +382,6 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         tiers=tiers,
         lanes=lane_specs,
         **shared_plan(broker_version),
-        cancel_store=QueueSpec(
-            n.cancels,
-            {
-                QUEUE_TYPE: "stream",
-                "x-max-age": CANCELS_MAX_AGE,
-                "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
-            },
-        ),
     )
 
 
@@ -416,6 +411,20 @@ def shared_plan(broker_version: tuple[int, ...] | None) -> dict[str, Any]:
             for k in range(DELAY_LEVELS)
         ],
         "orphans": QueueSpec(SHARED.orphans, {**quorum, **unlimited}),
+        # Kept past the longest wait, in small segments: retention drops whole segments.
+        "cancel_store": QueueSpec(
+            SHARED.cancels,
+            {
+                QUEUE_TYPE: "stream",
+                "x-max-age": CANCELS_MAX_AGE,
+                "x-stream-max-segment-size-bytes": CANCELS_SEGMENT_BYTES,
+            },
+        ),
+        # The last message written, read by a get and a requeue: no delivery limit to drop it.
+        "cancel_snapshot": QueueSpec(
+            SHARED.cancels_snapshot,
+            {**quorum, "x-max-length": 1, "x-overflow": "drop-head", **unlimited},
+        ),
         "shared_exchanges": [
             *((SHARED.delay(k), topic, {}) for k in range(DELAY_LEVELS)),
             (SHARED.return_exchange, topic, {"alternate-exchange": SHARED.orphans}),

@@ -54,7 +54,6 @@ def plan_table(plan: Plan) -> str:
             *plan.tiers,
             *plan.lanes,
             *plan.queues[1:],
-            *([plan.cancel_store] if plan.cancel_store else []),
         ],
         plan.exchanges,
         plan.bindings,
@@ -136,12 +135,19 @@ def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
         *lanes,
         (n.failed, "failed", None),
         (n.events, "failed events", None),
-        (n.cancels, "cancels", None),
         *(
             (spec.name, f"{SHARED_ROLE} delay level {k}", 2**k * DELAY_UNIT_MS)
             for k, spec in enumerate(plan.delays)
         ),
-        *([(plan.orphans.name, f"{SHARED_ROLE} orphans", None)] if plan.orphans else []),
+        *(
+            (spec.name, f"{SHARED_ROLE} {role}", None)
+            for spec, role in (
+                (plan.orphans, "orphans"),
+                (plan.cancel_store, "cancels"),
+                (plan.cancel_snapshot, "cancels snapshot"),
+            )
+            if spec is not None
+        ),
     ]
 
 
