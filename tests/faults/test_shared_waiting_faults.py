@@ -1,0 +1,379 @@
+"""Faults while jobs wait in the delays' levels that every queue of a vhost shares (SPEC 18): the
+broker restarted while three queues' jobs wait there, a queue deleted while its jobs wait beside
+another queue's, and a worker killed with `kill -9` during the move from the per-queue levels of
+earlier versions.
+
+Every job id is accounted for: completed, in ricochet.orphans (a deleted queue's), or lost."""
+
+import asyncio
+import datetime as dt
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+from ricochet.broker.connection import close_quietly
+from ricochet.broker.topology import DELAY_LEVELS, SHARED, Names, delay_key
+
+from tests.broker import BROKER, Broker
+from tests.faults.harness import TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
+from tests.faults.node import Node
+from tests.integration.test_legacy_levels import declare_legacy_levels
+from tests.support import (
+    api_queue,
+    delete_topology,
+    depth,
+    exists,
+    figures_known,
+    journal,
+    wait_for,
+)
+
+
+class Runs:
+    """FaultRuns on queues of the test's own (Q-0, Q-1, ... for the test's Q) on one broker, each
+    with its own connection, journal and worker log; after the test their workers are killed and
+    their queues deleted."""
+
+    def __init__(self, broker: Broker, stem: str, tmp_path: Path) -> None:
+        self.broker = broker
+        self.stem = stem
+        self.tmp_path = tmp_path
+        self.made: list[FaultRun] = []
+
+    async def make(self, name: str, **overrides: Any) -> FaultRun:
+        queue = f"{self.stem}-{len(self.made)}"
+        path = self.tmp_path / str(len(self.made))
+        path.mkdir()
+        connection = await aio_pika.connect(
+            self.broker.amqp_url, client_properties={"connection_name": "tests"}
+        )
+        run = FaultRun(
+            name, connection, fault_settings(queue, self.broker.amqp_url, **overrides), path
+        )
+        self.made.append(run)
+        return run
+
+    async def close(self) -> None:
+        for run in self.made:
+            for worker in run.workers:
+                if worker.alive:
+                    worker.kill()
+        # A fault may have closed the runs' connections: clean up on a fresh one.
+        async with await aio_pika.connect(self.broker.amqp_url) as cleanup:
+            for run in self.made:
+                await delete_topology(cleanup, run.settings.queue)
+        for run in self.made:
+            await close_quietly(run.connection)
+
+
+@pytest.fixture
+async def runs(fault_broker: Broker, queue_name: str, tmp_path: Path) -> AsyncIterator[Runs]:
+    """Runs on the faults' broker: the private node, or the matrix's broker under test."""
+    made = Runs(fault_broker, queue_name, tmp_path)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def broker_runs(queue_name: str, tmp_path: Path) -> AsyncIterator[Runs]:
+    """Runs on the broker under test itself, with its management API (the private node has
+    none); for faults of the workers alone, which never disturb the broker."""
+    made = Runs(BROKER, queue_name, tmp_path)
+    yield made
+    await made.close()
+
+
+def own_ids(run: FaultRun, n: int) -> list[str]:
+    """n new job ids that name the run's queue, so that no other test's jobs share them (in
+    ricochet.orphans, say)."""
+    first = len(run.published)
+    return [f"{run.settings.queue}-{first + i}" for i in range(n)]
+
+
+def run_at(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat()
+
+
+def scheduled(due: dict[str, float]) -> list[aio_pika.Message]:
+    """Jobs (id: its time, by time.time()) with that run-at."""
+    return [
+        aio_pika.Message(
+            b"{}",
+            message_id=message_id,
+            headers={"run-at": run_at(at)},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        for message_id, at in due.items()
+    ]
+
+
+async def lateness(
+    runs: list[FaultRun], due: dict[str, float], attempt: int, timeout_s: float
+) -> dict[str, float]:
+    """How late each job's attempt started (s) after its due time (id: time.time()), by
+    watching the runs' journals until every one has started."""
+    late: dict[str, float] = {}
+
+    def all_started() -> bool:
+        now = time.time()
+        for run in runs:
+            for event, message_id, n in journal(run.journal_path):
+                if event == "start" and n == attempt and message_id in due:
+                    late.setdefault(message_id, now - due[message_id])
+        return set(due) <= set(late)
+
+    await wait_for(all_started, timeout_s, f"{len(due)} jobs to start attempt {attempt}")
+    return late
+
+
+async def start_workers(runs: list[FaultRun]) -> None:
+    """A worker on each run's queue, each consuming before the next starts: workers that start
+    at the same moment may find the cancel store's snapshot held by another one's read and then
+    read the whole store, which takes tens of seconds on a broker that keeps 200,000 cancels."""
+    for run in runs:
+        await run.start_worker()
+
+
+# ---------------------------------------------------------------------------------------------
+# A broker restart while jobs of three queues wait in the shared levels.
+
+RESTART_JOBS = 10  # a queue; three queues
+# The jobs of each queue come due one every half second from 3 s after their publication: the
+# first while the app is down or starting again, the last after it runs again.
+RESTART_FIRST_DUE_S = 3
+RESTART_SPACING_S = 0.5
+
+
+def messages_in(node: Node, queues: list[str]) -> int:
+    """The messages (ready and unacked) these queues hold, by rabbitmqctl."""
+    listed = node.ctl("list_queues", "name", "messages", "--no-table-headers")
+    held = dict(line.split("\t") for line in listed.splitlines() if "\t" in line)
+    return sum(int(held.get(queue, 0)) for queue in queues)
+
+
+def confirm_timeout_s(node: Node) -> float:
+    """The node's dead_letter_worker_publisher_confirm_timeout: how long the broker's
+    at-least-once dead-letter worker waits for a confirm before it sends a job again."""
+    setting = node.ctl(
+        "eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout)."
+    )
+    found = re.search(r"\{ok,\s*(\d+)\}", setting)
+    return int(found.group(1)) / 1000 if found else 180.0  # RabbitMQ's default
+
+
+@pytest.mark.skipif(
+    BROKER.private,
+    reason="restarts its broker: runs on the fault suite's private node only (make faults), "
+    "never on a broker of the matrix, which others may be using",
+)
+@pytest.mark.timeout(300)
+async def test_broker_restart_while_three_queues_jobs_wait_in_the_shared_levels(
+    runs: Runs, node: Node
+) -> None:
+    """Three queues, each with a worker and 10 jobs scheduled 3 to 7.5 s ahead, all waiting in
+    the shared levels; `rabbitmqctl stop_app`, one second, `start_app`, so that some come due
+    while the app is down or starting and the others after: the workers reconnect and every job
+    of every queue runs, none lost.
+
+    How late a job may run is bounded by the node's dead_letter_worker_publisher_confirm_timeout
+    (read from the node; RabbitMQ's default is 180 s): a job that a level's at-least-once
+    dead-letter worker had sent on, unconfirmed when the app stopped, is sent again only once
+    that timeout has passed. The wait allows for it, plus 30 s."""
+    queues = [
+        await runs.make(f"broker restart, jobs of 3 queues in the shared levels ({i}/3)")
+        for i in (1, 2, 3)
+    ]
+    await start_workers(queues)
+    first_due = time.time() + RESTART_FIRST_DUE_S
+    due: dict[str, float] = {}
+    for run in queues:
+        ids = own_ids(run, RESTART_JOBS)
+        ours = {message_id: first_due + i * RESTART_SPACING_S for i, message_id in enumerate(ids)}
+        await run.publish_messages(scheduled(ours))
+        due |= ours
+    names = [run.settings.queue for run in queues]
+    await wait_for(
+        lambda: asyncio.to_thread(lambda: messages_in(node, names) == 0),
+        RESTART_FIRST_DUE_S,
+        "the workers to send every job to wait in the levels",
+    )
+    assert time.time() < first_due, "the app stops after jobs came due: schedule them later"
+    await asyncio.to_thread(node.ctl, "stop_app")
+    await asyncio.sleep(1)
+    await asyncio.to_thread(node.ctl, "start_app")
+    for run in queues:
+        await run.reconnect()
+    bound_s = confirm_timeout_s(node) + 30
+    await lateness(queues, due, 1, max(due.values()) - time.time() + bound_s)
+    assert all("connection lost, reconnecting" in r.workers[0].output.read_text() for r in queues)
+    await asyncio.gather(*(run.account() for run in queues))
+
+
+# ---------------------------------------------------------------------------------------------
+# A queue deleted while its jobs wait, beside another queue's jobs in the same level.
+
+# 30 units of 100 ms: every job waits in ricochet.delay.4, .3, .2 and .1, and leaves from .1.
+LATER_S = 3
+# More than the 32 jobs (dead_letter_worker_consumer_prefetch) that the broker's dead-letter
+# worker of a level keeps checked out: had the deleted queue's jobs no way out, they would stop
+# that level for every queue.
+ORPHANED = 40
+OTHERS = 10
+ON_TIME_S = 2  # how late the other queue's jobs may run
+
+
+async def take_orphans(run: FaultRun, ids: list[str], taken: Counter[str]) -> None:
+    """Take (ack) the copies of these ids in ricochet.orphans, counting each, and hand the
+    others back: the orphans' queue is the vhost's, other tests' orphans may be there."""
+    channel = await run.connection.channel()
+    try:
+        orphans = await channel.declare_queue(SHARED.orphans, passive=True)
+        others: list[AbstractIncomingMessage] = []
+        while (message := await orphans.get(fail=False, no_ack=False)) is not None:
+            if message.message_id in ids:
+                assert message.routing_key == delay_key(round(LATER_S * 1000), run.settings.queue)
+                assert json.loads(message.body) == {"later": LATER_S}  # the job, whole
+                taken[message.message_id] += 1
+                await message.ack()
+            else:
+                others.append(message)
+        for message in others:
+            await message.nack(requeue=True)
+    finally:
+        await channel.close()
+
+
+async def test_a_queue_deleted_while_its_jobs_wait_beside_another_queues(runs: Runs) -> None:
+    """Two queues with a worker each. 40 jobs of the first ask a 3 s RetryLater and wait in the
+    shared levels; its worker stops and the queue is deleted; then 10 jobs of the second do
+    the same, behind them in the same levels. The 40 come due with no queue to go to: each ends
+    in ricochet.orphans, whole and once, none lost, none run; the second queue's 10 run on
+    time, at most 2 s after their due time."""
+    gone = await runs.make(f"queue deleted with {ORPHANED} jobs waiting (in ricochet.orphans)")
+    stays = await runs.make(f"{OTHERS} jobs of another queue in the same level, on time")
+    await start_workers([gone, stays])
+    doomed = own_ids(gone, ORPHANED)
+    waiting_since = time.monotonic()  # none of them can come due before LATER_S from here
+    await gone.publish_ids(doomed, {"later": LATER_S})
+    await wait_for(lambda: set(doomed) <= gone.started(), 20, "the first queue's jobs to start")
+    assert await gone.workers[0].terminate() == 0  # it drains: every job sent to wait, acked
+    channel = await gone.connection.channel()
+    assert await depth(channel, gone.settings.queue) == 0
+    await channel.queue_delete(gone.settings.queue)  # as an operator does: rabbitmqctl, the UI
+    await channel.close()
+    assert time.monotonic() - waiting_since < LATER_S, "deleted after its jobs came due"
+
+    others = own_ids(stays, OTHERS)
+    published = time.time()  # none of them can come due before LATER_S from here
+    await stays.publish_ids(others, {"later": LATER_S})
+    late = await lateness([stays], dict.fromkeys(others, published + LATER_S), 2, LATER_S + 60)
+    assert max(late.values()) <= ON_TIME_S, late
+
+    orphaned: Counter[str] = Counter()
+
+    async def all_orphaned() -> bool:
+        await take_orphans(gone, doomed, orphaned)
+        return set(doomed) <= set(orphaned)
+
+    await wait_for(all_orphaned, 30, f"the {ORPHANED} jobs in {SHARED.orphans}")
+    await stays.account()  # it waits for the journal to go quiet: late copies would show
+    await take_orphans(gone, doomed, orphaned)
+    assert not gone.done()
+    assert {attempt for _, _, attempt in journal(gone.journal_path)} == {1}  # none came back
+    tally = Tally(
+        fault=gone.name,
+        published=len(doomed),
+        completed=0,
+        failed=len(orphaned),  # in ricochet.orphans, where a job whose queue is gone ends
+        lost=len(set(doomed) - set(orphaned)),
+        duplicates=sum(n - 1 for n in orphaned.values()),
+    )
+    TALLIES.append(tally)
+    assert tally.lost == 0, tally
+    assert tally.duplicates == 0, tally
+
+
+# ---------------------------------------------------------------------------------------------
+# kill -9 during the move from the per-queue levels of earlier versions.
+
+MIGRATION_JOBS = 20
+# Ahead of their publication: past two workers' decisions (a start decides about the levels as
+# soon as it has connected and declared, a second or two after it is spawned).
+MIGRATION_DUE_S = 5
+KEPT = "earlier per-queue delay levels kept"
+RETIRED = "earlier per-queue delay levels retired"
+
+
+def kept_reasons(run: FaultRun) -> list[str]:
+    """Why each worker start so far kept the per-queue levels (its log line's reason)."""
+    log = run.tmp_path / "worker.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [str(json.loads(line).get("reason")) for line in lines if KEPT in line]
+
+
+async def levels_exist(run: FaultRun) -> list[bool]:
+    n = run.names
+    return [await exists(run.connection, n.delay(k)) for k in range(DELAY_LEVELS)]
+
+
+async def test_kill_9_during_the_move_from_the_per_queue_levels(broker_runs: Runs) -> None:
+    """The per-queue levels of an earlier version (Q.delay.0-24) hold 20 jobs scheduled 5 s
+    ahead. A worker of this version starts, keeps the levels for the jobs they hold, and is
+    killed with `kill -9` as soon as it has decided so, while the jobs wait; another starts and
+    keeps them too. Every job runs once; once the levels are empty by the management API's
+    figures, a worker that starts retires them, all 25.
+
+    It runs on the broker under test, not the private node: whether the levels are retired is
+    decided from the broker's management API, which the private node does not serve."""
+    run = await broker_runs.make("kill -9 during the migration, jobs in the old levels")
+    n = Names(run.settings.queue)
+    levels = [n.delay(k) for k in range(DELAY_LEVELS)]
+    await run.publish_messages([])  # Q and its return exchange, as an upgrade finds them
+    channel = await run.connection.channel(publisher_confirms=True)
+    await declare_legacy_levels(channel, n.queue)
+    # Until the API has figures for the new levels, a start keeps them for want of figures.
+    await wait_for(figures_known(*levels), 30, "the API's figures for the levels")
+    entry = await channel.get_exchange(n.delay_entry, ensure=False)
+    due = time.time() + MIGRATION_DUE_S
+    # An earlier version's key: the levels' 25 digits alone.
+    old_key = delay_key(MIGRATION_DUE_S * 1000, n.queue).removesuffix(f".{n.queue}")
+    ids = own_ids(run, MIGRATION_JOBS)
+    for message in scheduled(dict.fromkeys(ids, due)):
+        await entry.publish(message, old_key)
+    run.published.extend(ids)
+    await channel.close()
+
+    async def start_deciding(starts: int) -> WorkerProcess:
+        """Start a worker and wait until it has decided about the levels: they must be kept."""
+        worker = run.worker().start()
+        await wait_for(lambda: len(kept_reasons(run)) == starts, 30, f"start {starts} to decide")
+        assert time.time() < due, "a start decided after the jobs came due: schedule them later"
+        assert f"they still hold {MIGRATION_JOBS} waiting job(s)" in kept_reasons(run)[-1]
+        assert all(await levels_exist(run))
+        return worker
+
+    (await start_deciding(1)).kill()
+    await start_deciding(2)
+    await run.wait_consumers(1)
+    await wait_for(lambda: set(ids) <= set(run.done()), MIGRATION_DUE_S + 30, "every job to run")
+
+    async def empty_by_the_api() -> bool:  # its figures lag some seconds behind
+        figures = [await api_queue(level, "messages,messages_dlx") for level in levels]
+        return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
+
+    await wait_for(empty_by_the_api, 30, "the API to show the old levels empty")
+    run.worker().start()
+    log = run.tmp_path / "worker.log"
+    await wait_for(lambda: RETIRED in log.read_text(), 30, "the third start to retire the levels")
+    assert not any(await levels_exist(run))
+    assert len(kept_reasons(run)) == 2
+    await run.wait_consumers(2)
+    tally = await run.account()
+    assert tally.duplicates == 0  # none was in flight when the worker was killed
