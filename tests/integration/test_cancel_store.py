@@ -14,7 +14,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
-from ricochet.broker.cancels import cancel_record
+from ricochet.broker.cancels import cancel_record, read_snapshot
 from ricochet.broker.topology import CANCELS_MAX_AGE_S, SHARED, declare
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
@@ -187,6 +187,13 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
     first = await start_worker(runs)
     await wait_for(lambda: not first.worker.cancels.snapshot_pending, 60, "the snapshot")
     await first.stop()
+    # Workers starting together (a deploy, a broker restart) each find it: a reader hands the
+    # one message back at once, and one that finds the queue empty looks again.
+    readers = [await connection.channel() for _ in range(8)]
+    found = await asyncio.gather(*(read_snapshot(reader) for reader in readers))
+    assert all(snapshot is not None for snapshot in found)
+    for reader in readers:
+        await reader.close()
     async with Client(AMQP_URL, queue_name) as client:
         await client.enqueue("job", {}, message_id="old", delay=1)
         await client.cancel("old")

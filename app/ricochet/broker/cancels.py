@@ -46,6 +46,9 @@ MARKER = "marker"
 # The queue a cancel or a wait concerns (the store is shared by every queue of the vhost).
 QUEUE_HEADER = "ricochet-queue"
 # The newest snapshot of the live cancels: a queue that keeps one message (the last written).
+# A snapshot another reader holds for a moment is looked for again this often, this far apart.
+SNAPSHOT_TRIES = 10
+SNAPSHOT_RETRY_S = 0.05
 # Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
 READ_PREFETCH = 1000
 # A worker takes no job until it has read the store up to its own marker; past this, it
@@ -340,12 +343,18 @@ def _encoded(copied: CancelLog, next_offset: int, legacy: dict[str, int]) -> byt
 
 
 async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
-    """The newest snapshot, left in its queue; None when there is none or it cannot be read."""
+    """The newest snapshot, left in its queue; None when there is none or it cannot be read.
+
+    A get takes the one message from every other reader until it is handed back, so it goes
+    back at once, before it is decoded, and a reader that finds the queue empty looks again a
+    few times: workers started together (a deploy, a broker restart) all find it.
+    """
     queue = await channel.get_queue(SHARED.cancels_snapshot, ensure=False)
-    message = await queue.get(no_ack=False, fail=False)
-    if message is None:
-        return None
-    try:
-        return await asyncio.to_thread(decode_snapshot, message.body)
-    finally:
-        await message.nack(requeue=True)
+    for _ in range(SNAPSHOT_TRIES):
+        message = await queue.get(no_ack=False, fail=False)
+        if message is not None:
+            body = message.body
+            await message.nack(requeue=True)
+            return await asyncio.to_thread(decode_snapshot, body)
+        await asyncio.sleep(SNAPSHOT_RETRY_S)
+    return None
