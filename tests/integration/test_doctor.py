@@ -19,7 +19,16 @@ from ricochet.settings import Settings
 
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
 from tests.broker import BROKER
-from tests.support import StartWorker, exists, make_settings, ricochet_env, run_cli
+from tests.support import (
+    StartWorker,
+    api_queue,
+    exists,
+    make_settings,
+    publish,
+    ricochet_env,
+    run_cli,
+    wait_for,
+)
 
 Findings = dict[str, dict[str, str]]
 # A new queue's figures (depth, consumers) reach the management API within some seconds.
@@ -195,6 +204,29 @@ async def test_failed_queue_over_its_threshold_is_named(
     n = (await declare(connection, settings)).names
     await fill(channel, n.failed, 3)
     await doctor_finds(settings, "failed jobs", "fail", f"3 in {n.failed}")
+
+
+async def test_dead_letters_held_past_the_second_reading_are_named(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Jobs expired in a tier whose route back to Q is gone wait for their dead-letters: doctor
+    reads them twice, some seconds apart, and names the tier and the broker's retry timeout."""
+    settings = make_settings(queue_name, retry_delay_ms=100)
+    n = (await declare(connection, settings)).names
+    await unbind(channel, n.return_exchange, n.queue)
+    for i in range(3):
+        await publish(channel, n.tier(1), "{}", message_id=f"m{i}")
+
+    async def held() -> bool:
+        return (await api_queue(n.tier(1))).get("messages_dlx") == 3
+
+    await wait_for(held, FIGURES_TIMEOUT_S, "the tier's jobs to wait for their dead-letters")
+    found = await doctor_finds(
+        settings, "stranded dead-letters", "warn", f"{n.tier(1)} holds 3 (3 read 15s earlier)"
+    )
+    assert (
+        "dead_letter_worker_publisher_confirm_timeout" in found["stranded dead-letters"]["detail"]
+    )
 
 
 def test_unreachable_or_refusing_api_exits_2(queue_name: str) -> None:

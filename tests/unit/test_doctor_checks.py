@@ -7,11 +7,19 @@ exchange bound to the main queue, a max-length policy on the failed queue, 12 fa
 worker and no monitor.
 """
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from ricochet.broker.topology import plan
-from ricochet.ops.checks import BrokerState, Check, open_files_check, permission_check
+from ricochet.ops.checks import (
+    BrokerState,
+    Check,
+    dead_letters,
+    holding_dead_letters,
+    open_files_check,
+    permission_check,
+)
 from ricochet.ops.doctor import diagnose
 from ricochet.ops.report import checks_table
 from ricochet.settings import Settings
@@ -149,16 +157,93 @@ def test_failed_jobs_below_the_threshold_pass() -> None:
     assert found.detail.startswith("9 in jobs.failed")
 
 
-def test_stranded_dead_letters_name_the_remedy() -> None:
-    """Messages neither ready nor unacked are named, with the new-leader commands."""
+@pytest.mark.parametrize(
+    ("figures", "held"),
+    [
+        ({"messages": 5, "messages_ready": 1, "messages_unacknowledged": 1, "messages_dlx": 3}, 3),
+        # Without messages_dlx (a classic queue): what is neither ready nor unacked.
+        ({"messages": 5, "messages_ready": 1, "messages_unacknowledged": 1}, 3),
+        ({"messages": 2, "messages_ready": 2, "messages_unacknowledged": 0}, 0),
+        ({"messages": 2}, None),  # no figures yet
+        ({}, None),
+    ],
+)
+def test_dead_letters_read_from_the_figures(figures: dict[str, int], held: int | None) -> None:
+    """The expired jobs a queue holds until their dead-letter is confirmed: messages_dlx."""
+    assert dead_letters(figures) == held
+    assert dead_letters(None) is None
+
+
+def test_queues_holding_dead_letters_are_picked_for_a_second_reading() -> None:
+    """Only the queues that hold dead-letters are read again."""
+    queues: dict[str, dict[str, Any]] = {
+        "a": {"messages": 1, "messages_ready": 0, "messages_unacknowledged": 0, "messages_dlx": 1},
+        "b": {"messages": 1, "messages_ready": 1, "messages_unacknowledged": 0, "messages_dlx": 0},
+        "c": {"name": "c"},
+    }
+    assert holding_dead_letters(queues) == ["a"]
+
+
+def dead_letter_finding(version: str, first: dict[str, int], again: dict[str, int] | None) -> Check:
+    """The stranded dead-letters check on a healthy recording whose queues held `first`
+    dead-letters at doctor's first reading and `again` at its second, 15 s later (None: no
+    second reading)."""
+    settings, state = recorded(f"healthy_{version}")
+    for name, held in first.items():
+        state.queues[name].update(messages=held, messages_dlx=held)
+    state = replace(state, dead_letters_again=again, dead_letters_recheck_s=15.0)
+    return findings(settings, state)["stranded dead-letters"]
+
+
+TIMEOUT_ADVICE = "{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_dead_letters_held_in_both_readings_name_the_timeout(version: str) -> None:
+    """Dead-letters still held 15 s later (one takes milliseconds) are stuck: the queue is named
+    with both figures and the broker's retry timeout, and how to lower it. A queue whose
+    dead-letters moved on between the readings is not named."""
+    found = dead_letter_finding(
+        version, {"ricochet.delay.4": 7, "jobs.retry.1": 3}, {"ricochet.delay.4": 9}
+    )
+    assert found.status == "warn"
+    assert "ricochet.delay.4 holds 9 (7 read 15s earlier)" in found.detail
+    assert "jobs.retry.1" not in found.detail
+    assert "dead_letter_worker_publisher_confirm_timeout (3 minutes by default)" in found.detail
+    assert TIMEOUT_ADVICE in found.detail
+    assert "advanced.config" in found.detail
+
+
+def test_new_leader_is_the_remedy_only_where_a_leader_change_strands() -> None:
+    """RabbitMQ before 3.10.20 can strand dead-letters for good after a leader change: there the
+    detail also gives the rabbitmq-queues lines for a new leader; later versions do not."""
+    held = {"jobs.retry.1": 2}
+    old = dead_letter_finding("3.10", held, held).detail
+    assert "`rabbitmq-queues delete_member jobs.retry.1 rabbit@localhost`" in old
+    assert "`rabbitmq-queues add_member jobs.retry.1 rabbit@localhost`" in old
+    assert "delete_member" not in dead_letter_finding("4.3", held, held).detail
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_dead_letters_that_moved_on_pass(version: str) -> None:
+    """Dead-letters seen once and gone at the second reading were being dead-lettered: ok."""
+    found = dead_letter_finding(version, {"ricochet.delay.4": 7}, {"ricochet.delay.4": 0})
+    assert found == Check(
+        "stranded dead-letters", "ok", "dead-letters seen in ricochet.delay.4 moved on within 15s"
+    )
+
+
+def test_dead_letters_read_once_ask_for_another_run() -> None:
+    """Without a second reading, held dead-letters (neither ready nor unacked) warn and ask for
+    another run."""
     settings, state = edited(
         "healthy_3.10", "jobs.retry.1", messages=5, messages_ready=1, messages_unacknowledged=1
     )
     found = findings(settings, state)["stranded dead-letters"]
     assert found.status == "warn"
     assert "jobs.retry.1 holds 3" in found.detail
-    assert "`rabbitmq-queues delete_member jobs.retry.1 rabbit@localhost`" in found.detail
-    assert "`rabbitmq-queues add_member jobs.retry.1 rabbit@localhost`" in found.detail
+    assert "run doctor again" in found.detail
+    assert TIMEOUT_ADVICE in found.detail
 
 
 def test_table_puts_each_part_of_a_detail_on_its_own_line() -> None:

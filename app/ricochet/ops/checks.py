@@ -65,6 +65,10 @@ class BrokerState:
     quorum_queues: int | None = None
     user: str = ""
     permissions: JSON | None = None
+    # The dead-letters (dead_letters) of each queue that held some, read again
+    # dead_letters_recheck_s later; None when they were not read again.
+    dead_letters_again: dict[str, int] | None = None
+    dead_letters_recheck_s: float = 0.0
 
 
 def worst(statuses: Iterable[Status]) -> Status:
@@ -488,32 +492,88 @@ def _permits(pattern: object, name: str) -> bool:
         return False
 
 
-def stranded_check(plan: Plan, state: BrokerState) -> Check:
-    """Queues whose messages are neither ready nor unacked: dead-letters that do not move."""
-    found = []
-    for name in queue_names(plan):
-        queue = state.queues.get(name, {})
-        total, ready, unacked = (count(queue, f) for f in _STRANDED_FIELDS)
-        if total is None or ready is None or unacked is None or total <= ready + unacked:
-            continue
-        leader = queue.get("leader") or queue.get("node")
-        vhost = vhost_option(state)
-        found.append(
-            f"{name} holds {total - ready - unacked}: "
-            f"`rabbitmq-queues delete_member{vhost} {name} {leader}`, then "
-            f"`rabbitmq-queues add_member{vhost} {name} {leader}`"
-        )
-    if not found:
-        return Check("stranded dead-letters", "ok", "every message is ready or unacked")
-    return Check(
-        "stranded dead-letters",
-        "warn",
-        "messages neither ready nor unacked: being dead-lettered right now, or stranded by a "
-        "leader change (RabbitMQ before 3.10.20, docs/operations.md: A quorum queue that stops "
-        "dead-lettering); if doctor shows the "
-        "same in a minute, give the queue a new leader, with every node running; "
-        + "; ".join(found),
+def dead_letters(queue: JSON | None) -> int | None:
+    """The expired jobs a quorum queue holds until the target of their dead-letter confirms it
+    (at-least-once dead-lettering): the API's messages_dlx, else what is neither ready nor
+    unacked; None when the API has no figures."""
+    held = count(queue, "messages_dlx")
+    if held is not None:
+        return held
+    total, ready, unacked = (count(queue, f) for f in _STRANDED_FIELDS)
+    if total is None or ready is None or unacked is None:
+        return None
+    return max(total - ready - unacked, 0)
+
+
+def holding_dead_letters(queues: dict[str, JSON]) -> list[str]:
+    """The queues that hold dead-letters now: those doctor reads a second time."""
+    return [name for name, queue in queues.items() if dead_letters(queue)]
+
+
+# After a broker restart, a level or tier can dead-letter before the node has recovered the
+# exchanges and bindings: the broker keeps those dead-letters and tries them again only when its
+# publisher-confirm timeout ends, which only advanced.config can set.
+LOWER_TIMEOUT = (
+    "the broker tries such dead-letters again only every "
+    "dead_letter_worker_publisher_confirm_timeout (3 minutes by default), so after a restart "
+    "they can wait that long: set it to 5 s in the broker's advanced.config "
+    "(`[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].`) and restart it, "
+    "see docs/operations.md: What a broker restart costs waiting jobs; if they stay longer than "
+    "the timeout, their target refuses them or no binding leads there (see the bindings and "
+    "policies checks)"
+)
+
+
+def _new_leader(queue: str, state: BrokerState) -> str:
+    leader = state.queues[queue].get("leader") or state.queues[queue].get("node")
+    vhost = vhost_option(state)
+    return (
+        f"`rabbitmq-queues delete_member{vhost} {queue} {leader}`, then "
+        f"`rabbitmq-queues add_member{vhost} {queue} {leader}`"
     )
+
+
+def stranded_check(plan: Plan, state: BrokerState, leader_change_strands: bool) -> Check:
+    """Expired jobs whose dead-letters do not move: held at both of doctor's readings, some
+    seconds apart, when a dead-letter takes milliseconds. leader_change_strands: the broker is
+    one that a leader change can leave with dead-letters stranded for good (before 3.10.20)."""
+    name = "stranded dead-letters"
+    again = state.dead_letters_again
+    gap = duration(round(state.dead_letters_recheck_s * 1000))
+    held, moved, new_leaders = [], [], []
+    for queue in queue_names(plan):
+        first = dead_letters(state.queues.get(queue))
+        if not first:
+            continue
+        now = first if again is None else again.get(queue, 0)
+        if not now:
+            moved.append(queue)
+            continue
+        held.append(
+            f"{queue} holds {now}" + ("" if again is None else f" ({first} read {gap} earlier)")
+        )
+        new_leaders.append(_new_leader(queue, state))
+    if held:
+        when = (
+            "read once: being dead-lettered right now or stuck, so run doctor again"
+            if again is None
+            else f"still held {gap} later, when a dead-letter takes milliseconds"
+        )
+        stranding = (
+            [
+                "RabbitMQ before 3.10.20 can also strand them for good after a leader change "
+                "(docs/operations.md: A quorum queue that stops dead-lettering): give the queue "
+                "a new leader, with every node running",
+                *new_leaders,
+            ]
+            if leader_change_strands
+            else []
+        )
+        parts = [f"expired jobs wait for their dead-letters ({when})", *held, LOWER_TIMEOUT]
+        return Check(name, "warn", "; ".join(parts + stranding))
+    if moved:
+        return Check(name, "ok", f"dead-letters seen in {', '.join(moved)} moved on within {gap}")
+    return Check(name, "ok", "every message is ready or unacked")
 
 
 _STRANDED_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")

@@ -7,7 +7,7 @@ from urllib.parse import quote, unquote, urlsplit
 import structlog
 
 from ricochet.broker.connection import close_quietly, connect, connection_name
-from ricochet.broker.management import open_api, vhost
+from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.record import declared_settings
 from ricochet.broker.topology import PLAN_FIELDS, SHARED_PREFIX, Plan, plan
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
@@ -16,9 +16,11 @@ from ricochet.ops.checks import (
     Check,
     binding_check,
     consumer_check,
+    dead_letters,
     exchange_checks,
     exchange_names,
     failed_check,
+    holding_dead_letters,
     monitor_check,
     open_files_check,
     orphans_check,
@@ -30,7 +32,7 @@ from ricochet.ops.checks import (
     unwanted_binding_check,
 )
 from ricochet.ops.policies import policy_check
-from ricochet.ops.versions import reported_version, version_check
+from ricochet.ops.versions import STRANDING_FIXED, reported_version, version_check
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.doctor")
@@ -40,15 +42,27 @@ RECORD_CONNECT_S = 5.0
 # Only what the checks read, so the answers stay small on a broker with many queues.
 OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
 QUEUE_COLUMNS = (
-    "name,type,arguments,messages,messages_ready,messages_unacknowledged,consumers,"
+    "name,type,arguments,messages,messages_ready,messages_unacknowledged,messages_dlx,consumers,"
     "policy,operator_policy,effective_policy_definition,leader,node"
 )
+HELD_COLUMNS = "messages,messages_ready,messages_unacknowledged,messages_dlx"
+# Dead-letters seen are read again this much later: past a refresh of the API's figures (5 s)
+# and a quorum queue's own report of them (5 s), and past the 5 s retry of a broker that runs
+# with ricochet's dead_letter_worker_publisher_confirm_timeout, so that what is still held then
+# does not move (ops/checks.py: stranded_check).
+DEAD_LETTERS_RECHECK_S = 15.0
 EXCHANGE_COLUMNS = "name,type,arguments"
 BINDING_COLUMNS = "source,destination,destination_type,routing_key,properties_key"
 
 
-async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerState:
-    """The overview, and the queues, exchanges and bindings of the plan's names as they are."""
+async def read_state(
+    management_url: str,
+    amqp_url: str,
+    plan: Plan,
+    recheck_s: float = DEAD_LETTERS_RECHECK_S,
+) -> BrokerState:
+    """The overview, and the queues, exchanges and bindings of the plan's names as they are;
+    the queues that hold dead-letters are read again recheck_s later."""
     vh = vhost(amqp_url)
     # The main queue's name and every name under it, and the shared ones; the checks pick theirs.
     names = f"^({re.escape(plan.names.queue)}(\\..*)?|{re.escape(SHARED_PREFIX)}.*)$"
@@ -79,6 +93,7 @@ async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerSt
             permissions = await api.get(f"permissions/{v}/{quote(user, safe='')}")
         except ManagementUnavailable:  # only an administrator may read them
             permissions = None
+        again = await _dead_letters_again(api, vh, holding_dead_letters(ours_q), recheck_s)
     # A binding between two of ricochet's names is listed at both ends.
     unique = {
         (b["source"], b["destination"], b["destination_type"], b["properties_key"]): b
@@ -96,7 +111,22 @@ async def read_state(management_url: str, amqp_url: str, plan: Plan) -> BrokerSt
         quorum_queues=sum(1 for q in all_queues or [] if q.get("type") == "quorum"),
         user=user,
         permissions=permissions,
+        dead_letters_again=again,
+        dead_letters_recheck_s=recheck_s,
     )
+
+
+async def _dead_letters_again(
+    api: Api, vh: str, names: list[str], recheck_s: float
+) -> dict[str, int] | None:
+    """The dead-letters of these queues recheck_s from now (a queue gone since holds none);
+    None when there are none to read again."""
+    if not names:
+        return None
+    log.info("queues hold dead-letters: reading them again", queues=names, in_s=recheck_s)
+    await asyncio.sleep(recheck_s)
+    answers = await asyncio.gather(*(api.queue(vh, name, HELD_COLUMNS) for name in names))
+    return {name: dead_letters(answer) or 0 for name, answer in zip(names, answers, strict=True)}
 
 
 def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
@@ -118,7 +148,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         open_files_check(state),
         permission_check(p, state),
         policy_check(p, settings.queue_type, version, state),
-        stranded_check(p, state),
+        stranded_check(p, state, version is None or version < STRANDING_FIXED),
     ]
 
 
