@@ -6,7 +6,9 @@
 #
 # Usage: scripts/brokers.sh build|start|check|stop|env|version [BROKER...]   (default: all)
 #   build    make the chroots that are missing (debootstrap from Debian's archive, ~1 min each)
-#   start    build if needed, then start each broker with ricochet's plugins; idempotent
+#   start    build if needed, then start each broker with ricochet's plugins; idempotent. A chroot
+#            broker gets ricochet's config (config/advanced.config among it) when it starts; the
+#            local one keeps its own (docs/operations.md: What a broker restart costs waiting jobs)
 #   check    print each broker's version and ports; exit 1 if one does not answer
 #   stop     stop the chroot brokers and unmount what start mounted (the local one keeps running)
 #   env      print the test harness's variables for one broker (eval "$(scripts/brokers.sh env sid)")
@@ -85,6 +87,9 @@ loopback_users.guest = true
 vm_memory_high_watermark.relative = 0.4
 disk_free_limit.absolute = 50MB
 EOF
+  # What rabbitmq.conf cannot set: the broker retries a held dead-letter after 5 s, not 3 minutes,
+  # so jobs waiting in the delay levels and tiers are not held that long after a restart.
+  cp "$(dirname "$0")/../config/advanced.config" "$root/etc/rabbitmq/advanced.config"
   echo "[${PLUGINS// /,}]." >"$root/etc/rabbitmq/enabled_plugins"
 }
 
