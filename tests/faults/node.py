@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.broker import Broker
+from tests.support import ROOT
 
 START_TIMEOUT_S = 90
 # Node data must belong to the user the broker runs as (the server script switches to it).
@@ -66,6 +67,7 @@ class Node:
             "RABBITMQ_NODE_PORT": str(self.amqp_port),
             "RABBITMQ_DIST_PORT": str(self.amqp_port + 20000),
             "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(home / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
             "RABBITMQ_MNESIA_BASE": str(home / "data"),
             "RABBITMQ_LOG_BASE": str(home / "log"),
@@ -87,6 +89,9 @@ class Node:
         )
         # The random exchange spreads jittered retries over their lanes.
         (home / "enabled_plugins").write_text("[rabbitmq_random_exchange].\n")
+        # The compose broker's: a dead-letter held at a restart (stop_app, a cluster's node
+        # stopped) is tried again after 5 s, not 3 minutes.
+        shutil.copy(ROOT / "config" / "advanced.config", home / "advanced.config")
         shutil.chown(self.base, BROKER_USER, BROKER_USER)
         for path in [home, *home.iterdir()]:
             shutil.chown(path, BROKER_USER, BROKER_USER)
