@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel
 from ricochet.broker.connection import close_quietly
-from ricochet.broker.topology import Names, declare, plan
+from ricochet.broker.topology import SHARED_PREFIX, Names, declare, plan
 from structlog.typing import EventDict
 
 from tests.faults.harness import FaultRun, fault_settings, progress, publish_mixed
@@ -64,10 +64,12 @@ async def cluster_run(
 
 
 def queue_rows(node: Node, queue_prefix: str, *columns: str) -> dict[str, list[str]]:
-    """Queue name -> the columns asked for, as the node lists them."""
+    """Queue name -> the columns asked for, as the node lists them: the queue's own and those
+    the vhost's ricochet queues share (the cluster is this test's alone)."""
     listed = node.ctl("list_queues", "name", *columns, "--no-table-headers")
     rows = (line.split("\t") for line in listed.splitlines())
-    return {name: values for name, *values in rows if name.startswith(queue_prefix)}
+    ours = (queue_prefix, SHARED_PREFIX)
+    return {name: values for name, *values in rows if name.startswith(ours)}
 
 
 def queue_members(node: Node, queue_prefix: str, column: str) -> dict[str, str]:
