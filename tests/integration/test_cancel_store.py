@@ -134,13 +134,14 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     runs = Runs()
     worker = await start_worker(runs)
     async with Client(AMQP_URL, queue_name) as client:
-        await client.enqueue("job", {}, message_id="told", delay=1.5)
+        # Due well after the command has started and connected, on a loaded machine too.
+        await client.enqueue("job", {}, message_id="told", delay=8)
     env = ricochet_env(make_settings(f"{queue_name}-elsewhere"))
     done = await asyncio.to_thread(run_cli, ["cancel", "--queue", queue_name, "told"], env)
     assert (done.returncode, done.stdout) == (0, "cancelled told\n"), done.stderr
     refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", "amq.x", "told"], env)
     assert refused.returncode == 2, refused.stderr
-    await wait_for(lambda: worker.count("cancelled") == 1, 10, "the cancelled job")
+    await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
     assert "told" not in runs.runs
 
 
