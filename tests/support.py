@@ -361,7 +361,15 @@ def run_cli(
 
 
 def close_connections(queue: str, role: str = "worker", broker: Broker = BROKER) -> int:
-    """Have the broker close the connections of ricochet processes of a queue; returns how many."""
+    """Have the broker close the connections of ricochet processes of a queue; returns how many.
+    A node under load lists a new connection a moment late: none found is looked for again."""
+    deadline = time.monotonic() + 5
+    while (closed := _close_connections(queue, role, broker)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return closed
+
+
+def _close_connections(queue: str, role: str, broker: Broker) -> int:
     listed = broker.rabbitmqctl(
         "list_connections", "pid", "client_properties", "-q", "--no-table-headers"
     )
