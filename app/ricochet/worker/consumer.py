@@ -95,21 +95,22 @@ class Consumer:
         kind = job_type(delivery.type, delivery.body)
         names = self._names
         routing_key = delivery.routing_key
+        key_tier = names.tier_of_key(routing_key)  # read once: it also says "from a tier"
         facts = read_facts(
             delivery.headers,
             redelivered=delivery.redelivered,
             routing_key=routing_key,
-            from_tier=names.is_attempt_key(routing_key),
+            from_tier=key_tier is not None,
             from_delays=is_delay_key(routing_key),
             queue=self._queue,
             max_retries=self._max_retries,
             type_max_retries=self._invoker.max_retries(kind),
             unreadable=delivery.unreadable is not None,
-            key_tier=names.tier_of_key(routing_key),
+            key_tier=key_tier,
             cancelled=self._covered(delivery),
         )
         original = names.published_key(facts.original_routing_key)
-        if original != facts.original_routing_key:  # back from the delays
+        if original != facts.original_routing_key:  # back from the delays, now or before a tier
             facts = facts._replace(original_routing_key=original)
         return Arrival(delivery, facts, kind)
 
