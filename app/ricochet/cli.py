@@ -4,40 +4,57 @@ import asyncio
 import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
+from aio_pika.abc import AbstractConnection
 
+from ricochet import ladders
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import connect, connection_name
+from ricochet.broker.plan import plan
 from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
-from ricochet.broker.topology import Names, plan
 from ricochet.client.client import Client
 from ricochet.errors import BrokerUnavailable, ConfigError, InvalidJob, RicochetError
 from ricochet.handlers.invoker import Invoker, load_handler
-from ricochet.headers import MAX_RETRIES
+from ricochet.handlers.router import Router
+from ricochet.headers import MAX_RETRIES, RETRY_DELAYS
 from ricochet.log import configure_logging
 from ricochet.monitor.monitor import run_monitor
+from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.ops.queues import held_queues
 from ricochet.ops.replay import replay as replay_failed
 from ricochet.ops.report import (
+    QueueStatus,
+    TypePolicy,
     checks_table,
     copy_text,
     discard_report,
     failed_list_table,
     plan_table,
     replay_report,
+    schedules_table,
     status_table,
+    type_policies,
+    types_table,
+    waiting_table,
+    waiting_text,
 )
 from ricochet.ops.scan import under_signals
+from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.status import read_status
-from ricochet.settings import Settings, load_client_settings, load_settings
+from ricochet.ops.waiting import list_waiting, show_waiting
+from ricochet.processes.cpus import process_count
+from ricochet.processes.parent import run_processes
+from ricochet.settings import Settings, load_settings, queue_problem
 from ricochet.worker.worker import run_worker
 
 # A click command function, as its decorators take and give it.
@@ -54,8 +71,12 @@ def _datetime(text: str) -> dt.datetime:
         raise click.BadParameter(f"{text!r} is not an ISO-8601 date-time") from None
 
 
-def _settings(service: bool = False) -> Settings:
-    """Settings, and logging configured: services log to stdout, one-shot commands to stderr."""
+def _settings(service: bool = False, queue: str | None = None) -> Settings:
+    """Settings (with the queue a command was given in place of RICOCHET_QUEUE), and logging
+    configured: services log to stdout, one-shot commands to stderr."""
+    if queue is not None and (problem := queue_problem(queue)):
+        click.echo(f"ricochet: --queue {queue!r} is invalid: {problem}", err=True)
+        sys.exit(EXIT_CONFIG)
     try:
         settings = load_settings()
     except ConfigError as error:
@@ -64,14 +85,34 @@ def _settings(service: bool = False) -> Settings:
     configure_logging(
         settings.log_level, settings.log_format, sys.stdout if service else sys.stderr
     )
-    return settings
+    return settings if queue is None else settings.model_copy(update={"queue": queue})
+
+
+_queue = click.option(
+    "--queue", metavar="Q", default=None, help="The queue (default: RICOCHET_QUEUE)."
+)
+_all_queues = click.option(
+    "--all",
+    "all_queues",
+    is_flag=True,
+    help="Every ricochet queue the broker holds (read through the management API).",
+)
+
+
+def _each_queue(settings: Settings, all_queues: bool) -> list[Settings]:
+    """The settings once per queue a command covers: the one given, or with --all each one
+    the vhost holds."""
+    if not all_queues:
+        return [settings]
+    names = _run(held_queues(settings))
+    return [settings.model_copy(update={"queue": name}) for name in names]
 
 
 def _run(main: Awaitable[Any]) -> Any:
     """Run a command's coroutine, turning ricochet's errors into exit codes."""
     try:
         return asyncio.run(main)  # type: ignore[arg-type]
-    except ConfigError as error:
+    except (ConfigError, InvalidJob) as error:  # settings or arguments out of bounds
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     except (BrokerUnavailable, RicochetError) as error:
@@ -127,31 +168,35 @@ def _take_copies(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ricochet")
+@click.version_option(package_name="ricochet-jobs")
 def main() -> None:
     """ricochet: background jobs from RabbitMQ, retried with backoff by the broker itself.
 
-    Settings come from RICOCHET_* environment variables (see the README).
+    Settings come from RICOCHET_* environment variables (see docs/settings.md).
     """
 
 
 @main.command()
 def worker() -> None:
-    """Declare the topology, then consume the main queue and run the handler."""
+    """Declare the topology, then consume the main queue and run the handler (in
+    RICOCHET_PROCESSES worker processes)."""
     settings = _settings(service=True)
+    processes = process_count(settings.processes)
+    if processes > 1:
+        sys.exit(run_processes(settings, processes))
     try:
         invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
-    _run(run_worker(settings, invoker, Metrics(settings.queue)))
+    _run(run_worker(settings, invoker, Metrics(*settings.queue_names)))
 
 
 @main.command()
 def monitor() -> None:
     """Log and alert on every failed job; never takes anything out of the failed queue."""
     settings = _settings(service=True)
-    _run(run_monitor(settings, Metrics(settings.queue)))
+    _run(run_monitor(settings, Metrics(*settings.queue_names)))
 
 
 def _filters(*, kind: bool = True) -> Callable[[Command], Command]:
@@ -189,7 +234,9 @@ _group_by = click.option(
 @_filters(kind=False)
 @click.option("--dry-run", is_flag=True, help="List what would move; move nothing.")
 @_group_by
+@_queue
 def replay(
+    queue: str | None,
     reason: str | None,
     job_type: str | None,
     message_id: str | None,
@@ -198,7 +245,7 @@ def replay(
     group_by: str | None,
 ) -> None:
     """Move failed copies back to the main queue with a fresh retry budget."""
-    settings = _settings()
+    settings = _settings(queue=queue)
     selection = Selection(reason=reason, type=job_type, message_id=message_id)
     result = _take_copies(settings, "replay", "replay", replay_failed, selection, limit, dry_run)
     click.echo(replay_report(result, dry_run, group_by, settings.queue))
@@ -215,7 +262,9 @@ def failed() -> None:
 @failed.command("list")
 @_filters()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead.")
+@_queue
 def failed_list(
+    queue: str | None,
     reason: str | None,
     job_type: str | None,
     kind: str | None,
@@ -224,7 +273,7 @@ def failed_list(
     as_json: bool,
 ) -> None:
     """One line per failed copy: message_id, type, kind, retry_count, failed_at, reason."""
-    settings = _settings()
+    settings = _settings(queue=queue)
     names = Names(settings.queue)
     selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
     result = _run(
@@ -247,9 +296,10 @@ def failed_list(
 @failed.command("show")
 @click.argument("message_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def failed_show(message_id: str, as_json: bool) -> None:
+@_queue
+def failed_show(queue: str | None, message_id: str, as_json: bool) -> None:
     """Everything about one failed copy: properties, headers, traceback and body."""
-    settings = _settings()
+    settings = _settings(queue=queue)
     names = Names(settings.queue)
     found = _run(
         _with_connection(
@@ -275,7 +325,9 @@ def failed_show(message_id: str, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="List what would be discarded; remove nothing.")
 @click.option("--yes", is_flag=True, help="Really remove the matching copies, for good.")
 @_group_by
+@_queue
 def failed_discard(
+    queue: str | None,
     reason: str | None,
     job_type: str | None,
     kind: str | None,
@@ -295,49 +347,104 @@ def failed_discard(
         sys.exit(EXIT_CONFIG)
     selection = Selection(reason=reason, type=job_type, kind=kind, message_id=message_id)
     result = _take_copies(
-        _settings(), "failed", "failed discard", discard_failed, selection, limit, dry_run
+        _settings(queue=queue),
+        "failed",
+        "failed discard",
+        discard_failed,
+        selection,
+        limit,
+        dry_run,
     )
     click.echo(discard_report(result, dry_run, group_by))
+
+
+def _type_policies(settings: Settings) -> list[TypePolicy] | None:
+    """The job types of RICOCHET_HANDLER with their own retry shape, when it is set: its module
+    is imported, as the worker does. None when it is not set, or cannot be imported (said on
+    stderr: the command goes on without them)."""
+    if "handler" not in settings.model_fields_set:
+        return None
+    try:
+        return type_policies(load_handler(settings.handler))
+    except ConfigError as error:
+        click.echo(f"ricochet: job types not shown: {error}", err=True)
+        return None
+
+
+def _echo_types(policies: list[TypePolicy] | None) -> None:
+    if policies is not None:
+        click.echo(f"\n{types_table(policies)}")
 
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Print the plan without touching the broker.")
 def topology(dry_run: bool) -> None:
-    """Declare the queues, exchanges and bindings, and print them."""
+    """Declare the queues, exchanges and bindings (of every queue of RICOCHET_QUEUES), and
+    print them, with the job types of RICOCHET_HANDLER (when set) that have a ladder or timeout
+    of their own."""
     settings = _settings()
+    policies = _type_policies(settings)
+    each = settings.per_queue()
     if dry_run:
-        click.echo(plan_table(plan(settings)))
+        click.echo(plan_table(*(plan(queue) for queue in each)))
         if settings.queue_type == "quorum":
             click.echo(
                 "\nOn RabbitMQ 4.0 and later, the queues ricochet consumes from (the main and the "
                 "failed queues) also get x-delivery-limit=-1: no delivery limit drops a job."
             )
+        _echo_types(policies)
         return
-    declared = _run(_with_connection(settings, "topology", lambda c: declare_recorded(c, settings)))
-    click.echo(plan_table(declared))
+    declared = [
+        _run(_with_connection(queue, "topology", lambda c, q=queue: declare_recorded(c, q)))
+        for queue in each
+    ]
+    click.echo(plan_table(*declared))
+    _echo_types(policies)
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(as_json: bool) -> None:
-    """Depth and consumers of the main queue, each tier, and the failed queues."""
-    settings = _settings()
-    rows = _run(_with_connection(settings, "status", lambda c: read_status(c, settings)))
+@_queue
+@_all_queues
+def status(queue: str | None, all_queues: bool, as_json: bool) -> None:
+    """Depth and consumers of the main queue, each tier, and the failed queues (with --all, of
+    every ricochet queue; what the queues share, once); with RICOCHET_HANDLER set, its job types
+    and which have a ladder or timeout of their own."""
+    settings = _settings(queue=queue)
+    policies = _type_policies(settings)
+    covered = _each_queue(settings, all_queues)
+
+    async def read_each(connection: AbstractConnection) -> dict[str, QueueStatus]:
+        rows: dict[str, QueueStatus] = {}  # by name: what the queues share, once
+        for each in covered:
+            read = await read_status(connection, each)
+            rows.update((row.name, row) for row in read if row.name not in rows)
+        return rows
+
+    rows = _run(_with_connection(settings, "status", read_each))
     if as_json:
-        click.echo(json.dumps({"queues": [r.as_dict() for r in rows]}, indent=2))
+        shown: dict[str, Any] = {"queues": [r.as_dict() for r in rows.values()]}
+        if policies is not None:
+            shown["types"] = [p.as_dict() for p in policies]
+        click.echo(json.dumps(shown, indent=2))
     else:
-        click.echo(status_table(rows))
+        click.echo(status_table(list(rows.values())))
+        _echo_types(policies)
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def doctor(as_json: bool) -> None:
-    """Check the broker's queues, exchanges, bindings and policies against the settings.
+@_queue
+@_all_queues
+def doctor(queue: str | None, all_queues: bool, as_json: bool) -> None:
+    """Check the broker's queues, exchanges, bindings and policies against the settings (with
+    --all, for every ricochet queue; a finding the queues share, once).
 
     Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Exit 1 when a check fails.
     """
-    settings = _settings()
-    checks = _run(run_doctor(settings))
+    checks = []
+    for settings in _each_queue(_settings(queue=queue), all_queues):
+        checks += [c for c in _run(run_doctor(settings)) if c not in checks]
     ok = all(c.status != "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": [c.as_dict() for c in checks]}, indent=2))
@@ -360,7 +467,9 @@ def doctor(as_json: bool) -> None:
     help="Run it no earlier than this time, with a UTC offset or Z (2026-11-24T10:00:00Z).",
 )
 @click.argument("payload")
+@_queue
 def publish(
+    queue: str | None,
     job_type: str | None,
     message_id: str | None,
     headers: tuple[str, ...],
@@ -375,9 +484,16 @@ def publish(
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not K=V", param_hint="--header")
         parsed[key] = header_value(value)
-    # The client sets max-retries from its own argument, and checks it there.
+    # The client sets max-retries and retry-delays-ms from its own arguments, and checks them
+    # there; the ladder is written as on the wire.
     max_retries = parsed.pop(MAX_RETRIES, None)
-    settings = _settings()
+    retry_delays = parsed.pop(RETRY_DELAYS, None)
+    if retry_delays is not None:
+        try:
+            retry_delays = ladders.parse(str(retry_delays))
+        except ValueError as error:
+            raise click.BadParameter(f"{RETRY_DELAYS}: {error}", param_hint="--header") from None
+    settings = _settings(queue=queue)
     client = Client(settings.amqp_url, settings.queue, connect_timeout_s=settings.connect_timeout_s)
 
     async def enqueue() -> str:
@@ -388,6 +504,7 @@ def publish(
                 content_type="application/json" if is_json(payload) else "text/plain",
                 message_id=message_id,
                 max_retries=max_retries,
+                retry_delays_ms=retry_delays,
                 headers=parsed,
                 delay=delay,
                 run_at=run_at,
@@ -395,26 +512,137 @@ def publish(
         finally:
             await client.close()
 
+    click.echo(_run(enqueue()))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead.")
+def schedules(as_json: bool) -> None:
+    """The recurring jobs of RICOCHET_HANDLER's Router (its module is imported, as the worker
+    does): each one's rule, next occurrence and the last its queue's leader enqueued."""
+    settings = _settings()
     try:
-        sent = _run(enqueue())
-    except InvalidJob as error:
+        handler = load_handler(settings.handler)
+    except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
-    click.echo(sent)
+    registered = handler.schedules if isinstance(handler, Router) else []
+    rows = _run(
+        _with_connection(
+            settings,
+            "schedules",
+            lambda c: read_schedules(c, registered, settings.queue, time.time_ns() // 1_000_000),
+        )
+    )
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row.as_dict()))
+    else:
+        click.echo(schedules_table(rows))
 
 
 @main.command()
 @click.argument("message_id")
-@click.option("--queue", default=None, help="the job's queue (default: RICOCHET_QUEUE)")
+@_queue
 def cancel(message_id: str, queue: str | None) -> None:
     """Cancel the job MESSAGE_ID of the queue: while it waits (scheduled, in a retry tier, or
     after a RetryLater) it never runs again; an unknown or finished job, or a job of another
     queue with the same id, is left as it is."""
-    settings = _settings()
-    try:
-        names = Names(load_client_settings(settings.amqp_url, queue).queue)
-    except ConfigError as error:
-        click.echo(f"ricochet: {error}", err=True)
-        sys.exit(EXIT_CONFIG)
+    settings = _settings(queue=queue)
+    names = Names(settings.queue)
     _run(_with_connection(settings, "cancel", lambda c: publish_cancel(c, names, message_id)))
     click.echo(f"cancelled {message_id}")
+
+
+def _waiting_filters(fn: Command) -> Command:
+    for option in reversed(
+        [
+            _queue,
+            click.option("--type", "job_type", help="Only jobs of this type."),
+            click.option("--message-id", help="Only the job with this message_id."),
+            click.option("--limit", type=click.IntRange(min=1), help="The N due soonest."),
+            click.option("--json", "as_json", is_flag=True, help="One JSON object per line."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+@main.group(invoke_without_command=True)
+@_waiting_filters
+@click.pass_context
+def waiting(
+    ctx: click.Context,
+    queue: str | None,
+    job_type: str | None,
+    message_id: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """The jobs RabbitMQ holds for a later attempt (`waiting list`, the default, or `show`)."""
+    if ctx.invoked_subcommand is None:
+        _list_waiting(queue, job_type, message_id, limit, as_json)
+
+
+@waiting.command("list")
+@_waiting_filters
+def waiting_list(
+    queue: str | None,
+    job_type: str | None,
+    message_id: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """One line per waiting job (scheduled, in a retry tier, waiting out a RetryLater), soonest
+    due first: message_id, type, the next attempt, when it is due, the last failure's reason.
+    Looking takes nothing: every job stays where it waits."""
+    _list_waiting(queue, job_type, message_id, limit, as_json)
+
+
+def _list_waiting(
+    queue: str | None,
+    job_type: str | None,
+    message_id: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    settings = _settings(queue=queue)
+    rows = _run(
+        _with_connection(
+            settings,
+            "waiting",
+            lambda c: list_waiting(
+                c, settings, job_type=job_type, message_id=message_id, limit=limit
+            ),
+        )
+    )
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row.as_row()))
+    else:
+        click.echo(waiting_table(rows))
+    click.echo(f"{len(rows)} waiting jobs of {settings.queue}", err=True)
+
+
+@waiting.command("show")
+@click.argument("message_id")
+@_queue
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def waiting_show(message_id: str, queue: str | None, as_json: bool) -> None:
+    """Everything about one waiting job: when it is due, why, where it waits, its properties,
+    headers and body. Exit 1 when no job with that id waits."""
+    settings = _settings(queue=queue)
+    found = _run(
+        _with_connection(settings, "waiting", lambda c: show_waiting(c, settings, message_id))
+    )
+    if not found:
+        click.echo(
+            f"ricochet: no waiting job of {settings.queue} with message_id {message_id!r}",
+            err=True,
+        )
+        sys.exit(EXIT_RUNTIME)
+    if as_json:
+        for shown in found:
+            click.echo(json.dumps(shown.as_dict(), indent=2))
+    else:
+        click.echo("\n\n".join(waiting_text(shown) for shown in found))

@@ -23,8 +23,12 @@ class NotConfirmed(RicochetError):
     """Raised when the broker did not confirm an enqueued job (refused, unroutable, or cut off)."""
 
 
-class InvalidJob(ValueError):
+class InvalidJob(RicochetError, ValueError):
     """Raised by enqueue, before anything is sent, for an argument out of bounds (it names it)."""
+
+
+class ClientClosed(RicochetError, RuntimeError):
+    """Raised by a call on a Client or SyncClient after its close()."""
 
 
 class MissingQueue(RicochetError):
@@ -60,6 +64,10 @@ class InvalidSchedule(PermanentError):
     """Raised for a job whose run-at header cannot be read as a time with a UTC offset."""
 
 
+class InvalidRetryDelays(PermanentError):
+    """Raised for a job whose retry-delays-ms header cannot be read as a ladder of delays."""
+
+
 class RetryLater(RicochetError):
     """Raised by a handler whose job must not run again before `after` (seconds or a timedelta,
     0 < after <= 86,400 s): a transient failure that spends an attempt."""
@@ -78,6 +86,11 @@ class RetryLater(RicochetError):
             )
         super().__init__(message or f"retry no earlier than {seconds:g} s from now")
         self.after_s = float(seconds)
+
+
+class JobCancelled(RicochetError):
+    """Raised by job.raise_if_cancelled() once a cancel covers the running job (a handler may
+    raise it too): the job ends cancelled, acked, never retried nor failed."""
 
 
 class HandlerTimeout(RicochetError):

@@ -24,15 +24,17 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ricochet import ladders
 from ricochet.errors import ConfigError
+from ricochet.ladders import MAX_DELAY_MS, MAX_RETRIES
 from ricochet.log import redact, url_host
+from ricochet.names import refusal
 
 ENV_PREFIX = "RICOCHET_"
 ENV_FILE_VARIABLE = "RICOCHET_ENV_FILE"
-MAX_DELAY_MS = 86_400_000
 # A console token is typed or pasted by people; this many characters make guessing it hopeless.
 TOKEN_MIN_CHARS = 16
-MAX_RETRIES = 25
+MAX_PROCESSES = 256
 # The settings of the formula that an explicit ladder (RICOCHET_RETRY_DELAYS_MS) replaces.
 FORMULA_SETTINGS = ("retry_delay_ms", "retry_delay_multiplier", "retry_delay_max_ms")
 
@@ -61,27 +63,97 @@ def _check_handler(ref: str) -> str:
     return ref
 
 
-# Names ricochet derives from a queue's (broker/topology.py Names): a queue named so would share
-# its objects with the queue it derives from.
-_DERIVED = re.compile(
-    r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return"
-    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|delay\.\d+)"
-)
-
-
 def _check_queue(name: str) -> str:
-    """A queue name of ricochet's own: not the broker's (amq.), not the shared objects'
-    (ricochet.), not one derived from another queue's (a.failed beside a)."""
-    if name.startswith(("amq.", "ricochet.")):
-        raise ValueError("names beginning with amq. (the broker's) or ricochet. (shared) are taken")
-    if _DERIVED.fullmatch(name):
-        raise ValueError("the name of an object ricochet derives from another queue's")
+    reason = refusal(name)
+    if reason is not None:
+        raise ValueError(reason)
     return name
+
+
+# What RICOCHET_QUEUE (and any queue a worker consumes or a schedule names) may be.
+QUEUE_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
+
+
+def check_queue_name(name: object) -> str:
+    """A queue name as RICOCHET_QUEUE allows it; ValueError saying why it is refused."""
+    if not isinstance(name, str) or not re.fullmatch(QUEUE_PATTERN, name):
+        raise ValueError("1-200 characters of A-Za-z0-9._- are allowed")
+    return _check_queue(name)
+
+
+# RICOCHET_QUEUES: at most this many queues for one worker.
+MAX_QUEUES = 64
+
+
+def _queues(value: Any) -> Any:
+    """RICOCHET_QUEUES as written ("mail,thumbs=1") into (name, prefetch or None) pairs: each
+    bad entry is named, since a list of 64 is hard to search by eye."""
+    if not isinstance(value, str):
+        return value
+    entries = value.split(",")
+    if not value.strip():
+        raise PydanticCustomError("queues", "set but empty")
+    if len(entries) > MAX_QUEUES:
+        raise PydanticCustomError("queues", f"{len(entries)} entries, more than {MAX_QUEUES}")
+    parsed: list[tuple[str, int | None]] = []
+    for entry in (e.strip() for e in entries):
+        name, equals, prefetch = (part.strip() for part in entry.partition("="))
+        reason = _bad_entry(name, bool(equals), prefetch, [n for n, _ in parsed])
+        if reason:
+            raise PydanticCustomError("queues", f"entry {entry!r}: {reason}")
+        parsed.append((name, int(prefetch) if equals else None))
+    return tuple(parsed)
+
+
+def queue_problem(name: object) -> str | None:
+    """What makes name no queue of ricochet's, or None (pure)."""
+    try:
+        check_queue_name(name)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _bad_entry(name: str, equals: bool, prefetch: str, seen: list[str]) -> str | None:
+    """What is wrong with one RICOCHET_QUEUES entry, or None (pure)."""
+    problem = queue_problem(name)
+    if problem:
+        return problem
+    if name in seen:
+        return "the queue is listed twice"
+    if equals and not (prefetch.isdigit() and 1 <= int(prefetch) <= 65535):
+        return "a prefetch is an integer 1-65535"
+    return None
 
 
 def _check_address(host: str) -> str:
     ipaddress.ip_address(host)  # ValueError when it is not an IPv4 or IPv6 address
     return host
+
+
+# The failed-kind header's values (delivery/retry.py FailureKind, which a test holds this to).
+FAILED_KINDS = ("exhausted", "permanent", "poison")
+# The monitor relaunches failed copies no more often than this (0 turns it off).
+RELAUNCH_MIN_INTERVAL_S = 10
+
+
+def _kinds(value: Any) -> Any:
+    """RICOCHET_RELAUNCH_KINDS as written ("exhausted,poison") into its kinds."""
+    if isinstance(value, str):
+        value = tuple(part.strip() for part in value.split(","))
+    return value
+
+
+def _check_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    if not kinds or not set(kinds) <= set(FAILED_KINDS) or len(set(kinds)) != len(kinds):
+        raise ValueError("not comma-separated failed kinds")
+    return kinds
+
+
+def _check_relaunch_interval(interval_s: float) -> float:
+    if interval_s != 0 and interval_s < RELAUNCH_MIN_INTERVAL_S:
+        raise ValueError("below the shortest interval")
+    return interval_s
 
 
 def _check_token(token: SecretStr | None) -> SecretStr | None:
@@ -99,21 +171,12 @@ def _empty_is_none(value: Any) -> Any:
 def _ladder(value: Any) -> Any:
     """RICOCHET_RETRY_DELAYS_MS as written ("1000,5000,5000") into its integers."""
     if isinstance(value, str):
-        value = value.strip()
-        if not value:
-            return None
-        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", value):
-            raise ValueError("not comma-separated integers")
-        return tuple(int(part) for part in value.split(","))
+        return ladders.parse(value) if value.strip() else None
     return value
 
 
 def _check_ladder(delays: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    if delays is not None and not (
-        1 <= len(delays) <= MAX_RETRIES and all(10 <= d <= MAX_DELAY_MS for d in delays)
-    ):
-        raise ValueError("out of range")
-    return delays
+    return None if delays is None else ladders.checked(delays)
 
 
 class ClientSettings(BaseSettings):
@@ -126,11 +189,15 @@ class ClientSettings(BaseSettings):
 
     amqp_url: Annotated[str, _url_of("amqp", "amqps")] = Field(
         "amqp://guest:guest@localhost:5672/",
+        description="broker; its password never appears in logs (nor any URL password or "
+        "`?api_key=`, `token=`... value in logs, failed-copy headers, replay output or alerts)",
         json_schema_extra={"allowed": "an amqp:// or amqps:// URL"},
     )
     queue: Annotated[str, AfterValidator(_check_queue)] = Field(
         "jobs",
-        pattern=r"^[A-Za-z0-9._-]{1,200}$",
+        pattern=QUEUE_PATTERN,
+        description="main queue; every other name derives from it (what the vhost's queues "
+        "share begins with `ricochet.`)",
         json_schema_extra={
             "allowed": "1-200 characters of A-Za-z0-9._-, not beginning with amq. or ricochet., "
             "not a name ricochet derives from another queue's (Q.failed, Q.retry.1, ...)"
@@ -139,18 +206,31 @@ class ClientSettings(BaseSettings):
 
 
 class Settings(ClientSettings):
-    """Every setting of ricochet; built once by the CLI and passed down."""
+    """Every setting of ricochet; built once by the CLI and passed down.
+
+    Each field's description is its meaning in the documentation's settings reference, which is
+    made from these fields (docs/hooks/settings_reference.py)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    queue_type: Literal["quorum", "classic"] = "quorum"
-    max_retries: int = Field(3, ge=0, le=MAX_RETRIES)
-    retry_delay_ms: int = Field(30_000, ge=10, le=MAX_DELAY_MS)
+    queue_type: Literal["quorum", "classic"] = Field(
+        "quorum", description="type of the queues ricochet declares"
+    )
+    max_retries: int = Field(
+        3,
+        ge=0,
+        le=MAX_RETRIES,
+        description="retries after the first attempt (= number of tiers)",
+    )
+    retry_delay_ms: int = Field(30_000, ge=10, le=MAX_DELAY_MS, description="delay of tier 1")
     # Floats are finite: an infinite timeout would never fire, and NaN compares false to all.
-    retry_delay_multiplier: float = Field(2.0, ge=1.0, le=10.0, allow_inf_nan=False)
+    retry_delay_multiplier: float = Field(
+        2.0, ge=1.0, le=10.0, allow_inf_nan=False, description="growth factor per tier"
+    )
     retry_delay_max_ms: int = Field(
         3_600_000,
         le=MAX_DELAY_MS,
+        description="cap on any tier's delay",
         json_schema_extra={"allowed": f">= RICOCHET_RETRY_DELAY_MS and <= {MAX_DELAY_MS}"},
     )
     # An explicit ladder: tier k waits its k-th delay, and the budget is the number of delays.
@@ -158,45 +238,167 @@ class Settings(ClientSettings):
         tuple[int, ...] | None, NoDecode, BeforeValidator(_ladder), AfterValidator(_check_ladder)
     ] = Field(
         None,
+        description="explicit tier delays (linear, fixed or any ladder, e.g. "
+        "`30000,60000,90000,120000`) instead of the formula; the budget is their number. Set "
+        "with `RICOCHET_MAX_RETRIES` (another number) or a `RICOCHET_RETRY_DELAY*` setting it "
+        "exits 2 naming both",
         json_schema_extra={
             "allowed": f"1-{MAX_RETRIES} comma-separated integers, each 10-{MAX_DELAY_MS}"
         },
     )
-    retry_jitter: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    handler: Annotated[str, AfterValidator(_check_handler)] = Field(
-        "ricochet.handlers.example:router", json_schema_extra={"allowed": "module.path:attribute"}
+    retry_jitter: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="spread of each tier's wait: a job waits between d x (1 - jitter) and d, so "
+        "jobs failing together do not come back together. Needs the `rabbitmq_random_exchange` "
+        "plugin, which RabbitMQ ships (`rabbitmq-plugins enable rabbitmq_random_exchange`; the "
+        "compose stack enables it)",
     )
-    prefetch: int = Field(32, ge=1, le=65535)
-    handler_timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False)
-    shutdown_timeout_s: float = Field(30.0, ge=0, allow_inf_nan=False)
-    connect_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
-    log_level: Annotated[LogLevel, BeforeValidator(lambda v: str(v).upper())] = "INFO"
-    log_format: Literal["json", "console"] = "json"
+    handler: Annotated[str, AfterValidator(_check_handler)] = Field(
+        "ricochet.handlers.example:router",
+        description="the job handler",
+        json_schema_extra={"allowed": "module.path:attribute"},
+    )
+    prefetch: int = Field(
+        32,
+        ge=1,
+        le=65535,
+        description="unacked deliveries, so concurrent jobs, of each worker process",
+    )
+    # Worker processes of `ricochet worker`: 1 is the worker itself, more a parent running them.
+    processes: Annotated[int, Field(ge=1, le=MAX_PROCESSES)] | Literal["auto"] = Field(
+        1,
+        union_mode="left_to_right",
+        description="worker processes that `ricochet worker` runs: more than 1 is a parent "
+        "running that many, for handlers that burn CPU "
+        "(see [Worker processes](deploying.md#worker-processes))",
+        json_schema_extra={
+            "allowed": f"1-{MAX_PROCESSES}, or auto (the CPUs this process may use, cgroup "
+            "quotas included)"
+        },
+    )
+    # The queues one worker consumes, each with its own prefetch (None: RICOCHET_PREFETCH).
+    queues: Annotated[
+        tuple[tuple[str, int | None], ...] | None, NoDecode, BeforeValidator(_queues)
+    ] = Field(
+        None,
+        description="the queues this worker consumes, each with its own prefetch (default "
+        "`RICOCHET_PREFETCH`), which applies per worker process; unset, the worker consumes "
+        "`RICOCHET_QUEUE`. Names as for `RICOCHET_QUEUE`, none twice; a prefetch is 1-65535; "
+        "set but empty is invalid",
+        json_schema_extra={
+            "allowed": f"1-{MAX_QUEUES} comma-separated entries NAME or NAME=PREFETCH"
+        },
+    )
+    handler_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="longer counts as a transient failure",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="drain time after SIGTERM/SIGINT"
+    )
+    connect_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="how long a starting process waits for the broker before exit 1",
+    )
+    log_level: Annotated[LogLevel, BeforeValidator(lambda v: str(v).upper())] = Field(
+        "INFO", description="the lowest level of the log lines written"
+    )
+    log_format: Literal["json", "console"] = Field(
+        "json", description="one JSON object per line, or human-readable"
+    )
     # Loopback unless told otherwise: outside a container the endpoints are for this machine.
     # The image sets 0.0.0.0, where Prometheus and the orchestrator reach them from outside.
     http_host: Annotated[str, AfterValidator(_check_address)] = Field(
         "127.0.0.1",
+        description="where the HTTP endpoints listen (the image sets `0.0.0.0`)",
         json_schema_extra={"allowed": "an IPv4 or IPv6 address (0.0.0.0: every interface)"},
     )
-    http_port: int = Field(8000, ge=0, le=65535)
+    http_port: int = Field(
+        8000,
+        ge=0,
+        le=65535,
+        description="`/metrics`, `/healthz`, `/readyz` (and the monitor's console); 0 turns "
+        "them off",
+    )
     alert_webhook_url: Annotated[
         str | None, BeforeValidator(_empty_is_none), _url_of("http", "https")
-    ] = Field(None, json_schema_extra={"allowed": "an http:// or https:// URL"})
-    alert_failed_threshold: int = Field(10, ge=1)
-    alert_interval_s: float = Field(60.0, ge=1, allow_inf_nan=False)
-    management_url: Annotated[str, _url_of("http", "https")] = Field(
-        "http://localhost:15672/", json_schema_extra={"allowed": "an http:// or https:// URL"}
+    ] = Field(
+        None,
+        description="where the monitor POSTs alerts",
+        json_schema_extra={"allowed": "an http:// or https:// URL"},
     )
-    pause_failure_ratio: float = Field(0.0, ge=0.0, le=1.0)
-    pause_min_jobs: int = Field(20, ge=1)
-    pause_window_s: float = Field(30.0, ge=1, le=3600)
-    pause_s: float = Field(30.0, ge=1, le=3600)
+    alert_failed_threshold: int = Field(
+        10, ge=1, description="failed-queue depth that raises an alert"
+    )
+    alert_interval_s: float = Field(
+        60.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="depth-check period; minimum spacing of repeated alerts of one kind",
+    )
+    management_url: Annotated[str, _url_of("http", "https")] = Field(
+        "http://localhost:15672/",
+        description="management API that `ricochet doctor` reads, and that a start asks before "
+        "it deletes a quorum tier whose delay changed or that is no longer wanted; credentials "
+        "from it, else from `RICOCHET_AMQP_URL`",
+        json_schema_extra={"allowed": "an http:// or https:// URL"},
+    )
+    pause_failure_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="pause when this share of the jobs finished in the window failed "
+        "transiently; 0 turns pausing off (see [Pausing on failure spikes]"
+        "(operations.md#pausing-on-failure-spikes))",
+    )
+    pause_min_jobs: int = Field(
+        20, ge=1, description="... and at least this many jobs finished in it"
+    )
+    pause_window_s: float = Field(30.0, ge=1, le=3600, description="the sliding window")
+    pause_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="how long a pause lasts before the worker takes jobs again",
+    )
+    relaunch_interval_s: Annotated[float, AfterValidator(_check_relaunch_interval)] = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="the monitor relaunches failed copies this often (0: never): those of "
+        "RICOCHET_RELAUNCH_KINDS replayed fewer than RICOCHET_RELAUNCH_MAX times, with every "
+        "guarantee of `ricochet replay`",
+        json_schema_extra={"allowed": f"0 (off), or >= {RELAUNCH_MIN_INTERVAL_S}"},
+    )
+    relaunch_kinds: Annotated[
+        tuple[str, ...], NoDecode, BeforeValidator(_kinds), AfterValidator(_check_kinds)
+    ] = Field(
+        ("exhausted",),
+        description="the failed kinds the monitor relaunches",
+        json_schema_extra={"allowed": "comma-separated: " + ", ".join(FAILED_KINDS)},
+    )
+    relaunch_max: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="a copy replayed this many times (its replay-count) is left for a person",
+    )
     # The failed-jobs console's replay and discard forms work only when it is set, and only for a
     # request that carries it in the form; unset, the console is read-only.
     console_token: Annotated[
         SecretStr | None, BeforeValidator(_empty_is_none), AfterValidator(_check_token)
     ] = Field(
         None,
+        description="a secret: the [failed-jobs console](operations.md#the-console)'s "
+        "replay and discard forms work only for a request that carries it; unset, the console "
+        "is read-only. Never logged or shown",
         json_schema_extra={
             "allowed": f"at least {TOKEN_MIN_CHARS} printable characters, no spaces"
         },
@@ -222,6 +424,22 @@ class Settings(ClientSettings):
             raise _conflict("retry_delays_ms", "max_retries")
         return {**values, "max_retries": len(ladder)}
 
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        """The queues the worker consumes: RICOCHET_QUEUES' names, else RICOCHET_QUEUE."""
+        return (self.queue,) if self.queues is None else tuple(n for n, _ in self.queues)
+
+    def per_queue(self) -> tuple["Settings", ...]:
+        """These settings once per queue the worker consumes (RICOCHET_QUEUES, else
+        RICOCHET_QUEUE), each with that queue and its prefetch: whatever reads a queue's
+        settings serves that queue alone."""
+        if self.queues is None:
+            return (self,)
+        return tuple(
+            self.model_copy(update={"queue": name, "prefetch": prefetch or self.prefetch})
+            for name, prefetch in self.queues
+        )
+
     @model_validator(mode="after")
     def _max_delay_not_below_first(self) -> "Settings":
         if self.retry_delay_max_ms < self.retry_delay_ms:
@@ -234,8 +452,8 @@ def _conflict(name: str, other: str) -> PydanticCustomError:
     return PydanticCustomError("conflict", f"{a} and {b} conflict: set one of them, not both")
 
 
-def _allowed(field: FieldInfo) -> str:
-    """The allowed range of a field, as the error message states it."""
+def allowed(field: FieldInfo) -> str:
+    """The allowed range of a field, as the error message and the settings reference state it."""
     extra = field.json_schema_extra
     if isinstance(extra, dict) and "allowed" in extra:
         return str(extra["allowed"])
@@ -255,6 +473,8 @@ def _describe(error: ValidationError, model: type[ClientSettings] = Settings) ->
     first = error.errors()[0]
     if first["type"] == "conflict":
         return str(first["msg"])
+    if first["type"] == "queues":
+        return f"{ENV_PREFIX}QUEUES is invalid: {first['msg']}"
     if first["type"] == "extra_forbidden":
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
     # The cross-field check has no location: it is about the cap on the delays.
@@ -264,10 +484,11 @@ def _describe(error: ValidationError, model: type[ClientSettings] = Settings) ->
     if isinstance(value, dict):
         # The cap left at its default can still be below a first delay that was set.
         value = value.get(name, field.default)
-    allowed = _allowed(field)
+    allowed_text = allowed(field)
     if first["type"] == "finite_number":
-        allowed = f"a finite number, {allowed}"
-    return f"{ENV_PREFIX}{name.upper()}={_shown(name, str(value))!r} is invalid: allowed {allowed}"
+        allowed_text = f"a finite number, {allowed_text}"
+    shown = _shown(name, str(value))
+    return f"{ENV_PREFIX}{name.upper()}={shown!r} is invalid: allowed {allowed_text}"
 
 
 def _shown(name: str, value: str) -> str:

@@ -1,5 +1,6 @@
 """The broker side: the AMQP adapter over aiormq/pamqp, connecting, confirmed publishing,
-the topology (every queue name and argument), queue depths and the management API.
+the topology (its plan as data, the diff with what the broker holds, and declaring it), queue
+depths and the management API.
 
-Imports only the base modules (errors, log, settings, tracing).
+Imports only the base modules (errors, log, names, settings, tracing).
 """

@@ -1,5 +1,10 @@
 """The AMQP adapter: the only module that uses aiormq and pamqp, aio-pika's protocol layer.
 
+The Client publishes on the AMQP channel under aio-pika's, a message built straight into the
+protocol's properties (Publisher, properties()): an aio_pika.Message checks and converts every
+property, and aio-pika then builds the same properties from it again, most of what an enqueue
+costs besides the broker's work (bench/README.md). Both are aiormq's and pamqp's public API.
+
 The worker takes its deliveries from the AMQP channel under aio-pika's and reads them from the
 frames: aio-pika's IncomingMessage decodes and checks every property of every delivery, while a
 job needs the body, five properties and the delivery. A copy of a message (failed or cleaned)
@@ -39,8 +44,6 @@ CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
 # What the broker closes the connection with for a command it cannot carry out: an exchange of
 # a type no enabled plugin provides, say.
 COMMAND_INVALID = ConnectionCommandInvalid
-# Absent, transient, persistent: the delivery modes aio-pika decodes.
-KNOWN_DELIVERY_MODES = (None, 1, 2)
 
 
 class Delivery:
@@ -284,6 +287,57 @@ LENIENT_READERS: dict[str, LenientReader] = {
     "table": _headers,
 }
 NESTED_READERS: dict[bytes, LenientReader] = {b"F": _table, b"A": _array, b"T": _timestamp}
+
+
+# A message's properties as the protocol carries them.
+Properties = spec.Basic.Properties
+PERSISTENT = 2  # the delivery_mode of a message the broker writes to disk
+
+
+def properties(
+    *,
+    content_type: str | None,
+    message_id: str,
+    message_type: str | None,
+    headers: dict[str, Any],
+    timestamp: dt.datetime,
+) -> Properties:
+    """A persistent message's properties, as basic.publish takes them."""
+    return Properties(
+        content_type=content_type,
+        delivery_mode=PERSISTENT,
+        message_id=message_id,
+        message_type=message_type,
+        headers=headers,
+        timestamp=timestamp,
+    )
+
+
+class Publisher:
+    """The AMQP channel under an aio-pika channel with publisher confirms, where the Client
+    publishes messages already built into their properties."""
+
+    def __init__(self, channel: FramesChannel) -> None:
+        self._channel = channel
+
+    @classmethod
+    async def under(cls, channel: AbstractChannel) -> "Publisher":
+        return cls(await channel.get_underlay_channel())
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self._channel.is_closed)
+
+    async def publish(
+        self, body: bytes, properties: Properties, queue: str, timeout_s: float | None
+    ) -> None:
+        """Publish to a queue through the default exchange, mandatory, and wait for the confirm;
+        PublishError when no queue took it, DeliveryError when the broker refused it,
+        TimeoutError when it has not confirmed it within timeout_s (aiormq's own timer, which it
+        runs for every publish anyway)."""
+        await self._channel.basic_publish(
+            body, routing_key=queue, properties=properties, mandatory=True, timeout=timeout_s
+        )
 
 
 class Frames:

@@ -13,6 +13,7 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -28,13 +29,10 @@ from ricochet.broker.cancel_log import (
     decode_snapshot,
     encode_snapshot,
 )
+from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
-from ricochet.broker.topology import (
-    CANCELS_MAX_AGE_S,
-    SHARED,
-    Names,
-)
-from ricochet.headers import INCARNATION
+from ricochet.headers import INCARNATION, RECORD_QUEUE, STREAM_OFFSET
+from ricochet.names import SHARED, Names
 
 log = structlog.get_logger("ricochet.cancels")
 
@@ -43,8 +41,6 @@ log = structlog.get_logger("ricochet.cancels")
 CANCEL = "cancel"
 WAIT = "wait"
 MARKER = "marker"
-# The queue a cancel or a wait concerns (the store is shared by every queue of the vhost).
-QUEUE_HEADER = "ricochet-queue"
 # The newest snapshot of the live cancels: a queue that keeps one message (the last written).
 # A snapshot another reader holds for a moment is looked for again this often, this far apart.
 SNAPSHOT_TRIES = 10
@@ -77,13 +73,13 @@ def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) ->
 
 def cancel_record(queue: str, message_id: str) -> aio_pika.Message:
     """The record that cancels queue's job message_id."""
-    return record(CANCEL, message_id, {QUEUE_HEADER: queue})
+    return record(CANCEL, message_id, {RECORD_QUEUE: queue})
 
 
 def wait_record(queue: str, message_id: str, token: str) -> aio_pika.Message:
     """The record that the client's job (queue, message_id, token) starts to wait: written
     before it waits, so that a cancel made while it waits comes after it in the store."""
-    return record(WAIT, message_id, {QUEUE_HEADER: queue, INCARNATION: token})
+    return record(WAIT, message_id, {RECORD_QUEUE: queue, INCARNATION: token})
 
 
 async def publish_cancel(connection: AbstractConnection, names: Names, message_id: str) -> None:
@@ -112,7 +108,7 @@ class _Legacy:
         self.markers: dict[str, asyncio.Future[None]] = {}
 
     async def read(self, entry: AbstractIncomingMessage) -> None:
-        offset = entry.headers.get("x-stream-offset")
+        offset = entry.headers.get(STREAM_OFFSET)
         if entry.type == CANCEL and entry.message_id:
             stamp = entry.timestamp
             at = epoch_s(stamp) if stamp else time.time()
@@ -130,8 +126,9 @@ class CancelReader:
     """Follows the cancel store on a channel of its own, into one CancelLog, loaded again from
     the newest snapshot on every connection."""
 
-    def __init__(self, queue: str) -> None:
-        self._queue = queue
+    def __init__(self, *queues: str) -> None:
+        # The queues whose old per-queue stores (Q.cancels) are read while they exist.
+        self._queues = queues
         self.cancelled = CancelLog(CANCELS_MAX_AGE_S)
         self._channel: AbstractChannel | None = None
         self._markers: dict[str, asyncio.Future[None]] = {}
@@ -139,13 +136,20 @@ class CancelReader:
         self._since_snapshot = 0
         self._snapshot_after = SNAPSHOT_EVERY
         self._legacy_next: dict[str, int] = {}
-        self._legacy: _Legacy | None = None
+        self._legacy: dict[str, _Legacy] = {}
         self._writing: asyncio.Task[None] | None = None
         self._use_snapshot = True
         self._pruned_at = 0.0
         # Set when the reader's channel closes, or the broker cancels its consumer, under a live
         # connection: cancels stop arriving.
         self.lost = asyncio.Event()
+        # Told of each cancel as it is read (queue, message_id): the jobs running now may be
+        # among those it covers.
+        self._listeners: list[Callable[[str, str], None]] = []
+
+    def on_cancel(self, listener: Callable[[str, str], None]) -> None:
+        """Call listener(queue, message_id) for every cancel read from the stream from now on."""
+        self._listeners.append(listener)
 
     async def follow(self, connection: AbstractConnection) -> None:
         """Read every cancel recorded until now (the newest snapshot, then the stream from its
@@ -169,7 +173,7 @@ class CancelReader:
         self._channel = channel
         self._markers = {}
         queue = await channel.get_queue(SHARED.cancels, ensure=False)
-        await queue.consume(self._read, arguments={"x-stream-offset": start})
+        await queue.consume(self._read, arguments={STREAM_OFFSET: start})
         channel.close_callbacks.add(self._closed)
         # The broker cancels a stream's consumer when the stream goes (deleted, its member lost).
         (await Frames.under(channel)).on_cancelled(self._closed)
@@ -183,7 +187,9 @@ class CancelReader:
                 f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
             )
         self._use_snapshot = True
-        await self._follow_legacy(connection)
+        self._legacy = {}
+        for queue_name in self._queues:
+            await self._follow_legacy(connection, queue_name)
         log.info(
             "cancels read",
             cancelled=len(self.cancelled),
@@ -233,28 +239,27 @@ class CancelReader:
             markers.pop(marker, None)
         return seen.done() and not seen.cancelled()
 
-    async def _follow_legacy(self, connection: AbstractConnection) -> None:
-        """Read this queue's old per-queue store when it exists (without declaring it), or
+    async def _follow_legacy(self, connection: AbstractConnection, queue: str) -> None:
+        """Read the queue's old per-queue store when it exists (without declaring it), or
         delete it once it holds no cancel within the kept time and nobody else reads it."""
-        name = Names(self._queue).cancels
+        name = Names(queue).cancels
         channel = await connection.channel(publisher_confirms=True)
         try:
             await channel.declare_queue(name, passive=True)
         except ChannelClosed:
             return  # none: the channel is closed with the refusal
         await channel.set_qos(prefetch_count=READ_PREFETCH)
-        legacy = _Legacy(name, self.cancelled, self._queue, self._legacy_next.get(self._queue))
+        legacy = _Legacy(name, self.cancelled, queue, self._legacy_next.get(queue))
         store = await channel.get_queue(name, ensure=False)
         start = "first" if legacy.next_offset is None else legacy.next_offset
-        tag = await store.consume(legacy.read, arguments={"x-stream-offset": start})
+        tag = await store.consume(legacy.read, arguments={STREAM_OFFSET: start})
         channel.close_callbacks.add(self._closed)
         if not await self._caught_up(channel, name, legacy.markers):
             await channel.close()
             raise ChannelInvalidStateError(f"the old cancel store {name} could not be read")
-        self._legacy = legacy
+        self._legacy[queue] = legacy
         if not any(
-            queue == self._queue and offset == BEFORE_ALL
-            for queue, _, offset, _ in self.cancelled.entries()
+            of == queue and offset == BEFORE_ALL for of, _, offset, _ in self.cancelled.entries()
         ):
             channel.close_callbacks.discard(self._closed)
             await store.cancel(tag)
@@ -264,8 +269,8 @@ class CancelReader:
                 log.info("old cancel store kept: still in use", store=name, reason=str(error))
                 return
             log.info("old cancel store deleted: its cancels are past the kept time", store=name)
-            self._legacy = None
-            self._legacy_next.pop(self._queue, None)
+            del self._legacy[queue]
+            self._legacy_next.pop(queue, None)
             await channel.close()
 
     def _closed(self, *_: Any) -> None:
@@ -275,8 +280,8 @@ class CancelReader:
                 marker.cancel()
 
     async def _read(self, entry: AbstractIncomingMessage) -> None:
-        offset = entry.headers.get("x-stream-offset")
-        queue = entry.headers.get(QUEUE_HEADER)
+        offset = entry.headers.get(STREAM_OFFSET)
+        queue = entry.headers.get(RECORD_QUEUE)
         if not isinstance(offset, int):
             offset = self._next_offset
         if entry.type == CANCEL and entry.message_id and isinstance(queue, str):
@@ -284,6 +289,8 @@ class CancelReader:
             now = time.time()
             at = epoch_s(stamp) if stamp else now
             self.cancelled.add_cancel(queue, entry.message_id, offset=offset, at_s=at, now_s=now)
+            for listener in self._listeners:
+                listener(queue, entry.message_id)
         elif entry.type == WAIT and entry.message_id and isinstance(queue, str):
             token = entry.headers.get(INCARNATION)
             if isinstance(token, str):
@@ -315,8 +322,9 @@ class CancelReader:
         self._since_snapshot = 0
         self._snapshot_after = int(SNAPSHOT_EVERY * (1 + random.random() / 2))
         legacy = dict(self._legacy_next)
-        if self._legacy is not None and self._legacy.next_offset is not None:
-            legacy[self._queue] = self._legacy.next_offset
+        for queue, store in self._legacy.items():
+            if store.next_offset is not None:
+                legacy[queue] = store.next_offset
         copied, next_offset = self.cancelled.copy(), self._next_offset
         self._writing = asyncio.get_running_loop().create_task(
             self._publish_snapshot(copied, next_offset, legacy)

@@ -17,8 +17,8 @@ from aio_pika.exceptions import ChannelNotFoundEntity
 from ricochet.broker.connection import SHARED_WAITING, connection_name
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.management import Api, open_api, vhost
-from ricochet.broker.topology import DELAY_LEVELS, Names
 from ricochet.errors import ManagementUnavailable
+from ricochet.names import DELAY_LEVELS, Names
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.topology")

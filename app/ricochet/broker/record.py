@@ -16,9 +16,11 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
+from ricochet.broker.declare import declare
 from ricochet.broker.legacy import retire_legacy_delays
+from ricochet.broker.plan import PLAN_FIELDS, Plan
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.topology import PLAN_FIELDS, Names, Plan, declare
+from ricochet.names import Names
 from ricochet.settings import Settings
 
 ARGUMENTS: dict[str, Any] = {
@@ -58,7 +60,7 @@ async def write_record(channel: AbstractChannel, settings: Settings) -> None:
 
 
 async def declare_recorded(connection: AbstractConnection, settings: Settings) -> Plan:
-    """Declare the topology (broker/topology.py), then record the settings it was declared with;
+    """Declare the topology (broker/declare.py), then record the settings it was declared with;
     retire the per-queue delay levels of earlier versions once they are done with."""
     declared = await declare(connection, settings)
     await retire_legacy_delays(connection, settings)

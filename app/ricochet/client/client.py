@@ -4,25 +4,23 @@ import asyncio
 import contextlib
 import datetime as dt
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, cast
 
-import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError, PublishError
-from aiormq import spec
 
-from ricochet.broker.amqp import CONNECTION_ERRORS, frame_max, refusal
+from ricochet.broker.amqp import CONNECTION_ERRORS, Properties, Publisher, frame_max, refusal
 from ricochet.broker.cancels import cancel_record, wait_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
-from ricochet.broker.topology import SHARED
-from ricochet.client.message import Delay, cancelled_id, check_frame, job_message
-from ricochet.errors import MissingQueue, NotConfirmed
-from ricochet.headers import FRESH_ID, INCARNATION, RUN_AT
+from ricochet.client.message import Delay, cancelled_id, check_frame, job_message, target_queue
+from ricochet.errors import ClientClosed, MissingQueue, NotConfirmed
+from ricochet.headers import FRESH_ID, INCARNATION
 from ricochet.log import redact
+from ricochet.names import SHARED
 from ricochet.settings import load_client_settings
 from ricochet.tracing import publish_span
 
@@ -79,7 +77,7 @@ class Client:
         self._connection: AbstractConnection | None = None
         # The aio_pika channel is only kept open (it closes itself when collected).
         self._channel: AbstractChannel | None = None
-        self._publisher: aiormq.abc.AbstractChannel | None = None
+        self._publisher: Publisher | None = None
         self._frame_max = 0  # the connection's, read when it opens
         self._opening = asyncio.Lock()
         self._unconfirmed = asyncio.Semaphore(MAX_UNCONFIRMED)
@@ -90,7 +88,7 @@ class Client:
 
     async def __aenter__(self) -> Self:
         if self._closed:
-            raise RuntimeError("the client is closed")
+            raise ClientClosed("the client is closed")
         await self._open_channel()
         return self
 
@@ -109,13 +107,19 @@ class Client:
         *,
         message_id: str | None = None,
         max_retries: int | None = None,
+        retry_delays_ms: Sequence[int] | None = None,
         delay: Delay | None = None,
         run_at: dt.datetime | None = None,
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
+        queue: str | None = None,
     ) -> str:
-        """Publish one persistent job to the queue and return its message_id once the broker
-        has confirmed it.
+        """Publish one persistent job to the queue (the client's, unless given another) and
+        return its message_id once the broker has confirmed it.
+
+        retry_delays_ms is the job's own ladder (ricochet.exponential, linear, fixed make one):
+        it beats its type's and the worker's, and its length is the job's retry budget (which
+        max_retries may lower).
 
         InvalidJob (nothing sent) for an argument out of bounds, or headers too large for the
         connection's frame; BrokerUnavailable when the broker cannot be reached; NotConfirmed
@@ -128,13 +132,15 @@ class Client:
             now=dt.datetime.now(dt.UTC),
             message_id=message_id,
             max_retries=max_retries,
+            retry_delays_ms=retry_delays_ms,
             delay=delay,
             run_at=run_at,
             headers=headers,
             content_type=content_type,
         )
+        target = self.queue if queue is None else target_queue(queue)
         if self._closed:
-            raise RuntimeError("the client is closed")
+            raise ClientClosed("the client is closed")
         body, properties = message
         job_id = str(properties.message_id)
         # job_message gives every job a headers dict of its own.
@@ -145,7 +151,7 @@ class Client:
         headers[INCARNATION] = token
         self._enqueuing += 1
         try:
-            with publish_span(self.queue, job_id, headers):
+            with publish_span(target, job_id, headers):
                 channel = await self._open_channel()
                 # Checked once the span's headers are in, against this connection's frame: a
                 # header frame too large would make the broker close the connection, and cut
@@ -154,24 +160,35 @@ class Client:
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
-                    if message_id and RUN_AT in headers:
-                        # A scheduled job waits from now: its wait goes in the store first, so
-                        # that a worker that sees the job can read its wait (and a cancel made
-                        # once enqueue returned comes after it).
-                        await self._note_wait(channel, job_id, token)
-                    await self._publish(channel, body, properties, self.queue, job_id, _enqueuing)
+                    if not message_id:
+                        await self._publish(channel, body, properties, target, job_id, _enqueuing)
+                        return job_id
+                    # A job of a given id waits from now (in the backlog, or for its schedule):
+                    # its wait goes in the store first, on this channel, so that a worker that
+                    # sees the job can read its wait, and a cancel made once enqueue returned
+                    # comes after it (ricochet.broker.cancel_log). The job's publish follows
+                    # without waiting for the wait's confirm; both are confirmed on return.
+                    noting = asyncio.ensure_future(self._note_wait(channel, target, job_id, token))
+                    await asyncio.sleep(0)  # its publish takes the channel first
+                    try:
+                        await self._publish(channel, body, properties, target, job_id, _enqueuing)
+                    finally:
+                        await asyncio.wait({noting})
+                    noting.result()
         finally:
             self._enqueuing -= 1
             if not self._enqueuing:
                 self._settled.set()
         return job_id
 
-    async def cancel(self, message_id: str) -> None:
-        """Cancel a job that waits (scheduled, between retries, or after a RetryLater): when it
-        comes due, no worker runs it. An unknown or finished job is left as it is.
+    async def cancel(self, message_id: str, *, queue: str | None = None) -> None:
+        """Cancel a job: one that waits (scheduled, between retries, or after a RetryLater) or is
+        still in the queue never runs (again); one running sees job.cancelled (its handler is
+        interrupted if it asked to be). An unknown or finished job is left as it is.
 
-        The cancel names the client's queue: a job of another queue with the same message_id
-        is left as it is. A job enqueued through a client after this returned runs.
+        The cancel names the client's queue (unless given another): a job of another queue with
+        the same message_id is left as it is. A job enqueued through a client after this
+        returned runs.
 
         Returns once the broker has confirmed the cancel in the vhost's cancel store;
         InvalidJob (nothing sent) for a message_id no job can have (empty, not a string, over
@@ -179,12 +196,13 @@ class Client:
         twice is one cancel).
         """
         message_id = cancelled_id(message_id)
+        target = self.queue if queue is None else target_queue(queue)
         if self._closed:
-            raise RuntimeError("the client is closed")
+            raise ClientClosed("the client is closed")
         self._enqueuing += 1
         try:
             channel = await self._open_channel()
-            record = cancel_record(self.queue, message_id)
+            record = cancel_record(target, message_id)
             async with self._unconfirmed, self._one_per_id.alone(message_id):
                 await self._publish(
                     channel,
@@ -199,20 +217,18 @@ class Client:
             if not self._enqueuing:
                 self._settled.set()
 
-    async def _note_wait(
-        self, channel: aiormq.abc.AbstractChannel, job_id: str, token: str
-    ) -> None:
-        """The wait of a scheduled job, in the cancel store; with no store there is no cancel
+    async def _note_wait(self, channel: Publisher, queue: str, job_id: str, token: str) -> None:
+        """The wait of a job of a given id, in the cancel store; with no store there is no cancel
         to come before it, so a wait the broker cannot route is no error."""
-        record = wait_record(self.queue, job_id, token)
-        with contextlib.suppress(PublishError):
-            await channel.basic_publish(
-                record.body,
-                routing_key=SHARED.cancels,
-                properties=record.properties,
-                mandatory=True,
-                timeout=self._confirm_timeout_s,
+        record = wait_record(queue, job_id, token)
+        try:
+            await channel.publish(
+                record.body, record.properties, SHARED.cancels, self._confirm_timeout_s
             )
+        except PublishError:
+            pass  # no store yet: no cancel can have come before the job
+        except (DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
+            raise self._not_confirmed(error, SHARED.cancels, _enqueuing(job_id)) from None
 
     async def close(self) -> None:
         """Wait until the jobs being enqueued are confirmed (or refused), then disconnect."""
@@ -224,10 +240,11 @@ class Client:
             await close_quietly(self._connection)
         self._connection = self._channel = self._publisher = None
 
-    async def _open_channel(self) -> aiormq.abc.AbstractChannel:
+    async def _open_channel(self) -> Publisher:
         """The confirming channel, opened (with the connection, if that was lost too) when there
-        is none; concurrent callers wait for one opening. Its aiormq channel is what publishes:
-        aio_pika's publish only builds a message's properties and calls it."""
+        is none; concurrent callers wait for one opening. The AMQP channel under it is what
+        publishes (broker/amqp.py's Publisher): aio_pika's publish only builds a message's
+        properties and calls it."""
         if self._publisher is not None and not self._publisher.is_closed:
             return self._publisher
         async with self._opening:
@@ -242,29 +259,22 @@ class Client:
                     )
                     self._frame_max = frame_max(self._connection)
                 self._channel = await confirming_channel(self._connection)
-                self._publisher = await self._channel.get_underlay_channel()
+                self._publisher = await Publisher.under(self._channel)
             return self._publisher
 
     async def _publish(
         self,
-        channel: aiormq.abc.AbstractChannel,
+        channel: Publisher,
         body: bytes,
-        properties: spec.Basic.Properties,
+        properties: Properties,
         queue: str,
         job_id: str,
         publishing: Callable[[str], _Publish],
     ) -> None:
         """One publish, mandatory and confirmed, never repeated: a second could enqueue the job
-        twice. `publishing` names it for the errors, only when there is one. aiormq times the
-        confirm (it times every publish anyway)."""
+        twice. `publishing` names it for the errors, only when there is one."""
         try:
-            await channel.basic_publish(
-                body,
-                routing_key=queue,
-                properties=properties,
-                mandatory=True,
-                timeout=self._confirm_timeout_s,
-            )
+            await channel.publish(body, properties, queue, self._confirm_timeout_s)
         except (PublishError, DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
             raise self._not_confirmed(error, queue, publishing(job_id)) from None
 

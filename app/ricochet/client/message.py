@@ -14,15 +14,15 @@ import math
 import random
 import struct
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from aiormq import spec
-
-from ricochet.broker.amqp import table_size
+from ricochet import ladders
+from ricochet.broker.amqp import Properties, properties, table_size
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import InvalidJob
-from ricochet.headers import MAX_RETRIES, RUN_AT, is_reserved
+from ricochet.headers import MAX_RETRIES, RETRY_DELAYS, RUN_AT, is_reserved
+from ricochet.settings import queue_problem
 
 # An AMQP short string (the type and message_id properties) holds at most 255 bytes.
 SHORT_STRING_MAX_BYTES = 255
@@ -44,8 +44,6 @@ JSON = "application/json"
 # Built once: json.dumps with any option builds an encoder on every call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
-PERSISTENT = 2  # the delivery_mode of a message the broker writes to disk
-
 Delay = float | dt.timedelta
 
 
@@ -54,7 +52,7 @@ class Outgoing(NamedTuple):
     aio_pika.Message would cost more than the rest of an enqueue (bench/README.md)."""
 
     body: bytes
-    properties: spec.Basic.Properties
+    properties: Properties
 
 
 def job_message(
@@ -64,6 +62,7 @@ def job_message(
     now: dt.datetime,
     message_id: str | None = None,
     max_retries: int | None = None,
+    retry_delays_ms: Sequence[int] | None = None,
     delay: Delay | None = None,
     run_at: dt.datetime | None = None,
     headers: Mapping[str, Any] | None = None,
@@ -74,6 +73,8 @@ def job_message(
     job_headers = _own_headers(headers)
     if max_retries is not None:
         job_headers[MAX_RETRIES] = _max_retries(max_retries)
+    if retry_delays_ms is not None:
+        job_headers[RETRY_DELAYS] = _retry_delays(retry_delays_ms)
     due = _due(now, delay, run_at)
     if due is not None:
         job_headers[RUN_AT] = run_at_text(due)
@@ -87,9 +88,8 @@ def job_message(
         )
     return Outgoing(
         body,
-        spec.Basic.Properties(
+        properties(
             content_type=content_type,
-            delivery_mode=PERSISTENT,
             message_id=(
                 _short_string("message_id", message_id) if message_id is not None else _new_id()
             ),
@@ -119,6 +119,14 @@ def cancelled_id(message_id: object) -> str:
     """The message_id of a cancel, or InvalidJob when no job can have it: empty, not a string,
     or over 255 bytes in UTF-8 (what an AMQP short string holds; 255 ASCII characters)."""
     return _short_string("message_id", message_id)
+
+
+def target_queue(queue: object) -> str:
+    """The queue a job or cancel names, or InvalidJob when no ricochet queue has that name."""
+    problem = queue_problem(queue)
+    if problem:
+        raise InvalidJob(f"queue {queue!r} is refused: {problem}")
+    return str(queue)
 
 
 def run_at_text(when: dt.datetime) -> str:
@@ -163,6 +171,14 @@ def _max_retries(value: object) -> int:
     if not 0 <= value <= MAX_RETRIES_ALLOWED:
         raise InvalidJob(f"max_retries={value} is out of bounds: allowed 0-{MAX_RETRIES_ALLOWED}")
     return value
+
+
+def _retry_delays(value: object) -> str:
+    """The job's own ladder as its header carries it."""
+    try:
+        return ladders.text(ladders.checked(value))
+    except ValueError as error:
+        raise InvalidJob(f"retry_delays_ms={error}") from None
 
 
 def _due(now: dt.datetime, delay: object, run_at: object) -> dt.datetime | None:
@@ -210,7 +226,7 @@ def _own_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
         if is_reserved(name):
             raise InvalidJob(
                 f"headers: {name!r} is a header that ricochet or the broker owns"
-                " (the README lists them)"
+                " (docs/enqueueing.md lists them)"
             )
     return dict(headers)
 

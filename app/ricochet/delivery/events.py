@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ricochet.delivery.failed import Failure
-from ricochet.delivery.retry import Decision, Facts, Outcome
+from ricochet.delivery.retry import Facts, Outcome, Settlement
 
 
 class Settled(NamedTuple):
@@ -15,7 +15,7 @@ class Settled(NamedTuple):
 
     message_id: str | None
     facts: Facts
-    decision: Decision
+    decision: Settlement
     failure: Failure | None = None
     # The "job failed" line's fields, when it went to the failed queue.
     failed_fields: Mapping[str, Any] | None = None

@@ -21,7 +21,25 @@ from ricochet.delivery.retry import (
 )
 from ricochet.delivery.tracebacks import format_traceback
 from ricochet.errors import InvalidProperties, InvalidSchedule, PoisonMessage, RicochetError
-from ricochet.headers import RETRIES, RUN_AT
+from ricochet.headers import (
+    DEATH_PREFIXES,
+    DEATHS,
+    FAILED_AT,
+    FAILED_DROPPED_HEADERS,
+    FAILED_EXCEPTION,
+    FAILED_KIND,
+    FAILED_REASON,
+    FAILED_TRACEBACK,
+    FAILURE_HEADERS,
+    ORIGINAL_QUEUE,
+    ORIGINAL_ROUTING_KEY,
+    REPLAY_COUNT,
+    RETRIES,
+    RETRY_COUNT,
+    RUN_AT,
+    WAIT_REASON,
+    WAITING_SINCE,
+)
 from ricochet.log import redact
 
 REASON_MAX_CHARS = 1000
@@ -31,18 +49,7 @@ TRACEBACK_MAX_CHARS = 4096
 PROPERTIES_RESERVE_BYTES = 4096
 
 # Headers the broker writes while dead-lettering; a failed copy starts its history afresh.
-DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
-FAILURE_HEADERS = (
-    "failed-at",
-    "failed-reason",
-    "failed-exception",
-    "failed-traceback",
-    "failed-kind",
-    "retry-count",
-    "original-queue",
-    "original-routing-key",
-    "failed-dropped-headers",
-)
+DEATH_HEADERS = (DEATHS, *DEATH_PREFIXES)
 # Message properties carried over to the failed copy and back on replay.
 COPIED_PROPERTIES = (
     "content_type",
@@ -56,14 +63,18 @@ COPIED_PROPERTIES = (
 )
 
 
+# What ricochet wrote on a copy about the job's wait: each copy writes its own anew.
+WAIT_HEADERS = frozenset({RETRIES, WAITING_SINCE, WAIT_REASON})
+
+
 def copied_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The application headers as a copy carries them: without the broker's dead-letter
-    bookkeeping and ricochet's count of retries, and with long strings that are not UTF-8 as
-    byte arrays of the same bytes."""
+    bookkeeping, ricochet's count of retries and what it said of the job's last wait, and with
+    long strings that are not UTF-8 as byte arrays of the same bytes."""
     return {
         k: _sendable(v)
         for k, v in headers.items()
-        if not k.startswith(DEATH_HEADERS) and k != RETRIES
+        if not k.startswith(DEATH_HEADERS) and k not in WAIT_HEADERS
     }
 
 
@@ -133,14 +144,14 @@ def failed_headers(
     """The failed copy's headers: the original's without x-death, plus the failure's."""
     return {
         **copied_headers(headers),
-        "failed-at": now.astimezone(dt.UTC).isoformat(),
-        "failed-reason": failure.reason,
-        "failed-exception": exception_name(failure.exception),
-        "failed-traceback": failure.traceback,
-        "failed-kind": str(kind),
-        "retry-count": retry_count,
-        "original-queue": queue,
-        "original-routing-key": routing_key,
+        FAILED_AT: now.astimezone(dt.UTC).isoformat(),
+        FAILED_REASON: failure.reason,
+        FAILED_EXCEPTION: exception_name(failure.exception),
+        FAILED_TRACEBACK: failure.traceback,
+        FAILED_KIND: str(kind),
+        RETRY_COUNT: retry_count,
+        ORIGINAL_QUEUE: queue,
+        ORIGINAL_ROUTING_KEY: routing_key,
     }
 
 
@@ -154,7 +165,7 @@ def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
     """
     fitted = dict(headers)
     limit = frame_max - PROPERTIES_RESERVE_BYTES
-    for key, keep_end, floor in (("failed-traceback", True, 0), ("failed-reason", False, 200)):
+    for key, keep_end, floor in ((FAILED_TRACEBACK, True, 0), (FAILED_REASON, False, 200)):
         excess = table_size(fitted) - limit
         if excess <= 0:
             return fitted
@@ -171,7 +182,7 @@ def fit_to_frame(headers: dict[str, Any], frame_max: int) -> dict[str, Any]:
             break
         del fitted[key]
         dropped.append(key)
-        fitted["failed-dropped-headers"] = ",".join(dropped)
+        fitted[FAILED_DROPPED_HEADERS] = ",".join(dropped)
     return fitted
 
 
@@ -245,21 +256,30 @@ def failed_copy(
     fitted = fit_to_frame(headers, frame_max)
     log_fields = {
         "kind": str(kind),
-        "error": fitted["failed-reason"],
+        "error": fitted[FAILED_REASON],
         # The header's traceback as it was before fitting: a log line has no frame to fit.
-        "exception": headers["failed-traceback"].removesuffix("\n"),
+        "exception": headers[FAILED_TRACEBACK].removesuffix("\n"),
     }
     copy = copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), fitted)
     return FailedCopy(copy, log_fields)
 
 
-def counted_copy(delivery: Delivery, retries: int) -> aio_pika.Message:
+def counted_copy(
+    delivery: Delivery, retries: int, waiting: tuple[int, str | None] | None = None
+) -> aio_pika.Message:
     """The copy of a job that ricochet publishes again to wait or to reach its tier: without
     the broker's dead-letter headers (RabbitMQ 4 would drop them anyway), with the retries it
-    made so far (none: no header)."""
+    made so far (none: no header). waiting, for a copy to the delays: since when it waits there
+    (epoch milliseconds) and the reason of the failure it waits after (None: no failure), which
+    `ricochet waiting` reads."""
     headers = copied_headers(delivery.headers)
     if retries:
         headers[RETRIES] = retries
+    if waiting is not None:
+        since_ms, reason = waiting
+        headers[WAITING_SINCE] = since_ms
+        if reason is not None:
+            headers[WAIT_REASON] = reason
     return copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), headers)
 
 
@@ -273,9 +293,13 @@ class FailureInfo:
     kind: str | None
     retry_count: int | None
     failed_at: str | None
+    # Replays so far (the relaunch reads it); not among what the commands and alerts show.
+    replay_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(self)
+        del shown["replay_count"]
+        return shown
 
 
 def _text(value: Any) -> str | None:
@@ -288,14 +312,15 @@ def read_failure(
     headers: Mapping[str, Any], message_id: str | None, amqp_type: str | None, body: bytes
 ) -> FailureInfo:
     """The failure a copy describes; tolerant of copies that lack some headers."""
-    count = headers.get("retry-count")
+    count = headers.get(RETRY_COUNT)
     return FailureInfo(
         message_id=message_id,
         type=job_type(amqp_type, body),
         # Scrubbed again: copies written by other clients or older versions reach replay's output,
         # the monitor's log and the webhook through here.
-        reason=redact(_text(headers.get("failed-reason")) or "unknown"),
-        kind=_text(headers.get("failed-kind")),
+        reason=redact(_text(headers.get(FAILED_REASON)) or "unknown"),
+        kind=_text(headers.get(FAILED_KIND)),
         retry_count=count if is_int(count) else None,
-        failed_at=_text(headers.get("failed-at")),
+        failed_at=_text(headers.get(FAILED_AT)),
+        replay_count=replays if is_int(replays := headers.get(REPLAY_COUNT)) and replays > 0 else 0,
     )

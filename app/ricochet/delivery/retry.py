@@ -5,12 +5,16 @@ import enum
 import functools
 import json
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, ClassVar, NamedTuple, TypeGuard, overload
 
-from ricochet.broker.topology import CANCELS_MAX_AGE_S
-from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
+from ricochet import ladders
+from ricochet.broker.plan import CANCELS_MAX_AGE_S
+from ricochet.errors import InvalidRetryDelays
+from ricochet.headers import DEATHS, DELIVERY_COUNTS, MAX_RETRIES, RETRIES, RETRY_DELAYS, RUN_AT
+from ricochet.ladders import Ladder
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
@@ -26,21 +30,7 @@ class Outcome(enum.Enum):
     TRANSIENT = "transient"
     PERMANENT = "permanent"
     LATER = "later"  # a transient failure that asks for its next attempt no earlier than a time
-
-
-class Action(enum.Enum):
-    """What the consumer does with the delivery."""
-
-    RUN = "run"  # the handler has not run yet: run it
-    ACK = "ack"
-    RETRY = "retry"
-    FAIL = "fail"
-    SANITIZE = "sanitize"  # republish without the forged x-death, then ack
-    CANCEL = "cancel"  # cancelled while it waited: ack, never run
-    DELAY = "delay"  # publish a copy to the delays, due in delay_ms, then ack
-    # A retry whose routing key does not lead to its tier (it came back from the delays): publish
-    # a copy to the tier's route, then ack.
-    RETRY_BY_COPY = "retry_by_copy"
+    CANCELLED = "cancelled"  # a cancel covered the running job, and its handler stopped for it
 
 
 class FailureKind(enum.StrEnum):
@@ -51,16 +41,81 @@ class FailureKind(enum.StrEnum):
     POISON = "poison"
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The action; for RETRY the tier the nack sends it to, for FAIL the kind of failure; for
-    DELAY how long, and for a copy the retries it carries."""
+# What the consumer does with a delivery: one frozen type per action, so that a match over
+# Decision (or Settlement, once the handler ran) that leaves one out fails the type check. Each
+# names its action for the settle span (ACTION).
 
-    action: Action
-    kind: FailureKind | None = None
-    tier: int | None = None
-    delay_ms: int | None = None
-    retries: int | None = None
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The handler has not run yet: run it."""
+
+    ACTION: ClassVar[str] = "run"
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Done: ack it."""
+
+    ACTION: ClassVar[str] = "ack"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancelled while it waited: ack it, never run it."""
+
+    ACTION: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class Sanitize:
+    """A forged x-death: republish the job without it (a clean first attempt), then ack."""
+
+    ACTION: ClassVar[str] = "sanitize"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Nack it: its queue dead-letters it into tier `tier`."""
+
+    tier: int
+    ACTION: ClassVar[str] = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryByCopy:
+    """A retry into tier `tier` of a job whose routing key does not lead there (it came back
+    from the delays): publish a copy to the tier's route, carrying its `tier` retries, then
+    ack."""
+
+    tier: int
+    ACTION: ClassVar[str] = "retry_by_copy"
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """Publish a copy to the delays, due in delay_ms and carrying the retries it made, then
+    ack: a run-at ahead (no attempt spent), a RetryLater, or a retry on a ladder of its own (its
+    type's or the job's)."""
+
+    delay_ms: int
+    retries: int
+    ACTION: ClassVar[str] = "delay"
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Publish the failed copy of this kind, then ack."""
+
+    kind: FailureKind
+    ACTION: ClassVar[str] = "fail"
+
+
+# What the settler carries out: every action but running the handler.
+Settlement = Ack | Cancel | Sanitize | Retry | RetryByCopy | Delay | Fail
+Decision = Run | Settlement
+# The endings of an attempt that leave the job waiting for another.
+WAITS = (Retry, RetryByCopy, Delay)
 
 
 class Facts(NamedTuple):
@@ -81,6 +136,10 @@ class Facts(NamedTuple):
     keyed_for_tier: bool = True
     # Whether it must run with no other delivery of its worker unacked beside it (see read_facts).
     alone: bool = False
+    # The wait before its next attempt when its ladder is its own (the job's or its type's),
+    # spread by the jitter: it waits in the delays, not in a tier. None: its ladder is the
+    # worker's, or it has no retry left.
+    wait_ms: int | None = None
 
 
 def job_type(amqp_type: str | None, body: bytes) -> str | None:
@@ -123,9 +182,9 @@ def _read_death(
     back from a tier (a publisher wrote it; RabbitMQ 4 would restart that count at the next
     dead-lettering, RabbitMQ 3 would go on from it). A forged header has no entry to count.
     """
-    if "x-death" not in headers:
+    if DEATHS not in headers:
         return False, None
-    deaths = headers["x-death"]
+    deaths = headers[DEATHS]
     if not (isinstance(deaths, list) and deaths and all(map(_is_death_entry, deaths))):
         return True, None
     rejection = next((d for d in deaths if d["queue"] == queue and d["reason"] == "rejected"), None)
@@ -154,10 +213,11 @@ def _header_retries(headers: Mapping[str, Any]) -> int | None:
 
 
 def max_attempts(max_retries: int, type_max_retries: int | None, header_retries: int | None) -> int:
-    """1 + the smallest retry budget of the settings, the job's type and its header (if set).
+    """1 + the smallest retry budget of the ladder in force (max_retries: its length), the
+    job's type and its header (if set).
 
-    Each can only lower the budget: a publisher or a handler cannot buy a job more retries
-    than the topology has tiers for.
+    The type's and the header's can only lower the budget: a publisher or a handler cannot buy
+    a job more retries than its ladder has delays for.
     """
     budget = max_retries
     for limit in (type_max_retries, header_retries):  # a loop: a generator costs more than this
@@ -175,10 +235,36 @@ def _returns(headers: Mapping[str, Any], redelivered: bool, retries: int) -> int
     dead-lettering, so a job's own retries are taken off it: on a broker that restarts the count,
     that only lets a job that crashes its worker run a few more times.
     """
-    counts = [
-        c for c in (headers.get("x-delivery-count"), headers.get("x-acquired-count")) if is_int(c)
-    ]
+    counts = [c for c in (headers.get(name) for name in DELIVERY_COUNTS) if is_int(c)]
     return max(counts) - retries if redelivered and counts else None
+
+
+def _own_ladder(headers: Mapping[str, Any]) -> Ladder | None:
+    """The job's own ladder, from its retry-delays-ms header (None without one);
+    InvalidRetryDelays when the header cannot be read, which fails the job as permanent."""
+    if RETRY_DELAYS not in headers:
+        return None
+    value = headers[RETRY_DELAYS]
+    try:
+        if not isinstance(value, str):
+            raise ValueError(f"a {type(value).__name__}, not text")
+        return ladders.parse(value)
+    except ValueError as error:
+        # The value is shown cut short: a header may be as large as the frame.
+        raise InvalidRetryDelays(
+            f"{RETRY_DELAYS} header {value!r:.100} cannot be read: {error}"
+        ) from None
+
+
+def _wait_ms(ladder: Ladder | None, attempt: int, jitter: float, draw: float | None) -> int | None:
+    """The wait after a failed attempt on a ladder of its own (None: on the worker's, or past
+    the ladder's end), spread by the jitter; draw picks the spread (random when None)."""
+    if ladder is None or attempt > len(ladder):
+        return None
+    delay_ms = ladder[attempt - 1]
+    if not jitter:
+        return delay_ms
+    return ladders.spread(delay_ms, jitter, random.random() if draw is None else draw)
 
 
 def _retries(rejection: Mapping[str, Any] | None) -> int:
@@ -235,23 +321,30 @@ def read_facts(
     max_retries: int,
     from_delays: bool = False,
     type_max_retries: int | None,
+    type_ladder: Ladder | None = None,
+    jitter: float = 0.0,
     unreadable: bool = False,
     key_tier: int | None = None,
     cancelled: bool = False,
     now: dt.datetime | None = None,
+    draw: float | None = None,
 ) -> Facts:
     """The facts of a delivery from the main queue; a forged one counts as a first attempt.
 
     from_tier: whether its routing key says it came back from a retry tier, from_delays: from the
-    delays (the key that spelled its wait). Retries so far are
-    the count of the x-death entry of (queue, rejected); its routing keys keep the one the job
-    was first published with, which the tiers replace on the way back. type_max_retries: the
-    budget the handler of the job's type sets, if any. unreadable: whether some of its message
-    properties could not be decoded. key_tier: the k of its routing key Q.attempt.k, if it has
-    one. cancelled: whether a cancel covers its message_id (ricochet.broker.cancels); it holds
-    for a job that waits, scheduled (a run-at) or back for another attempt, and not for a first
-    attempt without a schedule, which waits for nothing. now: the time its run-at is read
-    against (the clock when None, read only if it has one).
+    delays (the key that spelled its wait). Retries so far are the count of the x-death entry of
+    (queue, rejected); its routing keys keep the one the job was first published with, which the
+    tiers replace on the way back. type_max_retries: the budget the handler of the job's type sets,
+    if any; type_ladder: its type's ladder, if any. max_retries: the worker's budget
+    (RICOCHET_MAX_RETRIES, the length of its ladder). The ladder in force is the job's own (its
+    retry-delays-ms header), else its type's, else the worker's; its length is the budget, which the
+    type's max_retries and the job's max-retries header lower. jitter: the worker's
+    RICOCHET_RETRY_JITTER, which spreads the waits of a ladder of its own (draw: where in the
+    spread, random when None). unreadable: whether some of its message properties could not be
+    decoded. key_tier: the k of its routing key Q.attempt.k, if it has one. cancelled: whether a
+    cancel covers it (ricochet.broker.cancels): one back from a wait, or still in the backlog when
+    it is delivered. now: the time its run-at is read against (the clock when None, read only if
+    it has one).
 
     A job ricochet published again carries the retries it had made (the RETRIES header:
     RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
@@ -275,29 +368,47 @@ def read_facts(
     returns = _returns(headers, redelivered, rejections)
     attempt = 1 + copied + rejections
     due_in_ms, bad_run_at = _due_in_ms(headers, now)
+    ladder = _own_ladder(headers) or type_ladder
+    budget = max_retries if ladder is None else len(ladder)
     return Facts(
         attempt=attempt,
-        max_attempts=max_attempts(max_retries, type_max_retries, _header_retries(headers)),
+        max_attempts=max_attempts(budget, type_max_retries, _header_retries(headers)),
         original_routing_key=_first_routing_key(rejection) or routing_key,
         forged=forged,
         poison=not forged and returns is not None and returns > POISON_DELIVERIES,
         unreadable=unreadable,
-        cancelled=cancelled and (attempt > 1 or RUN_AT in headers),
+        cancelled=cancelled,
         due_in_ms=due_in_ms,
         bad_run_at=bad_run_at,
         keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),
         alone=not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES,
+        wait_ms=_wait_ms(ladder, attempt, jitter, draw),
     )
 
 
-# The decisions that carry no tier, made once: one of them is taken twice for every job.
-RUN = Decision(Action.RUN)
-ACK = Decision(Action.ACK)
-SANITIZE = Decision(Action.SANITIZE)
-CANCEL = Decision(Action.CANCEL)
-FAIL_POISON = Decision(Action.FAIL, FailureKind.POISON)
-FAIL_PERMANENT = Decision(Action.FAIL, FailureKind.PERMANENT)
-FAIL_EXHAUSTED = Decision(Action.FAIL, FailureKind.EXHAUSTED)
+# The decisions that carry nothing of their own, made once: one of them is taken twice for every
+# job.
+RUN = Run()
+ACK = Ack()
+SANITIZE = Sanitize()
+CANCEL = Cancel()
+FAIL_POISON = Fail(FailureKind.POISON)
+FAIL_PERMANENT = Fail(FailureKind.PERMANENT)
+FAIL_EXHAUSTED = Fail(FailureKind.EXHAUSTED)
+
+
+@overload
+def decide(facts: Facts, outcome: None) -> Decision: ...
+
+
+@overload
+def decide(facts: Facts, outcome: Outcome, retry_after_ms: int | None = None) -> Settlement: ...
+
+
+@overload
+def decide(
+    facts: Facts, outcome: Outcome | None, retry_after_ms: int | None = None
+) -> Decision: ...
 
 
 def decide(facts: Facts, outcome: Outcome | None, retry_after_ms: int | None = None) -> Decision:
@@ -306,9 +417,12 @@ def decide(facts: Facts, outcome: Outcome | None, retry_after_ms: int | None = N
     A delivery with unreadable properties fails for good, a forged x-death is cleaned, a
     cancelled job is dropped and a poison job failed, all without running the handler; one
     whose run-at is ahead waits for it (spending no attempt), one whose run-at cannot be read
-    fails for good. A success is acked; a permanent failure fails at once; a transient one
+    fails for good. A success is acked, and so is a job its handler stopped for a cancel; a
+    permanent failure fails at once; a transient one
     retries in the tier of its attempt while attempts remain (tier k sends it back as attempt
-    k + 1), else it fails; a RetryLater waits retry_after_ms instead of the tier's delay.
+    k + 1), else it fails; a RetryLater waits retry_after_ms instead of the tier's delay, and a
+    job whose ladder is its own (the job's or its type's) waits its ladder's delay (wait_ms) in
+    the delays.
     """
     if facts.unreadable:
         # Before the clean copy of a forged x-death, which would read as a readable job.
@@ -328,26 +442,30 @@ def _before_run(facts: Facts) -> Decision:
     if facts.bad_run_at:
         return FAIL_PERMANENT
     if facts.due_in_ms is not None:
-        return Decision(Action.DELAY, delay_ms=facts.due_in_ms, retries=facts.attempt - 1)
+        return Delay(facts.due_in_ms, retries=facts.attempt - 1)
     return RUN
 
 
-def _after_run(facts: Facts, outcome: Outcome, retry_after_ms: int | None) -> Decision:
+def _after_run(facts: Facts, outcome: Outcome, retry_after_ms: int | None) -> Settlement:
     if outcome is Outcome.SUCCEEDED:
         return ACK
+    if outcome is Outcome.CANCELLED:
+        return CANCEL
     if outcome is Outcome.PERMANENT:
         return FAIL_PERMANENT
     if facts.attempt >= facts.max_attempts:
         return FAIL_EXHAUSTED
     if outcome is Outcome.LATER:
         assert retry_after_ms is not None
-        return Decision(Action.DELAY, delay_ms=retry_after_ms, retries=facts.attempt)
+        return Delay(retry_after_ms, retries=facts.attempt)
+    if facts.wait_ms is not None:  # a ladder of its own: it waits in the delays
+        return Delay(facts.wait_ms, retries=facts.attempt)
     if not facts.keyed_for_tier:
-        return Decision(Action.RETRY_BY_COPY, tier=facts.attempt, retries=facts.attempt)
+        return RetryByCopy(facts.attempt)
     return _retry(facts.attempt)
 
 
 @functools.cache
-def _retry(tier: int) -> Decision:
+def _retry(tier: int) -> Retry:
     """The nack into tier k, made once per tier as the decisions above: a decision is frozen."""
-    return Decision(Action.RETRY, tier=tier)
+    return Retry(tier)

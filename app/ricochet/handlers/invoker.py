@@ -1,21 +1,20 @@
-"""Loading the configured handler and calling it: async directly, sync in a thread of its own."""
+"""Loading the configured handler and calling it: async directly, sync on a handler thread."""
 
 import asyncio
 import contextlib
 import contextvars
 import importlib
-import itertools
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from ricochet.delivery.retry import Outcome
-from ricochet.errors import ConfigError, HandlerTimeout, PermanentError, RetryLater
-from ricochet.handlers.deadline import Deadlines
+from ricochet.errors import ConfigError, HandlerTimeout, JobCancelled, PermanentError, RetryLater
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Route, Router, is_async_callable
+from ricochet.handlers.threads import HandlerThreads
+from ricochet.schedules.schedule import Schedule
 
 log = structlog.get_logger("ricochet.handler")
 
@@ -27,7 +26,9 @@ def load_handler(ref: str) -> Router | Callable[[Job], Any]:
         target: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as error:
+    # ValueError, TypeError: a handler registered with a bad policy (Router.handler) while the
+    # module was imported.
+    except (ImportError, AttributeError, ValueError, TypeError) as error:
         raise ConfigError(
             f"RICOCHET_HANDLER={ref!r} is invalid: cannot import it ({error})"
         ) from None
@@ -37,14 +38,15 @@ def load_handler(ref: str) -> Router | Callable[[Job], Any]:
 
 
 class Invoker:
-    """Calls the handler for one job within the timeout and classifies the outcome."""
+    """Calls the handler for one job within its timeout (its type's, else the worker's) and
+    classifies the outcome."""
 
     def __init__(self, target: Router | Callable[[Job], Any], timeout_s: float):
         self._target = target
         self._plain = (
             None if isinstance(target, Router) else Route(target, None, is_async_callable(target))
         )
-        self._deadlines = Deadlines(timeout_s)
+        self._timeout_s = timeout_s
 
     def _resolve(self, job: Job) -> tuple[Route, tuple[Any, ...]]:
         if self._plain is not None:
@@ -52,26 +54,36 @@ class Invoker:
         assert isinstance(self._target, Router)
         return self._target.resolve(job)
 
-    def max_retries(self, job_type: str | None) -> int | None:
-        """The retry budget the handler of this job type sets, if any."""
-        return self._target.max_retries(job_type) if isinstance(self._target, Router) else None
+    def route(self, job_type: str | None) -> Route | None:
+        """The handler of this job type and its policy (a plain handler's has none of its
+        own); None when a router has none for it."""
+        if self._plain is not None:
+            return self._plain
+        assert isinstance(self._target, Router)
+        return self._target.route(job_type)
 
-    async def _call(self, route: Route, args: tuple[Any, ...]) -> None:
-        deadline = self._deadlines.start()
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The recurring jobs the handler's Router registered (none for a plain callable)."""
+        return self._target.schedules if isinstance(self._target, Router) else []
+
+    async def _call(self, route: Route, args: tuple[Any, ...], job: Job) -> None:
+        timeout_s = self._timeout_s if route.timeout_s is None else route.timeout_s
+        limit = asyncio.timeout(timeout_s)
         try:
-            with deadline:
-                if route.is_async:
+            async with limit:
+                if route.interrupt:
+                    await _interruptible(job, route.fn(*args))
+                elif route.is_async:
                     await route.fn(*args)
                 else:
                     await _in_thread(route.fn, *args)
         except TimeoutError:
-            if not deadline.expired:
+            if not limit.expired():
                 raise  # the handler's own (a socket's, say): a failure like any other
             if not route.is_async:
-                running = sum(t.name.startswith(THREAD_NAME) for t in threading.enumerate())
-                log.warning("sync handler still runs after its timeout", threads=running)
-            limit_s = self._deadlines.timeout_s
-            raise HandlerTimeout(f"handler ran longer than {limit_s:g} s") from None
+                log.warning("sync handler still runs after its timeout", threads=_threads.busy)
+            raise HandlerTimeout(f"handler ran longer than {timeout_s:g} s") from None
 
     async def __call__(self, job: Job) -> tuple[Outcome, BaseException | None]:
         """Run the job; never raises for what the handler does (only for cancellation)."""
@@ -79,7 +91,10 @@ class Invoker:
         try:
             route, args = self._resolve(job)
             give_up_on = route.give_up_on
-            await self._call(route, args)
+            job.raise_if_cancelled()  # cancelled since it was delivered: it does not start
+            await self._call(route, args, job)
+        except JobCancelled as error:  # whatever give_up_on says: a cancel is no failure
+            return Outcome.CANCELLED, error
         except RetryLater as error:  # asked for a time, which a give_up_on class never overrides
             return Outcome.LATER, error
         except Exception as error:  # transient by contract, unless the route gives up on it
@@ -88,19 +103,29 @@ class Invoker:
         return Outcome.SUCCEEDED, None
 
 
-THREAD_NAME = "ricochet-job"
-_thread_numbers = itertools.count(1)
+async def _interruptible(job: Job, call: Awaitable[Any]) -> None:
+    """Await an async handler in a task of its own, which the job's cancel cancels: the handler
+    sees CancelledError where it waits, and the job ends cancelled (JobCancelled). A deadline or
+    a shutdown cancels the caller's task, and so this one, and stays theirs."""
+    handler = asyncio.ensure_future(call)
+    job.interrupt_with(handler.cancel)
+    try:
+        await handler
+    except asyncio.CancelledError:
+        caller = asyncio.current_task()
+        if job.cancelled and caller is not None and not caller.cancelling():
+            raise JobCancelled(f"job {job.message_id!r} was cancelled while it ran") from None
+        raise
+    finally:
+        job.interrupt_with(None)
+
+
+_threads = HandlerThreads()
 
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> None:
-    """Run fn(*args) in a new daemon thread and wait for it (with the caller's context).
-
-    A thread cannot be stopped, so a handler past its timeout keeps running. In a fixed pool it
-    would keep its thread too, and once all were taken the next sync jobs would time out
-    without having run; a thread of its own per call never leaves a job waiting for one. Being
-    a daemon, a hung one does not hold the process at exit either: its job is back in the queue
-    once the connection closes.
-    """
+    """Run fn(*args) on one of the handler threads (ricochet.handlers.threads) and wait for it,
+    with the caller's context."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     context = contextvars.copy_context()
@@ -122,6 +147,5 @@ async def _in_thread(fn: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed while the handler hung
             loop.call_soon_threadsafe(settle, error)
 
-    name = f"{THREAD_NAME}-{next(_thread_numbers)}"
-    threading.Thread(target=run, name=name, daemon=True).start()
+    _threads.run(run)
     await done

@@ -1,12 +1,13 @@
 """The Job a handler receives."""
 
 import json
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 from ricochet.broker.amqp import Delivery
 from ricochet.delivery.retry import Facts, job_type
-from ricochet.errors import InvalidPayload
+from ricochet.errors import InvalidPayload, JobCancelled
 from ricochet.log import bind_job_fields
 
 
@@ -25,8 +26,10 @@ class Job:
         routing_key: str = "",
         correlation_id: str | None = None,
         content_type: str | None = None,
+        queue: str = "",
     ) -> None:
         self.body = body
+        self.queue = queue  # the queue the job was consumed from
         self.headers = headers
         self.message_id = message_id
         self.attempt = attempt
@@ -35,6 +38,31 @@ class Job:
         self.correlation_id = correlation_id
         self.content_type = content_type
         self._amqp_type = amqp_type
+        self._cancelled = False
+        self._interrupt: Callable[[], object] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a cancel covers this job while it runs (within a second of the cancel, on
+        whichever worker process runs it)."""
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise JobCancelled when a cancel covers the job: call it where the handler can stop
+        cleanly, and the job ends cancelled (acked, never retried nor failed)."""
+        if self._cancelled:
+            raise JobCancelled(f"job {self.message_id!r} was cancelled while it ran")
+
+    def cancel(self) -> None:
+        """Mark the job cancelled (the worker does, when a cancel covers it) and interrupt its
+        handler if it asked to be (router.handler's interrupt)."""
+        self._cancelled = True
+        if self._interrupt is not None:
+            self._interrupt()
+
+    def interrupt_with(self, interrupt: Callable[[], object] | None) -> None:
+        """What cancel() calls to stop the handler at once (None: nothing, it reads the flag)."""
+        self._interrupt = interrupt
 
     @cached_property
     def payload(self) -> Any:
@@ -63,9 +91,9 @@ class Job:
         )
 
 
-def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
-    """The Job a handler receives for a delivery, with the attempt its facts give and the type
-    job_type() already read (so a type from the body is not parsed out of it again)."""
+def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None, queue: str) -> Job:
+    """The Job a handler receives for a delivery of queue, with the attempt its facts give and
+    the type job_type() already read (so a type from the body is not parsed out of it again)."""
     job = Job(
         delivery.body,
         headers=delivery.headers,
@@ -76,6 +104,7 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
         routing_key=delivery.routing_key,
         correlation_id=delivery.correlation_id,
         content_type=delivery.content_type,
+        queue=queue,
     )
     job.__dict__["type"] = resolved_type  # Job.type's cache: None, once read, is the answer too
     return job
@@ -83,7 +112,7 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None) -> Job:
 
 def bind_log_context(job: Job) -> None:
     """Tag every line logged from now on in the current context with the job's message id,
-    type and attempt.
+    type, attempt and queue.
 
     Each job runs in a task of its own, with its own copy of the context: binding there tags
     every line logged for this job (an async handler's too) and leaks into no other.
@@ -93,4 +122,5 @@ def bind_log_context(job: Job) -> None:
         type=job.type,
         attempt=job.attempt,
         max_attempts=job.max_attempts,
+        queue=job.queue,
     )

@@ -1,16 +1,21 @@
 """Router: dispatch jobs to handlers by type, with optional pydantic payload models."""
 
+import datetime as dt
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ricochet.broker.topology import MAX_TIERS
+from ricochet import ladders
+from ricochet.broker.plan import MAX_TIERS
 from ricochet.delivery.retry import is_int
 from ricochet.errors import InvalidPayload, PermanentError, UnknownJobType
 from ricochet.handlers.job import Job
+from ricochet.ladders import Ladder
+from ricochet.schedules.schedule import Schedule, schedule
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -18,13 +23,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True)
 class Route:
     """A registered handler: the function, its payload model, whether it is a coroutine, its
-    type's retry budget (None: the settings') and the exceptions that fail a job at once."""
+    type's retry budget, ladder and timeout (None: the worker's), the exceptions that fail a
+    job at once, and whether a cancel interrupts it (its task cancelled) rather than only flag
+    the job."""
 
     fn: Callable[..., Any]
     model: type[BaseModel] | None
     is_async: bool
     max_retries: int | None = None
     give_up_on: tuple[type[Exception], ...] = (PermanentError,)
+    retry_delays_ms: Ladder | None = None
+    timeout_s: float | None = None
+    interrupt: bool = False
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -39,6 +49,7 @@ class Router:
 
     def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     def handler(
         self,
@@ -47,29 +58,89 @@ class Router:
         model: type[BaseModel] | None = None,
         max_retries: int | None = None,
         give_up_on: tuple[type[Exception], ...] = (),
+        retry_delays_ms: Sequence[int] | None = None,
+        timeout_s: float | None = None,
+        interrupt: bool = False,
     ) -> Callable[[F], F]:
         """Register fn(job), or fn(job, payload) with the payload validated into model.
 
         max_retries lowers the retry budget for jobs of this type; an exception of a give_up_on
-        class fails the job at once, like PermanentError.
+        class fails the job at once, like PermanentError. retry_delays_ms is this type's own
+        ladder (ricochet.exponential, linear, fixed make one): retry k waits its k-th delay, and
+        its length is the budget. timeout_s replaces RICOCHET_HANDLER_TIMEOUT_S for this type.
+        interrupt (async handlers only): a cancel of a running job cancels the handler's task at
+        once, and the job ends cancelled; without it the handler sees job.cancelled and stops
+        where it chooses. ValueError (TypeError for give_up_on and interrupt) for a value out of
+        bounds.
         """
         _check_max_retries(job_type, max_retries)
         _check_give_up_on(job_type, give_up_on)
+        ladder = _checked_ladder(job_type, retry_delays_ms)
+        _check_timeout(job_type, timeout_s)
+        if not isinstance(interrupt, bool):
+            raise TypeError(f"interrupt={interrupt!r} for job type {job_type!r} is not a bool")
 
         def register(fn: F) -> F:
             if job_type in self._routes:
                 raise ValueError(f"a handler for job type {job_type!r} is already registered")
+            is_async = is_async_callable(fn)
+            if interrupt and not is_async:
+                raise ValueError(
+                    f"interrupt=True for job type {job_type!r} needs an async handler: a thread "
+                    "cannot be interrupted (a sync handler reads job.cancelled instead)"
+                )
             self._routes[job_type] = Route(
-                fn, model, is_async_callable(fn), max_retries, (PermanentError, *give_up_on)
+                fn,
+                model,
+                is_async,
+                max_retries,
+                (PermanentError, *give_up_on),
+                ladder,
+                None if timeout_s is None else float(timeout_s),
+                interrupt,
             )
             return fn
 
         return register
 
-    def max_retries(self, job_type: str | None) -> int | None:
-        """The retry budget the handler of this job type sets, if any."""
-        route = self._routes.get(job_type or "")
-        return route.max_retries if route else None
+    def schedule(
+        self,
+        name: str,
+        job_type: str,
+        *,
+        every: float | dt.timedelta | None = None,
+        cron: str | None = None,
+        timezone: str = "UTC",
+        payload: Any = None,
+        queue: str | None = None,
+    ) -> Schedule:
+        """Enqueue a job of job_type with payload on a timer: `every` (seconds or a timedelta,
+        at least 1 s; on its multiples since the Unix epoch) or `cron` (five fields, on the
+        wall clock of timezone, an IANA name), on queue (default: the worker's RICOCHET_QUEUE).
+        The worker processes run it, one leading each queue's schedules. ValueError for a bad
+        value, or a name already registered."""
+        registered = schedule(
+            name,
+            job_type,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            payload=payload,
+            queue=queue,
+        )
+        if registered.name in self._schedules:
+            raise ValueError(f"a schedule named {name!r} is already registered")
+        self._schedules[registered.name] = registered
+        return registered
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The schedules registered, in the order of registration."""
+        return list(self._schedules.values())
+
+    def route(self, job_type: str | None) -> Route | None:
+        """The handler registered for this job type, with its policy; None when there is none."""
+        return self._routes.get(job_type or "")
 
     @property
     def types(self) -> list[str]:
@@ -103,6 +174,31 @@ def _check_max_retries(job_type: str, max_retries: int | None) -> None:
         raise ValueError(
             f"max_retries={max_retries!r} for job type {job_type!r} is invalid: "
             f"allowed is an integer from 0 to {MAX_TIERS}, or None"
+        )
+
+
+def _checked_ladder(job_type: str, retry_delays_ms: Sequence[int] | None) -> Ladder | None:
+    if retry_delays_ms is None:
+        return None
+    try:
+        return ladders.checked(retry_delays_ms)
+    except ValueError as error:
+        raise ValueError(
+            f"retry_delays_ms for job type {job_type!r} is invalid: {error}, or None"
+        ) from None
+
+
+def _check_timeout(job_type: str, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        return
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not 0 < timeout_s < math.inf
+    ):
+        raise ValueError(
+            f"timeout_s={timeout_s!r} for job type {job_type!r} is invalid: allowed a number of "
+            "seconds > 0, or None"
         )
 
 

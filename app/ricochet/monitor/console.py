@@ -1,10 +1,15 @@
 """The failed-jobs console: the failed queue as HTML pages, on the monitor's HTTP server.
 
 GET /failed groups the copies by reason, a page at a time; GET /failed/<message_id> shows one.
-Replay and discard are forms that POST, and work only when RICOCHET_CONSOLE_TOKEN is set and the
-form carries it: a token in the form, not a cookie, so another site cannot make a browser send it
-(CSRF). Pages are rendered by Jinja2 with autoescaping, and served with a policy that runs no
-script at all, so nothing a job carries can run in the page.
+GET /schedules lists the recurring jobs of RICOCHET_HANDLER's Router, as `ricochet schedules`.
+GET /waiting shows the jobs that wait for a later attempt, grouped by the reason of their last
+failure, each with a cancel form.
+A monitor of several queues (RICOCHET_QUEUES) shows one queue's failed jobs at a time, chosen by
+`?queue=` (or the form's queue field), its first queue when not told.
+Replay, discard and cancel are forms that POST, and work only when RICOCHET_CONSOLE_TOKEN is set
+and the form carries it: a token in the form, not a cookie, so another site cannot make a browser
+send it (CSRF). Pages are rendered by Jinja2 with autoescaping, and served with a policy that runs
+no script at all, so nothing a job carries can run in the page.
 
 Anyone who reaches the port may ask for pages, so what a page costs is bounded whatever the
 failed queue holds: a page lists a bounded number of jobs and clips what it shows of each value;
@@ -31,15 +36,20 @@ from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly, connect, connection_name
-from ricochet.broker.topology import Names
 from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
-from ricochet.errors import RicochetError
-from ricochet.monitor.groups import Listing, listing
+from ricochet.errors import ConfigError, RicochetError
+from ricochet.handlers.invoker import load_handler
+from ricochet.handlers.router import Router
+from ricochet.monitor.groups import Listing, listing, waiting_groups
+from ricochet.names import Names
 from ricochet.ops.failed_queue import CopyDetails, details_of, discard_failed
 from ricochet.ops.replay import replay
 from ricochet.ops.scan import Copy, scanning
+from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
+from ricochet.ops.waiting import list_waiting
 from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.console")
@@ -101,6 +111,7 @@ def templates() -> jinja2.Environment:
     env.filters["clip"] = clip
     env.filters["names"] = names
     env.globals.update(
+        queues=(),  # the monitor's queues, when it watches more than one
         id_chars=ID_CHARS,
         reason_max_chars=REASON_MAX_CHARS,
         summary_reason_chars=SUMMARY_REASON_CHARS,
@@ -211,11 +222,14 @@ class Flights:
     """
 
     def __init__(self) -> None:
-        self._flying: dict[str | None, _Flight] = {}
+        self._flying: dict[tuple[str, str | None], _Flight] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # referenced until they end
 
-    async def join(self, key: str | None, scan: Callable[[Stop], Coroutine[Any, Any, T]]) -> T:
-        """The result of the scan for key under way, or of a new one of scan(stop)."""
+    async def join(
+        self, key: tuple[str, str | None], scan: Callable[[Stop], Coroutine[Any, Any, T]]
+    ) -> T:
+        """The result of the scan for key (a queue, and a message_id or None for the list)
+        under way, or of a new one of scan(stop)."""
         flight = self._flying.get(key)
         if flight is None:
             stop = Stop()
@@ -223,7 +237,7 @@ class Flights:
             flight = self._flying[key] = _Flight(task, stop)
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._landed, key, flight))
-            log.info("console scan", message_id=key)
+            log.info("console scan", queue=key[0], message_id=key[1])
         flight.waiting += 1
         try:
             return cast(T, await asyncio.shield(flight.task))
@@ -232,15 +246,19 @@ class Flights:
             if not flight.waiting and not flight.task.done():
                 self._abandon(key, flight)
 
-    def _abandon(self, key: str | None, flight: _Flight) -> None:
+    def _abandon(self, key: tuple[str, str | None], flight: _Flight) -> None:
         if self._flying.get(key) is flight:
             del self._flying[key]  # a view that comes now starts a scan of its own
         flight.stop.requested = True
         if not flight.stop.holding:
             flight.task.cancel()
-        log.info("console scan abandoned", message_id=key, holding=flight.stop.holding)
+        log.info(
+            "console scan abandoned", queue=key[0], message_id=key[1], holding=flight.stop.holding
+        )
 
-    def _landed(self, key: str | None, flight: _Flight, task: asyncio.Task[Any]) -> None:
+    def _landed(
+        self, key: tuple[str, str | None], flight: _Flight, task: asyncio.Task[Any]
+    ) -> None:
         self._tasks.discard(task)
         if self._flying.get(key) is flight:
             del self._flying[key]
@@ -270,7 +288,7 @@ class Console:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._names = Names(settings.queue)
+        self._queues = settings.queue_names
         token = settings.console_token
         self._token = None if token is None else token.get_secret_value()
         self._env = templates()
@@ -282,10 +300,13 @@ class Console:
     def routes(self) -> web.RouteTableDef:
         table = web.RouteTableDef()
         table.get("/failed")(self._limited(self.index))
+        table.get("/schedules")(self._limited(self.schedules))
         table.post("/failed/actions/{action}")(self._limited(self.act))
         table.get("/failed/{message_id:.+}")(self._limited(self.job))
         table.post("/failed")(self._limited(self.not_an_action))
         table.post("/failed/{message_id:.+}")(self._limited(self.not_an_action))
+        table.get("/waiting")(self._limited(self.waiting))
+        table.post("/waiting/cancel")(self._limited(self.cancel))
         return table
 
     def _limited(self, handler: Handler) -> Handler:
@@ -314,14 +335,23 @@ class Console:
             finally:
                 await close_quietly(connection)
 
-    async def _read_each(self, stop: Stop, visit: Callable[[Copy], None]) -> None:
+    def _names_of(self, queue: str | None) -> Names:
+        """The names of the queue a request asks for (its first when none); a 404 for one the
+        monitor does not watch."""
+        if queue is None:
+            return Names(self._queues[0])
+        if queue not in self._queues:
+            raise web.HTTPNotFound(text=f"this monitor watches no queue {clip(queue)!r}\n")
+        return Names(queue)
+
+    async def _read_each(self, names: Names, stop: Stop, visit: Callable[[Copy], None]) -> None:
         """Hand every copy of Q.failed to visit, or those up to the one at which stop is
         requested; the scan hands them all back."""
 
         async def read(connection: AbstractConnection) -> None:
             started = time.monotonic()
             async with scanning(
-                connection, self._names, management_url=self._settings.management_url
+                connection, names, management_url=self._settings.management_url
             ) as scan:
                 stop.holding = True
                 async for copy in scan.copies():
@@ -330,37 +360,38 @@ class Console:
                     visit(copy)
             log.info(
                 "console scan stopped" if stop.requested else "console scan done",
-                queue=self._names.failed,
+                queue=names.failed,
                 copies=scan.read,
                 took_s=round(time.monotonic() - started, 3),
             )
 
         await self._with_broker(read)
 
-    async def _list(self, stop: Stop) -> Listing:
+    async def _list(self, names: Names, stop: Stop) -> Listing:
         failures: list[FailureInfo] = []
-        await self._read_each(stop, lambda copy: failures.append(copy.failure))
+        await self._read_each(names, stop, lambda copy: failures.append(copy.failure))
         return await asyncio.to_thread(listing, failures)
 
-    async def _find(self, message_id: str, stop: Stop) -> Found:
+    async def _find(self, names: Names, message_id: str, stop: Stop) -> Found:
         found = Found(message_id)
-        await self._read_each(stop, found.add)
+        await self._read_each(names, stop, found.add)
         return found
 
-    def _render(self, template: str, values: Mapping[str, Any]) -> str:
+    def _render(self, template: str, values: Mapping[str, Any], names: Names) -> str:
         return self._env.get_template(template).render(
-            queue=self._names.queue,
-            failed_queue=self._names.failed,
+            queue=names.queue,
+            failed_queue=names.failed,
+            queues=self._queues if len(self._queues) > 1 else (),
             writable=self._token is not None,
             **values,
         )
 
-    def _render_job(self, found: Found) -> str:
+    def _render_job(self, found: Found, names: Names) -> str:
         """A job's page; its compact form when the whole would pass PAGE_MAX_BYTES."""
         values = {"message_id": found.message_id, "copies": found.copies, "count": found.count}
-        html = self._render("job.html", {**values, "compact": False})
+        html = self._render("job.html", {**values, "compact": False}, names)
         if len(html.encode()) > PAGE_MAX_BYTES:
-            html = self._render("job.html", {**values, "compact": True})
+            html = self._render("job.html", {**values, "compact": True}, names)
         return html
 
     async def _page(self, render: Callable[[], str], status: int = 200) -> web.Response:
@@ -370,10 +401,37 @@ class Console:
             text=html, status=status, content_type="text/html", charset="utf-8", headers=HEADERS
         )
 
-    async def _error(self, status: int, message: str) -> web.Response:
-        return await self._page(lambda: self._render("error.html", {"message": message}), status)
+    async def _error(self, status: int, message: str, names: Names | None = None) -> web.Response:
+        names = names or self._names_of(None)
+        return await self._page(
+            lambda: self._render("error.html", {"message": message}, names), status
+        )
+
+    async def schedules(self, request: web.Request) -> web.Response:
+        """The recurring jobs of RICOCHET_HANDLER's Router, as `ricochet schedules` lists them:
+        its module is imported at the first view (a monitor without it serves the rest)."""
+        names = self._names_of(None)
+        try:
+            handler = load_handler(self._settings.handler)
+        except ConfigError as error:
+            values: dict[str, Any] = {
+                "rows": [],
+                "problem": f"the handler cannot be imported here: {error}",
+            }
+            return await self._page(lambda: self._render("schedules.html", values, names))
+        registered = handler.schedules if isinstance(handler, Router) else []
+        now_ms = time.time_ns() // 1_000_000
+        try:
+            rows = await self._with_broker(
+                lambda c: read_schedules(c, registered, self._settings.queue, now_ms)
+            )
+        except UNREADABLE as error:
+            return await self._error(503, str(error), names)
+        values = {"rows": rows, "problem": None}
+        return await self._page(lambda: self._render("schedules.html", values, names))
 
     async def index(self, request: web.Request) -> web.Response:
+        names = self._names_of(request.query.get("queue"))
         number = query_number(request.query, "page", least=1) or 1
         done = {
             name: count
@@ -381,12 +439,16 @@ class Console:
             if (count := query_number(request.query, name)) is not None
         }
         try:
-            found = await self._flights.join(None, self._list)
+            found = await self._flights.join(
+                (names.queue, None), lambda stop: self._list(names, stop)
+            )
         except UNREADABLE as error:
-            return await self._error(503, str(error))
+            return await self._error(503, str(error), names)
         pages = len(found.pages)
         if number > pages:
-            return await self._error(404, f"no page {number}: the failed jobs fill {pages} now")
+            return await self._error(
+                404, f"no page {number}: the failed jobs fill {pages} now", names
+            )
         values = {
             "total": found.total,
             "reasons": len(found.groups),
@@ -395,17 +457,22 @@ class Console:
             "pages": pages,
             "done": done,
         }
-        return await self._page(lambda: self._render("failed.html", values))
+        return await self._page(lambda: self._render("failed.html", values, names))
 
     async def job(self, request: web.Request) -> web.Response:
+        names = self._names_of(request.query.get("queue"))
         message_id = request.match_info["message_id"]
         try:
-            found = await self._flights.join(message_id, lambda s: self._find(message_id, s))
+            found = await self._flights.join(
+                (names.queue, message_id), lambda s: self._find(names, message_id, s)
+            )
         except UNREADABLE as error:
-            return await self._error(503, str(error))
+            return await self._error(503, str(error), names)
         if not found.count:
-            return await self._error(404, f"no failed job {clip(message_id, ID_CHARS)!r}")
-        return await self._page(lambda: self._render_job(found))
+            return await self._error(
+                404, f"no failed job {clip(message_id, ID_CHARS)!r} of {names.queue}", names
+            )
+        return await self._page(lambda: self._render_job(found, names))
 
     async def act(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]
@@ -413,6 +480,7 @@ class Console:
         if isinstance(form, web.Response):
             return form
         message_id, reason = form.get("message_id"), form.get("reason")
+        names = self._names_of(form.get("queue"))
         if action not in ACTIONS:
             raise web.HTTPNotFound(text=f"the actions are {', '.join(ACTIONS)}\n")
         if message_id:
@@ -422,11 +490,48 @@ class Console:
         else:
             raise web.HTTPBadRequest(text="an action needs a message_id or a reason\n")
         try:
-            outcome = await self._whole(self._act(action, selection, request.remote))
+            outcome = await self._whole(self._act(names, action, selection, request.remote))
         except UNREADABLE as error:
-            return await self._error(503, str(error))
+            return await self._error(503, str(error), names)
         past = "replayed" if action == "replay" else "discarded"
-        raise web.HTTPSeeOther(f"/failed?{past}={len(outcome.selected)}")
+        queue = quote(names.queue, safe="")
+        where = f"queue={queue}&" if len(self._queues) > 1 else ""
+        raise web.HTTPSeeOther(f"/failed?{where}{past}={len(outcome.selected)}")
+
+    async def waiting(self, request: web.Request) -> web.Response:
+        """The jobs of a queue that wait for a later attempt, grouped by the reason of their last
+        failure, each with a cancel form (SPEC 23)."""
+        names = self._names_of(request.query.get("queue"))
+        settings = self._settings.model_copy(update={"queue": names.queue})
+        try:
+            rows = await self._with_broker(lambda c: list_waiting(c, settings))
+        except UNREADABLE as error:
+            return await self._error(503, str(error), names)
+        groups = waiting_groups(rows)
+        values = {
+            "total": len(rows),
+            "shown": sum(len(group.jobs) for group in groups),
+            "groups": groups,
+            "cancelled": request.query.get("cancelled"),
+        }
+        return await self._page(lambda: self._render("waiting.html", values, names))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        """Cancel one job of a queue, as `ricochet cancel` does (with the console's token)."""
+        form = await self._form(request)
+        if isinstance(form, web.Response):
+            return form
+        message_id = form.get("message_id")
+        names = self._names_of(form.get("queue"))
+        if not message_id:
+            raise web.HTTPBadRequest(text="a cancel needs a message_id\n")
+        try:
+            await self._whole(self._with_broker(lambda c: publish_cancel(c, names, message_id)))
+        except UNREADABLE as error:
+            return await self._error(503, str(error), names)
+        log.info("console cancel", queue=names.queue, message_id=message_id, peer=request.remote)
+        queue, cancelled = quote(names.queue, safe=""), quote(message_id, safe="")
+        raise web.HTTPSeeOther(f"/waiting?queue={queue}&cancelled={cancelled}")
 
     async def _form(self, request: web.Request) -> dict[str, str] | web.Response:
         """An action's form, once its token is checked: a 403 without the token, HTTPBadRequest
@@ -446,10 +551,13 @@ class Console:
         except ValueError as error:
             raise web.HTTPBadRequest(text=f"{error}\n") from None
 
-    async def _act(self, action: str, selection: Selection, peer: str | None) -> Outcome:
-        outcome = await self._with_broker(lambda c: self._do(c, action, selection))
+    async def _act(
+        self, names: Names, action: str, selection: Selection, peer: str | None
+    ) -> Outcome:
+        outcome = await self._with_broker(lambda c: self._do(c, names, action, selection))
         log.info(
             f"console {action}",
+            queue=names.queue,
             message_id=selection.message_id,
             reason=selection.reason_is,
             jobs=len(outcome.selected),
@@ -477,13 +585,13 @@ class Console:
             return await self._refused(READ_ONLY)
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
 
-    async def _do(self, connection: AbstractConnection, action: str, s: Selection) -> Outcome:
+    async def _do(
+        self, connection: AbstractConnection, names: Names, action: str, s: Selection
+    ) -> Outcome:
         if action == "replay":
-            return await replay(
-                connection, self._names, s, management_url=self._settings.management_url
-            )
+            return await replay(connection, names, s, management_url=self._settings.management_url)
         return await discard_failed(
-            connection, self._names, s, management_url=self._settings.management_url
+            connection, names, s, management_url=self._settings.management_url
         )
 
     async def _refused(self, why: str) -> web.Response:

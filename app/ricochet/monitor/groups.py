@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
+from ricochet.ops.waits import Waiting
 
 # A page lists at most this many jobs, of at most this many groups. With the console's templates
 # clipping what they show of each value, that keeps a page under 1 MB whatever the jobs carry
@@ -138,3 +139,42 @@ def listing(
             start = stop
     pages.append(Page(len(pages) + 1, parts, listed - on_page + 1, listed, first_group))
     return Listing(groups, pages)
+
+
+# The waiting page lists at most this many jobs (the soonest due), of at most this many reasons:
+# under 1 MB whatever they carry, as a page of failed jobs.
+WAITING_SHOWN = 200
+WAITING_REASONS = 20
+
+
+@dataclass
+class WaitingGroup:
+    """The waiting jobs whose last failure had one reason (None: scheduled, no failure), the
+    soonest due first, and how many of them there are in all."""
+
+    reason: str | None
+    count: int = 0
+    types: set[str] = field(default_factory=set)
+    jobs: list[Waiting] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> str:
+        text = "" if self.reason is None else self.reason
+        return "w-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def waiting_groups(rows: Iterable[Waiting]) -> list[WaitingGroup]:
+    """The waiting jobs grouped by the reason of their last failure, the largest group first;
+    the page's first WAITING_SHOWN jobs (soonest due) in the first WAITING_REASONS groups."""
+    groups: dict[str | None, WaitingGroup] = {}
+    shown = 0
+    for row in sorted(rows, key=lambda r: r.due_at):
+        group = groups.setdefault(row.reason, WaitingGroup(row.reason))
+        group.count += 1
+        if row.type is not None:
+            group.types.add(row.type)
+        if shown < WAITING_SHOWN:
+            group.jobs.append(row)
+            shown += 1
+    ordered = sorted(groups.values(), key=lambda g: -g.count)
+    return ordered[:WAITING_REASONS]

@@ -14,11 +14,14 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import connection_name
+from ricochet.broker.declare import declare_failed_side
+from ricochet.broker.plan import EVENTS_MAX_LENGTH, Plan
 from ricochet.broker.record import declared_settings
-from ricochet.broker.topology import EVENTS_MAX_LENGTH, Names, Plan, declare_failed_side
 from ricochet.delivery.failed import read_failure
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
 from ricochet.monitor.console import Console
+from ricochet.monitor.relaunch import relaunch_every
+from ricochet.names import Names
 from ricochet.observe.alerts import (
     DepthWatch,
     ReasonLimiter,
@@ -81,14 +84,19 @@ class Monitor:
         # broker call may come out of aiormq as a closed channel, which the ticker lives through.
         done = asyncio.Event()
         ticker = asyncio.get_running_loop().create_task(self._tick(connection, plan, done))
+        tasks = [ticker]
+        if self._settings.relaunch_interval_s:
+            relaunch = relaunch_every(connection, self._names, self._settings, self.metrics, done)
+            tasks.append(asyncio.get_running_loop().create_task(relaunch))
         log.info("monitoring", queue=self._names.events, failed_queue=self._names.failed)
         try:
             await self.lifecycle.serve_until_lost(connection, channel)
         finally:
             done.set()
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _on_event(self, message: AbstractIncomingMessage) -> None:
         failure = read_failure(
@@ -137,7 +145,9 @@ class Monitor:
             log.warning("queue depths unknown", queue=self._names.queue, error=str(error))
             return
         for queue in queues:
-            self.metrics.observe_queue(queue.role, queue.messages, queue.consumers)
+            self.metrics.observe_queue(
+                self._names.queue, queue.role, queue.messages, queue.consumers
+            )
         failed = next(q for q in queues if q.name == self._names.failed)
         depth = failed.messages
         if depth is None:
@@ -146,7 +156,7 @@ class Monitor:
         # The monitor never consumes the failed queue: a consumer of it is a reader holding copies.
         held = bool(failed.consumers)
         if not held:
-            self.metrics.observe_failed_oldest(self._backlog.oldest(depth))
+            self.metrics.observe_failed_oldest(self._names.queue, self._backlog.oldest(depth))
         event = self._depth.observe(depth, held)
         if event is not None:
             threshold = self._depth.threshold
@@ -165,11 +175,14 @@ async def _ack(*messages: AbstractIncomingMessage | None) -> None:
 
 
 async def run_monitor(settings: Settings, metrics: Metrics) -> None:
-    """Run the monitor with its HTTP endpoints and the failed-jobs console until SIGTERM/SIGINT."""
-    webhook = Webhook(settings.alert_webhook_url, metrics)
-    await run_service(
-        settings,
-        metrics,
-        lambda lifecycle: Monitor(settings, metrics, lifecycle, webhook).serve(),
-        Console(settings).routes(),
-    )
+    """Run the monitor of every queue of the worker (RICOCHET_QUEUES), with its HTTP endpoints
+    and the failed-jobs console, until SIGTERM/SIGINT."""
+
+    async def serve(lifecycle: Lifecycle) -> None:
+        monitors = [
+            Monitor(each, metrics, lifecycle, Webhook(each.alert_webhook_url, metrics))
+            for each in settings.per_queue()
+        ]
+        await asyncio.gather(*(monitor.serve() for monitor in monitors))
+
+    await run_service(settings, metrics, serve, Console(settings).routes())

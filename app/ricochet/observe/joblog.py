@@ -2,12 +2,23 @@
 fields (message_id, type, attempt) are bound to the context it runs in already."""
 
 from collections.abc import Sequence
+from typing import assert_never
 
 import structlog
 
-from ricochet.broker.topology import QueueSpec
+from ricochet.broker.plan import QueueSpec
 from ricochet.delivery.events import Settled
-from ricochet.delivery.retry import Action, Outcome
+from ricochet.delivery.retry import (
+    Ack,
+    Cancel,
+    Delay,
+    Fail,
+    Outcome,
+    Retry,
+    RetryByCopy,
+    Sanitize,
+)
+from ricochet.errors import RetryLater
 
 log = structlog.get_logger("ricochet.jobs")
 
@@ -23,26 +34,34 @@ class JobLog:
         pass  # the settling says what the attempt came to
 
     def settled(self, event: Settled) -> None:
-        action, failure = event.decision.action, event.failure
-        if action is Action.ACK:
-            log.info("job succeeded")
-        elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
-            assert failure is not None
-            assert event.decision.tier is not None
-            tier = self._tiers[event.decision.tier - 1]
-            log.warning(
-                "job failed, retrying", error=failure.reason, tier=tier.name, delay_ms=tier.delay_ms
-            )
-        elif action is Action.FAIL:
-            assert event.failed_fields is not None
-            log.error("job failed", **event.failed_fields)
-        elif action is Action.DELAY:
-            delay_ms = event.decision.delay_ms
-            if failure is None:
-                log.info("job scheduled", delay_ms=delay_ms)
-            else:
-                log.warning("job failed, retrying later", error=failure.reason, delay_ms=delay_ms)
-        elif action is Action.CANCEL:
-            log.info("job cancelled", message_id=event.message_id)
-        else:
-            log.warning("forged x-death header removed", message_id=event.message_id)
+        failure = event.failure
+        match event.decision:
+            case Ack():
+                log.info("job succeeded")
+            case Retry(tier) | RetryByCopy(tier):
+                assert failure is not None
+                spec = self._tiers[tier - 1]
+                log.warning(
+                    "job failed, retrying",
+                    error=failure.reason,
+                    tier=spec.name,
+                    delay_ms=spec.delay_ms,
+                )
+            case Fail():
+                assert event.failed_fields is not None
+                log.error("job failed", **event.failed_fields)
+            case Delay(delay_ms):
+                if failure is None:
+                    log.info("job scheduled", delay_ms=delay_ms)
+                elif isinstance(failure.exception, RetryLater):
+                    log.warning(
+                        "job failed, retrying later", error=failure.reason, delay_ms=delay_ms
+                    )
+                else:  # the wait of a ladder of its own (its type's or the job's)
+                    log.warning("job failed, retrying", error=failure.reason, delay_ms=delay_ms)
+            case Cancel():
+                log.info("job cancelled", message_id=event.message_id)
+            case Sanitize():
+                log.warning("forged x-death header removed", message_id=event.message_id)
+            case _:
+                assert_never(event.decision)

@@ -1,20 +1,44 @@
-"""Prometheus metrics of one process (a registry of its own, so several can live in a test)."""
+"""Prometheus metrics of one process (a registry of its own, so several can live in a test), and
+of a worker's processes together (prometheus_client's multiprocess mode: each worker process
+writes its values to files in a folder, which the parent sums at every scrape), labelled by
+queue: one process serves every queue of its worker."""
 
 import math
 from collections.abc import Callable
+from typing import assert_never
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from ricochet.delivery.events import Settled
-from ricochet.delivery.retry import Action, Outcome
+from ricochet.delivery.retry import (
+    Ack,
+    Cancel,
+    Delay,
+    Fail,
+    Outcome,
+    Retry,
+    RetryByCopy,
+    Sanitize,
+)
+
+READY_HELP = "1 while /readyz answers 200 (connected and consuming), else 0."
 
 
 class Metrics:
-    """The counters ricochet exports on /metrics."""
+    """The counters ricochet exports on /metrics.
 
-    def __init__(self, queue: str) -> None:
+    shared: this is one of a parent's worker processes (PROMETHEUS_MULTIPROC_DIR set): the
+    parent exports readiness for all of them, and the gauges a single process reads at every
+    scrape are written by refresh() instead (a function is not shared across processes). Each
+    gauge's multiprocess mode says how the parent combines the processes' values.
+    """
+
+    def __init__(self, *queues: str, shared: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self.queue = queue
+        self.queues = queues
+        self._shared = shared
+        self._reads: list[tuple[Gauge, Callable[[], bool]]] = []
         self.jobs = Counter(
             "ricochet_jobs",
             "Jobs handled, by outcome (succeeded, retried, failed, cancelled).",
@@ -45,6 +69,7 @@ class Metrics:
             "Jobs being handled now.",
             ["queue"],
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.alerts = Counter(
             "ricochet_alerts",
@@ -58,13 +83,7 @@ class Metrics:
             ["queue", "attempt", "outcome"],
             registry=self.registry,
         )
-        self._attempt_children: dict[tuple[str, ...], Counter] = {}
-        self.ready = Gauge(
-            "ricochet_ready",
-            "1 while /readyz answers 200 (connected and consuming), else 0.",
-            ["queue"],
-            registry=self.registry,
-        )
+        self.ready = Gauge("ricochet_ready", READY_HELP, ["queue"], registry=self.registry)
         self.worker_consuming = Gauge(
             "ricochet_worker_consuming",
             "1 while the worker takes jobs from its queue; 0 while it connects, runs the jobs "
@@ -72,6 +91,7 @@ class Metrics:
             "paused.",
             ["queue"],
             registry=self.registry,
+            multiprocess_mode="livemin",  # 1 while every process takes jobs
         )
         self.worker_recovering = Gauge(
             "ricochet_worker_recovering",
@@ -79,10 +99,30 @@ class Metrics:
             "before it subscribes; else 0.",
             ["queue"],
             registry=self.registry,
+            multiprocess_mode="livemax",  # 1 while any process does
         )
         self.worker_paused = Gauge(
             "ricochet_worker_paused",
             "1 while the worker pauses on a failure spike (RICOCHET_PAUSE_*), else 0.",
+            ["queue"],
+            registry=self.registry,
+            multiprocess_mode="livemax",  # 1 while any process does
+        )
+        self.schedules_leading = Gauge(
+            "ricochet_schedules_leading",
+            "1 while this process leads the schedules of the queue (router.schedule), else 0.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.occurrences = Counter(
+            "ricochet_schedule_occurrences",
+            "Occurrences of recurring jobs this process enqueued, by schedule.",
+            ["queue", "schedule"],
+            registry=self.registry,
+        )
+        self.relaunched = Counter(
+            "ricochet_relaunched",
+            "Failed copies the monitor relaunched on its timer (RICOCHET_RELAUNCH_*).",
             ["queue"],
             registry=self.registry,
         )
@@ -107,34 +147,74 @@ class Metrics:
             registry=self.registry,
         )
 
-    def count_attempt(self, attempt: int, outcome: str) -> None:
-        """One handler attempt settled: succeeded, retried or failed."""
-        _child(self._attempt_children, self.attempts, self.queue, str(attempt), outcome).inc()
-
     def ready_when(self, ready: Callable[[], bool]) -> None:
-        """Export ready() as ricochet_ready, read at every scrape."""
-        self.ready.labels(self.queue).set_function(lambda: float(ready()))
+        """Export ready() as ricochet_ready of every queue, read at every scrape (by the parent
+        for a shared process's: ready when every process is)."""
+        if not self._shared:
+            for queue in self.queues:
+                self.ready.labels(queue).set_function(_as_float(ready))
 
     def worker_when(
         self,
+        queue: str,
         consuming: Callable[[], bool],
         paused: Callable[[], bool],
         recovering: Callable[[], bool],
     ) -> None:
-        """Export the worker's state (read at every scrape) as ricochet_worker_*."""
-        self.worker_consuming.labels(self.queue).set_function(lambda: float(consuming()))
-        self.worker_paused.labels(self.queue).set_function(lambda: float(paused()))
-        self.worker_recovering.labels(self.queue).set_function(lambda: float(recovering()))
+        """Export the state of the worker's queue (read at every scrape, or by refresh()) as
+        ricochet_worker_*."""
+        for gauge, read in (
+            (self.worker_consuming, consuming),
+            (self.worker_paused, paused),
+            (self.worker_recovering, recovering),
+        ):
+            child = gauge.labels(queue)
+            if self._shared:
+                self._reads.append((child, read))
+            else:
+                child.set_function(_as_float(read))
 
-    def observe_queue(self, role: str, messages: int | None, consumers: int | None) -> None:
-        """One queue as the monitor read it (role as `ricochet status` names it; None: missing)."""
+    def refresh(self) -> None:
+        """Write what a shared process's state gauges read now, for the parent's next scrape."""
+        for child, read in self._reads:
+            child.set(float(read()))
+
+    def observe_queue(
+        self, queue: str, role: str, messages: int | None, consumers: int | None
+    ) -> None:
+        """One object of queue's topology as the monitor read it (role as `ricochet status`
+        names it; None: missing)."""
         stage = role.replace(" ", "_")  # "tier 2" -> "tier_2"
-        self.queue_messages.labels(self.queue, stage).set(_or_nan(messages))
-        self.queue_consumers.labels(self.queue, stage).set(_or_nan(consumers))
+        self.queue_messages.labels(queue, stage).set(_or_nan(messages))
+        self.queue_consumers.labels(queue, stage).set(_or_nan(consumers))
 
-    def observe_failed_oldest(self, failed_at: float | None) -> None:
-        """When the oldest failed copy failed (Unix time), None while the failed queue is empty."""
-        self.failed_oldest.labels(self.queue).set(_or_nan(failed_at))
+    def observe_failed_oldest(self, queue: str, failed_at: float | None) -> None:
+        """When the oldest copy in queue's failed queue failed (Unix time), None while it is
+        empty."""
+        self.failed_oldest.labels(queue).set(_or_nan(failed_at))
+
+
+def processes_registry(
+    queues: tuple[str, ...], folder: str, ready: Callable[[], bool], alive: Callable[[], int]
+) -> tuple[CollectorRegistry, Counter]:
+    """The parent's registry: every worker process's metrics summed from their folder, its own
+    readiness (every process consuming), the processes alive, and a counter of restarts."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=folder)  # type: ignore[no-untyped-call]
+    ready_gauge = Gauge("ricochet_ready", READY_HELP, ["queue"], registry=registry)
+    for queue in queues:
+        ready_gauge.labels(queue).set_function(_as_float(ready))
+    Gauge(
+        "ricochet_worker_processes",
+        "Worker processes running now (RICOCHET_PROCESSES > 1).",
+        registry=registry,
+    ).set_function(alive)
+    restarts = Counter(
+        "ricochet_worker_process_restarts",
+        "Worker processes started again after one died (RICOCHET_PROCESSES > 1).",
+        registry=registry,
+    )
+    return registry, restarts
 
 
 class QueueMetrics:
@@ -155,6 +235,11 @@ class QueueMetrics:
         # kind.
         self._tiers: dict[tuple[str, ...], Counter] = {}
         self._kinds: dict[tuple[str, ...], Counter] = {}
+        self._attempts: dict[tuple[str, ...], Counter] = {}
+
+    def count_attempt(self, attempt: int, outcome: str) -> None:
+        """One handler attempt settled: succeeded, retried or failed."""
+        _child(self._attempts, self._metrics.attempts, self._queue, str(attempt), outcome).inc()
 
     def attempted(self, outcome: Outcome, seconds: float) -> None:
         """A handler call ended: how long it took."""
@@ -163,25 +248,30 @@ class QueueMetrics:
     def settled(self, event: Settled) -> None:
         """A delivery settled: what became of its attempt, counted (a job cleaned of a forged
         header, or sent to wait for its run-at, made no attempt)."""
-        decision, attempt = event.decision, event.facts.attempt
-        action = decision.action
-        if action is Action.ACK:
-            self._succeeded.inc()
-            self._metrics.count_attempt(attempt, "succeeded")
-        elif action is Action.RETRY or action is Action.RETRY_BY_COPY:
-            # A job sent to tier k failed on its attempt k.
-            self._retried.inc()
-            _child(self._tiers, self._metrics.retries, self._queue, str(decision.tier)).inc()
-            self._metrics.count_attempt(attempt, "retried")
-        elif action is Action.DELAY and event.failure is not None:  # a RetryLater
-            self._retried.inc()
-            self._metrics.count_attempt(attempt, "retried")
-        elif action is Action.FAIL:
-            self._failed.inc()
-            _child(self._kinds, self._metrics.failed, self._queue, str(decision.kind)).inc()
-            self._metrics.count_attempt(attempt, "failed")
-        elif action is Action.CANCEL:
-            self._cancelled.inc()
+        attempt = event.facts.attempt
+        match event.decision:
+            case Ack():
+                self._succeeded.inc()
+                self.count_attempt(attempt, "succeeded")
+            case Retry(tier) | RetryByCopy(tier):
+                # A job sent to tier k failed on its attempt k.
+                self._retried.inc()
+                _child(self._tiers, self._metrics.retries, self._queue, str(tier)).inc()
+                self.count_attempt(attempt, "retried")
+            case Delay():
+                if event.failure is not None:  # a RetryLater, not a schedule
+                    self._retried.inc()
+                    self.count_attempt(attempt, "retried")
+            case Fail(kind):
+                self._failed.inc()
+                _child(self._kinds, self._metrics.failed, self._queue, str(kind)).inc()
+                self.count_attempt(attempt, "failed")
+            case Cancel():
+                self._cancelled.inc()
+            case Sanitize():
+                pass
+            case _:
+                assert_never(event.decision)
 
 
 def _child(children: dict[tuple[str, ...], Counter], metric: Counter, *labels: str) -> Counter:
@@ -191,6 +281,10 @@ def _child(children: dict[tuple[str, ...], Counter], metric: Counter, *labels: s
     if child is None:
         child = children[labels] = metric.labels(*labels)
     return child
+
+
+def _as_float(read: Callable[[], bool]) -> Callable[[], float]:
+    return lambda: float(read())
 
 
 def _or_nan(value: float | None) -> float:

@@ -6,26 +6,44 @@ attempt of a job joins the trace it was enqueued in. No-ops without OpenTelemetr
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, assert_never
 
 from ricochet import tracing
 from ricochet.delivery.failed import Failure
-from ricochet.delivery.retry import Action, Decision
+from ricochet.delivery.retry import (
+    Ack,
+    Cancel,
+    Delay,
+    Fail,
+    Retry,
+    RetryByCopy,
+    Sanitize,
+    Settlement,
+)
 from ricochet.handlers.job import Job
 
 if tracing.ENABLED:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind, StatusCode
 
-# What an attempt came to, by what its delivery's settling does after the handler ran: a
-# RetryLater waits in the delays, a retry back from them goes to its tier by a copy.
-OUTCOMES = {
-    Action.ACK: "succeeded",
-    Action.RETRY: "retried",
-    Action.RETRY_BY_COPY: "retried",
-    Action.DELAY: "retried",
-    Action.FAIL: "failed",
-}
+
+def outcome(decision: Settlement) -> str:
+    """What an attempt came to, by what its delivery's settling does after the handler ran: a
+    RetryLater waits in the delays, a retry back from them goes to its tier by a copy. (A
+    forged header is cleaned before any attempt: no attempt comes to it.)"""
+    match decision:
+        case Ack():
+            return "succeeded"
+        case Cancel():
+            return "cancelled"
+        case Retry() | RetryByCopy() | Delay():
+            return "retried"
+        case Fail():
+            return "failed"
+        case Sanitize():
+            return "sanitized"
+        case _:
+            assert_never(decision)
 
 
 # What a span's place holds when there is no span to make: a generator's context manager costs
@@ -70,12 +88,12 @@ def _attempt_span(queue: str, job: Job) -> Iterator[Any]:
         yield span
 
 
-def record_outcome(span: Any, decision: Decision, failure: Failure | None) -> None:
+def record_outcome(span: Any, decision: Settlement, failure: Failure | None) -> None:
     """What became of the attempt; an error status when the handler raised."""
     if span is None or not span.is_recording():  # no tracer configured: nothing to format
         return
-    span.set_attribute("ricochet.outcome", OUTCOMES[decision.action])
-    if decision.tier is not None:
+    span.set_attribute("ricochet.outcome", outcome(decision))
+    if isinstance(decision, (Retry, RetryByCopy)):
         span.set_attribute("ricochet.tier", decision.tier)
     if failure is not None:
         # Not span.record_exception: str() of an error can fail or carry a password, and the
@@ -92,7 +110,7 @@ def record_outcome(span: Any, decision: Decision, failure: Failure | None) -> No
 
 
 def settle_span(
-    queue: str, attempt: Any, decision: Decision
+    queue: str, attempt: Any, decision: Settlement
 ) -> contextlib.AbstractContextManager[None]:
     """A span around settling an attempt, a child of its span: the ack, the retry's nack, or
     the failed copy published until confirmed and then the ack.
@@ -105,12 +123,13 @@ def settle_span(
 
 
 @contextlib.contextmanager
-def _settle_span(queue: str, decision: Decision) -> Iterator[None]:
-    attributes: dict[str, str | int] = {"ricochet.action": decision.action.value}
-    if decision.tier is not None:
-        attributes["ricochet.tier"] = decision.tier
-    if decision.kind is not None:
-        attributes["ricochet.failed.kind"] = str(decision.kind)
+def _settle_span(queue: str, decision: Settlement) -> Iterator[None]:
+    attributes: dict[str, str | int] = {"ricochet.action": decision.ACTION}
+    match decision:
+        case Retry(tier) | RetryByCopy(tier):
+            attributes["ricochet.tier"] = tier
+        case Fail(kind):
+            attributes["ricochet.failed.kind"] = str(kind)
     with tracing.TRACER.start_as_current_span(
         f"{queue} settle",
         attributes=attributes,

@@ -142,7 +142,7 @@ class Webhook:
                 error=_describe(error),
             )
             return
-        self._metrics.alerts.labels(self._metrics.queue, alert["event"]).inc()
+        self._metrics.alerts.labels(alert["queue"], alert["event"]).inc()
         log.info("alert delivered", alert_event=alert["event"], webhook=self._host)
 
     def _log_retry(self, state: RetryCallState) -> None:

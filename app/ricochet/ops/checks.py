@@ -1,7 +1,8 @@
 """What doctor finds in the topology: pure functions of the management API's answers and the plan.
 
-Each check compares the broker with the same plan that `topology` declares, so no name or argument
-is spelled here; each finding says what to run to fix it.
+The topology's checks read the diff of the plan that `topology` declares with what the API shows
+(broker/diff.py), so what differs is decided there and no name or argument is spelled here; each
+finding says what to run to fix it.
 """
 
 import re
@@ -10,20 +11,36 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
-from ricochet.broker.topology import (
+from ricochet.broker.diff import (
+    Bind,
+    Conflict,
+    DeclareExchange,
+    DeclareQueue,
+    DelayDiffers,
+    ExchangeDiffers,
+    ExchangeSeen,
+    Held,
+    LimitNotLifted,
+    QueueSeen,
+    RetireTier,
+    Step,
+    Unbind,
+    Unwanted,
+    planned_bindings,
+    planned_exchanges,
+    planned_queues,
+    queue_names,
+)
+from ricochet.broker.plan import (
     DELIVERY_LIMIT,
     QUEUE_TYPE,
-    SHARED,
-    SHARED_PREFIX,
     TTL,
     Binding,
     Plan,
     QueueSpec,
     delivery_limit_policy_command,
-    return_key,
-    stale_bindings,
-    stale_tiers,
 )
+from ricochet.names import SHARED, SHARED_PREFIX
 from ricochet.ops.report import duration
 
 Status = Literal["ok", "warn", "fail"]
@@ -104,57 +121,33 @@ def _figure(check: str, name: str, field: str, state: BrokerState) -> int | Chec
     return value
 
 
-def checked_queues(plan: Plan) -> list[QueueSpec]:
-    """Every queue of the plan: the consumed ones, the tiers and their lanes, the delays' levels
-    and the cancel store."""
-    return [*plan.queues, *plan.tiers, *plan.lanes, *plan.declared_queues[len(plan.queues) :]]
-
-
-def queue_names(plan: Plan) -> list[str]:
-    """Every queue doctor reads: the plan's and the stale tiers."""
-    return [spec.name for spec in checked_queues(plan)] + [*stale_tiers(plan).values()]
-
-
-def exchange_names(plan: Plan) -> list[str]:
-    return [name for name, _, _ in all_exchanges(plan)]
-
-
-def all_exchanges(plan: Plan) -> list[tuple[str, str, dict[str, Any]]]:
-    """The queue's exchanges and those its vhost's ricochet queues share."""
-    return [*plan.exchanges, *plan.shared_exchanges]
-
-
-def all_bindings(plan: Plan) -> list[Binding]:
-    return [*plan.bindings, *plan.shared_bindings]
-
-
-def _another_queues_return(plan: Plan, b: JSON) -> bool:
-    """A binding from the shared return exchange to another ricochet queue: that queue's own."""
-    return bool(
-        b["source"] == SHARED.return_exchange
-        and b["destination"] != plan.names.queue
-        and b["routing_key"] == return_key(b["destination"])
+def held_of(state: BrokerState) -> Held:
+    """What the broker holds of the plan's names, as the diff reads it."""
+    return Held(
+        queues={
+            name: QueueSeen(q.get("type"), q.get("arguments", {}), count(q, "messages"))
+            for name, q in state.queues.items()
+        },
+        exchanges={
+            name: ExchangeSeen(x.get("type"), x.get("arguments", {}))
+            for name, x in state.exchanges.items()
+        },
+        bindings=[_binding(b) for b in state.bindings],
     )
 
 
-def _argument_differences(wanted: JSON, actual: JSON) -> list[str]:
-    # The queue type is compared on its own (the API's `type`), whichever way it was declared.
-    keys = sorted((set(wanted) | set(actual)) - {QUEUE_TYPE})
-    differences = []
-    for key in keys:
-        if key not in actual:
-            differences.append(f"{key} missing (wants {wanted[key]})")
-        elif key not in wanted:
-            differences.append(f"{key}={actual[key]} (not wanted)")
-        elif actual[key] != wanted[key]:
-            differences.append(f"{key}={actual[key]} (wants {wanted[key]})")
-    return differences
+def _binding(b: JSON) -> Binding:
+    """A binding as the API lists it, as the plan spells it."""
+    return Binding(
+        b["source"], b["destination"], b["routing_key"], b["destination_type"] == "exchange"
+    )
 
 
-def _tier_delay_check(name: str, spec: QueueSpec, queue: JSON) -> Check:
-    old = queue.get("arguments", {}).get(TTL)
-    waits = f"waits {duration(old)}, the settings say {duration(spec.delay_ms)}"
-    messages = count(queue, "messages")
+def _tier_delay_check(name: str, step: DelayDiffers) -> Check:
+    old = step.seen.arguments.get(TTL)
+    was = f"waits {duration(old)}" if old is not None else "has no delay"
+    waits = f"{was}, the settings say {duration(step.spec.delay_ms)}"
+    messages = step.seen.messages
     if messages:
         return Check(
             name,
@@ -182,101 +175,98 @@ def _delivery_limit_check(name: str, queue: JSON, lift: str) -> Check:
     )
 
 
-def _queue_check(spec: QueueSpec, settings_type: str, queue: JSON | None, lift: str) -> Check:
+REBUILD = (
+    "ricochet refuses to start on it: let it drain (or move its jobs away), delete it, "
+    "then run `ricochet topology`"
+)
+
+
+def _queue_check(
+    spec: QueueSpec, step: Step | None, settings_type: str, state: BrokerState, lift: str
+) -> Check:
     name = f"queue {spec.name}"
-    queue_type = spec.arguments.get(QUEUE_TYPE, settings_type)  # the cancel store is a stream
-    if queue is None:
-        return Check(name, "fail", f"missing: {DECLARE}")
-    rebuild = (
-        "ricochet refuses to start on it: let it drain (or move its jobs away), delete it, "
-        "then run `ricochet topology`"
-    )
-    if queue.get("type") != queue_type:
-        wants = "RICOCHET_QUEUE_TYPE wants" if queue_type == settings_type else "ricochet wants"
-        return Check(
-            name, "fail", f"is a {queue.get('type')} queue, {wants} {queue_type}; {rebuild}"
-        )
-    actual = queue.get("arguments", {})
-    wanted = dict(spec.arguments)
-    unlifted = DELIVERY_LIMIT in wanted and DELIVERY_LIMIT not in actual
-    if unlifted:
-        del wanted[DELIVERY_LIMIT]
-    differences = _argument_differences(wanted, actual)
-    if (
-        spec.delay_ms is not None
-        and differences
-        and all(d.startswith(f"{TTL}=") for d in differences)
-    ):
-        return _tier_delay_check(name, spec, queue)
-    if differences:
-        return Check(name, "fail", f"arguments differ: {', '.join(differences)}; {rebuild}")
-    if unlifted:
-        return _delivery_limit_check(name, queue, lift)
-    delay = f", waits {duration(spec.delay_ms)}" if spec.delay_ms is not None else ""
-    return Check(name, "ok", f"{queue_type}{delay}, as the settings declare it")
+    queue_type = spec.arguments[QUEUE_TYPE]
+    match step:
+        case None:
+            delay = f", waits {duration(spec.delay_ms)}" if spec.delay_ms is not None else ""
+            return Check(name, "ok", f"{queue_type}{delay}, as the settings declare it")
+        case DeclareQueue():
+            return Check(name, "fail", f"missing: {DECLARE}")
+        case Conflict(_, seen) if seen.type != queue_type:
+            wants = "RICOCHET_QUEUE_TYPE wants" if queue_type == settings_type else "ricochet wants"
+            return Check(name, "fail", f"is a {seen.type} queue, {wants} {queue_type}; {REBUILD}")
+        case Conflict(_, _, differences):
+            found = ", ".join(str(d) for d in differences)
+            return Check(name, "fail", f"arguments differ: {found}; {REBUILD}")
+        case DelayDiffers():
+            return _tier_delay_check(name, step)
+        case LimitNotLifted():
+            return _delivery_limit_check(name, state.queues[spec.name], lift)
+    raise AssertionError(f"not a step of a queue: {step}")
 
 
-def queue_checks(plan: Plan, queue_type: str, state: BrokerState) -> list[Check]:
+def _by_name(steps: list[Step]) -> dict[str, Step]:
+    """The step of each queue and exchange of the plan that is not as planned."""
+    found: dict[str, Step] = {}
+    for step in steps:
+        match step:
+            case DeclareQueue(spec) | Conflict(spec) | DelayDiffers(spec) | LimitNotLifted(spec):
+                found[spec.name] = step
+            case DeclareExchange(x) | ExchangeDiffers(x):
+                found[x.name] = step
+    return found
+
+
+def queue_checks(plan: Plan, steps: list[Step], queue_type: str, state: BrokerState) -> list[Check]:
     """Every queue of the plan exists with the type and arguments (a tier's TTL) it declares."""
     lift = delivery_limit_policy_command(plan.names)
+    found = _by_name(steps)
     return [
-        _queue_check(spec, queue_type, state.queues.get(spec.name), lift)
-        for spec in checked_queues(plan)
+        _queue_check(spec, found.get(spec.name), queue_type, state, lift)
+        for spec in planned_queues(plan)
     ]
 
 
-def exchange_checks(plan: Plan, state: BrokerState) -> list[Check]:
+def exchange_checks(plan: Plan, steps: list[Step], state: BrokerState) -> list[Check]:
     """Every exchange of the plan exists with its type and arguments."""
+    found = _by_name(steps)
     checks = []
-    for name, kind, arguments in all_exchanges(plan):
-        found = state.exchanges.get(name)
-        label = f"exchange {name}"
-        if found is None:
-            checks.append(Check(label, "fail", f"missing: {DECLARE}"))
-            continue
-        differences = _argument_differences(arguments, found.get("arguments", {}))
-        if found.get("type") != kind:
-            differences.insert(0, f"type {found.get('type')} (wants {kind})")
-        if differences:
-            delete = _curl_delete(state, f"exchanges/{_q(state.vhost)}/{_q(name)}")
-            checks.append(
-                Check(
-                    label,
-                    "fail",
-                    f"differs: {', '.join(differences)}; delete it ({delete}), "
-                    "then run `ricochet topology`",
+    for x in planned_exchanges(plan):
+        label = f"exchange {x.name}"
+        match found.get(x.name):
+            case DeclareExchange():
+                checks.append(Check(label, "fail", f"missing: {DECLARE}"))
+            case ExchangeDiffers() as differs:
+                delete = _curl_delete(state, f"exchanges/{_q(state.vhost)}/{_q(x.name)}")
+                checks.append(
+                    Check(
+                        label,
+                        "fail",
+                        f"differs: {differs}; delete it ({delete}), then run `ricochet topology`",
+                    )
                 )
-            )
-        else:
-            checks.append(Check(label, "ok", f"{kind}, as the settings declare it"))
+            case _:
+                checks.append(Check(label, "ok", f"{x.kind}, as the settings declare it"))
     return checks
 
 
-def _key(b: Binding) -> tuple[str, str, str, str]:
-    """A planned binding as the API names it: source, destination, its type, routing key."""
-    return (b.source, b.destination, "exchange" if b.to_exchange else "queue", b.routing_key)
+def _describe(b: Binding) -> str:
+    kind = "exchange" if b.to_exchange else "queue"
+    key = f" with key {b.routing_key}" if b.routing_key else ""
+    return f"{b.source} -> {kind} {b.destination}{key}"
 
 
-def _api_key(b: JSON) -> tuple[str, str, str, str]:
-    return (b["source"], b["destination"], b["destination_type"], b["routing_key"])
-
-
-def _describe(key: tuple[str, str, str, str]) -> str:
-    source, destination, kind, routing_key = key
-    return f"{source} -> {kind} {destination}" + (f" with key {routing_key}" if routing_key else "")
-
-
-def binding_check(plan: Plan, state: BrokerState) -> Check:
+def binding_check(plan: Plan, steps: list[Step]) -> Check:
     """Every binding of the plan exists."""
-    present = {_api_key(b) for b in state.bindings}
-    planned = all_bindings(plan)
-    missing = [_key(b) for b in planned if _key(b) not in present]
+    planned = planned_bindings(plan)
+    to_bind = {step.binding for step in steps if isinstance(step, Bind)}
+    missing = [b for b in planned if b in to_bind]
     if not missing:
         return Check("bindings", "ok", f"all {len(planned)} bindings of the settings exist")
     return Check(
         "bindings",
         "fail",
-        f"{len(missing)} missing; {'; '.join(_describe(k) for k in missing)}; "
+        f"{len(missing)} missing; {'; '.join(_describe(b) for b in missing)}; "
         "`ricochet topology` adds them",
     )
 
@@ -289,38 +279,26 @@ def _curl_delete(state: BrokerState, path: str) -> str:
     return f"curl -u USER:PASSWORD -X DELETE '{state.api_url}{path}'"
 
 
-def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
+def unwanted_binding_check(steps: list[Step], state: BrokerState) -> Check:
     """No binding leads out of ricochet's exchanges, or into its exchanges and queues other than
-    the main one (publishers may bind their own exchanges to that), unless the plan wants it."""
-    wanted = {_key(b) for b in all_bindings(plan)}
-    stale = {_key(b) for b in stale_bindings(plan)}
-    stale_queues = set(stale_tiers(plan).values())
-    ours = {
-        "exchange": set(exchange_names(plan)),
-        "queue": set(queue_names(plan)) - {plan.names.queue},
-    }
+    the main one, unless the plan wants it (diff's Unbind: earlier settings made it; Unwanted:
+    nothing of ricochet's did)."""
+    stale = {step.binding for step in steps if isinstance(step, Unbind)}
+    unwanted = {step.binding for step in steps if isinstance(step, Unwanted)}
     found = []
     for b in state.bindings:
-        key = _api_key(b)
-        if b["source"] == "" or key in wanted or _another_queues_return(plan, b):
-            continue  # the default exchange's implicit binding, one the plan declares, or one
-            # another ricochet queue of the vhost declares on the shared return exchange
-        if (
-            b["source"] not in ours["exchange"]
-            and b["destination"] not in ours[b["destination_type"]]
-        ):
-            continue
-        line = _describe(key)
-        if key in stale or b["destination"] in stale_queues:
+        binding = _binding(b)
+        if binding in stale:
             found.append(
-                f"{line} (left by an earlier RICOCHET_MAX_RETRIES: `ricochet topology` removes it)"
+                f"{_describe(binding)} (left by an earlier RICOCHET_MAX_RETRIES: "
+                "`ricochet topology` removes it)"
             )
-        else:
+        elif binding in unwanted:
             path = (
                 f"bindings/{_q(state.vhost)}/e/{_q(b['source'])}/{b['destination_type'][0]}/"
                 f"{_q(b['destination'])}/{_q(b['properties_key'])}"
             )
-            found.append(f"{line} (remove it: {_curl_delete(state, path)})")
+            found.append(f"{_describe(binding)} (remove it: {_curl_delete(state, path)})")
     if not found:
         return Check("unwanted bindings", "ok", "none")
     return Check(
@@ -330,28 +308,25 @@ def unwanted_binding_check(plan: Plan, state: BrokerState) -> Check:
     )
 
 
-def stale_tier_check(plan: Plan, state: BrokerState) -> Check:
+def stale_tier_check(plan: Plan, steps: list[Step]) -> Check:
     """Tiers beyond the retry budget that still exist, and the jobs they hold."""
     budget = len(plan.tiers)
     found = []
-    status: Status = "ok"
-    for name in stale_tiers(plan).values():
-        queue = state.queues.get(name)
-        if queue is None:
+    for step in steps:
+        if not isinstance(step, RetireTier) or step.seen is None:
             continue
-        status = "warn"
-        messages = count(queue, "messages")
-        delay = queue.get("arguments", {}).get(TTL)
-        if messages:
+        delay = step.seen.arguments.get(TTL)
+        if step.seen.messages:
             found.append(
-                f"{name} holds {messages} jobs: they come back to {plan.names.queue} within "
-                f"{duration(delay)} with the current budget, then `ricochet topology` removes it"
+                f"{step.name} holds {step.seen.messages} jobs: they come back to "
+                f"{plan.names.queue} within {duration(delay)} with the current budget, then "
+                "`ricochet topology` removes it"
             )
         else:
-            found.append(f"{name} is no longer used: `ricochet topology` removes it")
+            found.append(f"{step.name} is no longer used: `ricochet topology` removes it")
     if not found:
         return Check("stale tiers", "ok", f"no tier beyond RICOCHET_MAX_RETRIES={budget}")
-    return Check("stale tiers", status, f"beyond RICOCHET_MAX_RETRIES={budget}; {'; '.join(found)}")
+    return Check("stale tiers", "warn", f"beyond RICOCHET_MAX_RETRIES={budget}; {'; '.join(found)}")
 
 
 def _consumer_check(check: str, name: str, state: BrokerState, unread: Check) -> Check:

@@ -7,10 +7,12 @@ from urllib.parse import quote, unquote, urlsplit
 import structlog
 
 from ricochet.broker.connection import close_quietly, connect, connection_name
+from ricochet.broker.diff import diff, exchange_names, queue_names
 from ricochet.broker.management import Api, open_api, vhost
+from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.record import declared_settings
-from ricochet.broker.topology import PLAN_FIELDS, SHARED_PREFIX, Plan, plan
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
+from ricochet.names import SHARED_PREFIX
 from ricochet.ops.checks import (
     BrokerState,
     Check,
@@ -18,15 +20,14 @@ from ricochet.ops.checks import (
     consumer_check,
     dead_letters,
     exchange_checks,
-    exchange_names,
     failed_check,
+    held_of,
     holding_dead_letters,
     monitor_check,
     open_files_check,
     orphans_check,
     permission_check,
     queue_checks,
-    queue_names,
     stale_tier_check,
     stranded_check,
     unwanted_binding_check,
@@ -134,13 +135,14 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     version (pure)."""
     version = reported_version(state.overview)
     p = plan(settings, version)
+    steps = diff(p, held_of(state))
     return [
         version_check(state.overview, settings.queue_type),
-        *exchange_checks(p, state),
-        *queue_checks(p, settings.queue_type, state),
-        binding_check(p, state),
-        unwanted_binding_check(p, state),
-        stale_tier_check(p, state),
+        *exchange_checks(p, steps, state),
+        *queue_checks(p, steps, settings.queue_type, state),
+        binding_check(p, steps),
+        unwanted_binding_check(steps, state),
+        stale_tier_check(p, steps),
         consumer_check(p, state),
         monitor_check(p, state),
         failed_check(p, settings.alert_failed_threshold, state),

@@ -15,8 +15,9 @@ from typing import Any
 
 from aio_pika.abc import AbstractConnection, AbstractMessage
 
-from ricochet.broker.topology import Names
 from ricochet.delivery.failed import COPIED_PROPERTIES, FailureInfo
+from ricochet.headers import FAILED_TRACEBACK
+from ricochet.names import Names
 from ricochet.ops.scan import Removal, scanning, select
 from ricochet.ops.selection import Outcome, Selection
 
@@ -61,8 +62,13 @@ class CopyDetails:
 
     @property
     def traceback(self) -> str | None:
-        value = self.headers.get("failed-traceback")
+        value = self.headers.get(FAILED_TRACEBACK)
         return None if value is None else str(value)
+
+    @property
+    def other_headers(self) -> dict[str, Any]:
+        """The headers but the traceback, which is shown on its own."""
+        return {k: v for k, v in self.headers.items() if k != FAILED_TRACEBACK}
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ RabbitMQ 4), the quorum queue's policy for overflow, and the argument for the re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ricochet.broker.topology import DELIVERY_LIMIT
+from ricochet.broker.plan import DELIVERY_LIMIT
 
 JSON = dict[str, Any]
 

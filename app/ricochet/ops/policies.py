@@ -4,7 +4,7 @@ over what ricochet declares (ricochet/ops/limits.py), and what each does to rico
 
 from typing import Any
 
-from ricochet.broker.topology import Plan
+from ricochet.broker.plan import Plan
 from ricochet.ops.checks import JSON, BrokerState, Check, Status, vhost_option, worst
 from ricochet.ops.limits import applied_policies, policy_names
 from ricochet.ops.limits import takes_effect as takes_effect  # doctor's, and its tests'

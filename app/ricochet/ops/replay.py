@@ -16,29 +16,32 @@ import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection
 
-from ricochet.broker.topology import Names
-from ricochet.delivery.failed import FAILURE_HEADERS, copied_headers, copy_of, properties_of
+from ricochet.delivery.failed import copied_headers, copy_of, properties_of
 from ricochet.delivery.retry import is_int
-from ricochet.ops.scan import DELIVERY_COUNT, Copy, Removal, select
+from ricochet.headers import DELIVERY_COUNTS, FAILURE_HEADERS, INCARNATION, REPLAY_COUNT
+from ricochet.names import Names
+from ricochet.ops.scan import Copy, Removal, select
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.tracing import inject_current
 
 log = structlog.get_logger("ricochet.replay")
 
-REPLAY_COUNT = "replay-count"
 # The largest integer an AMQP header carries (a signed 64-bit one): a replay-count there stays.
 COUNT_MAX = 2**63 - 1
-# The failed queue's own delivery counters: they say nothing about the job in the main queue.
-DELIVERY_COUNTS = (DELIVERY_COUNT, "x-acquired-count")
 
 
 def replayed_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The copy's headers without the failure's, with replay-count incremented (up to
-    COUNT_MAX: a header past it could not be sent, and the replay would stop at that copy)."""
+    COUNT_MAX: a header past it could not be sent, and the replay would stop at that copy).
+
+    Without the client's incarnation token too: a replayed job is published again by ricochet,
+    stamped with the time of the replay, and a cancel covers it by that time (no wait of the
+    token recorded since a cancel would spare it, and it would be dropped from the backlog)."""
+    # The failed queue's own delivery counts say nothing of the job in the main queue.
     kept = {
         k: v
         for k, v in copied_headers(headers).items()
-        if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS
+        if k not in FAILURE_HEADERS and k not in DELIVERY_COUNTS and k != INCARNATION
     }
     previous = headers.get(REPLAY_COUNT)
     if not is_int(previous) or previous < 0:

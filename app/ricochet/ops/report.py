@@ -1,13 +1,17 @@
 """What the commands print: the rows of their tables, and the tables as plain text."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ricochet.broker.topology import DELAY_UNIT_MS, Binding, Plan, QueueSpec
+from ricochet.broker.plan import Binding, Exchange, Plan, QueueSpec
 from ricochet.delivery.failed import FailureInfo
+from ricochet.handlers.router import Router
+from ricochet.names import DELAY_UNIT_MS
 from ricochet.ops.failed_queue import CopyDetails
+from ricochet.ops.schedules import ScheduleRow
 from ricochet.ops.selection import Outcome
+from ricochet.ops.waits import Shown, Waiting, iso
 
 DAY_MS = 86_400_000  # from a day on, durations are shown in days
 
@@ -45,26 +49,24 @@ def duration(delay_ms: int | None) -> str:
     return f"{delay_ms / DAY_MS:.4g}d"
 
 
-def plan_table(plan: Plan) -> str:
-    """The queues (with arguments), exchanges and bindings of a plan: the queue's own, then
-    what every ricochet queue of the vhost shares."""
-    own = _objects_table(
-        [
-            plan.queues[0],
-            *plan.tiers,
-            *plan.lanes,
-            *plan.queues[1:],
-        ],
-        plan.exchanges,
-        plan.bindings,
-    )
-    shared = _objects_table(plan.shared_queues, plan.shared_exchanges, plan.shared_bindings)
-    return f"{own}\n\nshared by every ricochet queue of the virtual host:\n\n{shared}"
+def plan_table(plan: Plan, *others: Plan) -> str:
+    """The queues (with arguments), exchanges and bindings of plans: each queue's own, then
+    what every ricochet queue of the vhost shares, once."""
+    own = [
+        _objects_table(
+            [each.queues[0], *each.tiers, *each.lanes, *each.queues[1:]],
+            each.exchanges,
+            each.bindings,
+        )
+        for each in (plan, *others)
+    ]
+    shared = _objects_table(plan.shared.queues, plan.shared.exchanges, plan.shared.bindings)
+    return "\n\n".join([*own, f"shared by every ricochet queue of the virtual host:\n\n{shared}"])
 
 
 def _objects_table(
     queues: Sequence[QueueSpec],
-    exchanges: Sequence[tuple[str, str, dict[str, Any]]],
+    exchanges: Sequence[Exchange],
     bindings: Sequence[Binding],
 ) -> str:
     queue_rows = table(
@@ -93,6 +95,57 @@ def _objects_table(
         ],
     )
     return f"{queue_rows}\n\n{exchange_rows}\n\n{binding_rows}"
+
+
+@dataclass(frozen=True)
+class TypePolicy:
+    """A job type's retry shape as its handler was registered (None: the worker's)."""
+
+    type: str
+    retry_delays_ms: tuple[int, ...] | None
+    max_retries: int | None
+    timeout_s: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        shown = asdict(self)
+        shown["retry_delays_ms"] = (
+            None if self.retry_delays_ms is None else list(self.retry_delays_ms)
+        )
+        return shown
+
+
+def type_policies(handler: Router | Callable[..., Any]) -> list[TypePolicy]:
+    """The job types of a router, each with its own ladder, budget and timeout if it has any;
+    none for a plain handler (every type is the worker's)."""
+    if not isinstance(handler, Router):
+        return []
+    policies = []
+    for job_type in handler.types:
+        route = handler.route(job_type)
+        assert route is not None
+        policies.append(
+            TypePolicy(job_type, route.retry_delays_ms, route.max_retries, route.timeout_s)
+        )
+    return policies
+
+
+WORKERS = "the worker's"
+
+
+def types_table(policies: Sequence[TypePolicy]) -> str:
+    """One line per job type: its own ladder, max_retries and timeout, or the worker's."""
+    if not policies:
+        return "job types: the handler takes every type, on the worker's ladder and timeout"
+    rows = [
+        (
+            p.type,
+            WORKERS if p.retry_delays_ms is None else ", ".join(map(duration, p.retry_delays_ms)),
+            p.max_retries,
+            WORKERS if p.timeout_s is None else f"{p.timeout_s:g}s",
+        )
+        for p in policies
+    ]
+    return "job types:\n\n" + table(["type", "ladder", "max_retries", "timeout"], rows)
 
 
 def checks_table(checks: Sequence[tuple[str, str, str]]) -> str:
@@ -137,16 +190,17 @@ def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
         (n.events, "failed events", None),
         *(
             (spec.name, f"{SHARED_ROLE} delay level {k}", 2**k * DELAY_UNIT_MS)
-            for k, spec in enumerate(plan.delays)
+            for k, spec in enumerate(plan.shared.delays)
         ),
         *(
             (spec.name, f"{SHARED_ROLE} {role}", None)
             for spec, role in (
-                (plan.orphans, "orphans"),
-                (plan.cancel_store, "cancels"),
-                (plan.cancel_snapshot, "cancels snapshot"),
+                (plan.shared.orphans, "orphans"),
+                (plan.shared.cancel_store, "cancels"),
+                (plan.shared.cancel_snapshot, "cancels snapshot"),
+                (plan.shared.schedule_store, "schedules"),
+                (plan.shared.retries, "retries"),
             )
-            if spec is not None
         ),
     ]
 
@@ -260,9 +314,53 @@ def copy_text(details: CopyDetails) -> str:
         *(f"  {k}: {cell(v)}" for k, v in details.properties.items()),
         "",
         "headers:",
-        *(f"  {cell(k)}: {cell(v)}" for k, v in details.headers.items() if k != "failed-traceback"),
+        *(f"  {cell(k)}: {cell(v)}" for k, v in details.other_headers.items()),
     ]
     if details.traceback is not None:
         lines += ["", "traceback:", *(f"  {cell(line)}" for line in details.traceback.splitlines())]
     lines += ["", f"body ({details.body_encoding}):", details.body]
+    return "\n".join(lines)
+
+
+def schedules_table(rows: Sequence[ScheduleRow]) -> str:
+    """`ricochet schedules`: one line per schedule."""
+    return table(
+        ["name", "job_type", "queue", "rule", "timezone", "next_at", "last_at"],
+        [
+            [r.name, r.job_type, r.queue, r.rule, r.timezone, r.next_at or "-", r.last_at or "-"]
+            for r in rows
+        ],
+    )
+
+
+def waiting_table(rows: Sequence[Waiting]) -> str:
+    """waiting list: one line per waiting job, soonest due first."""
+    return table(
+        ["message_id", "type", "attempt", "due_at", "reason"],
+        [(w.message_id, w.type, w.attempt, iso(w.due_at), w.reason) for w in rows],
+    )
+
+
+def waiting_text(shown: Shown) -> str:
+    """waiting show: one job, its row first, then where it waits, properties, headers, body.
+    Every line but the body's is one line of plain text (see cell)."""
+    w = shown.waiting
+    lines = [
+        f"message_id: {cell(w.message_id)}",
+        f"type:       {cell(w.type)}",
+        f"queue:      {cell(w.queue)}",
+        f"attempt:    {w.attempt} (the next)",
+        f"due_at:     {iso(w.due_at)}",
+        f"reason:     {cell(w.reason)}",
+        f"waits in:   {cell(w.place)}",
+        "",
+        "properties:",
+        *(f"  {k}: {cell(v)}" for k, v in shown.properties.items()),
+        "",
+        "headers:",
+        *(f"  {cell(k)}: {cell(v)}" for k, v in shown.headers.items()),
+        "",
+        f"body ({shown.body_encoding}):",
+        shown.body,
+    ]
     return "\n".join(lines)

@@ -55,10 +55,12 @@ from ricochet.broker.amqp import CONNECTION_ERRORS, broker_version, requeue_all
 from ricochet.broker.depth import Depth, read_depth
 from ricochet.broker.management import api_url as management_api
 from ricochet.broker.management import open_api, vhost
-from ricochet.broker.topology import QUEUE_TYPE, Names, delivery_limit_policy_command
+from ricochet.broker.plan import QUEUE_TYPE, delivery_limit_policy_command
 from ricochet.delivery.failed import FailureInfo, read_failure
 from ricochet.delivery.retry import is_int
 from ricochet.errors import ManagementUnavailable, MissingQueue, RicochetError
+from ricochet.headers import DELIVERY_COUNT
+from ricochet.names import Names
 from ricochet.ops.limits import DeliveryLimit, delivery_limit
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.service.process import stop_signals
@@ -79,10 +81,10 @@ OTHER_READER_WAIT_S = 30.0
 LOCK_RETRY_S = 0.1
 # How long a scan waits for the management API to say what delivery limit Q.failed has.
 LIMIT_READ_S = 2.0
+# ... and this much more for each further queue asked of in one session (a waiting scan's).
+LIMIT_READ_EACH_S = 0.1
 # The first RabbitMQ that does not count a basic.nack against a quorum queue's delivery limit.
 NACK_FREE_FROM = (4, 3)
-# The count that RabbitMQ 4.3's delivery limit reads.
-DELIVERY_COUNT = "x-delivery-count"
 # The counted returns a copy must have to spare, before the delivery limit, for a scan on 4.3 to
 # read it: one for this scan, should it be cut off, and one for the next, which then refuses it,
 # should that be cut off too.
@@ -278,14 +280,15 @@ async def scanning(
     beside the connection's AMQP listener by default).
     """
     deadline = asyncio.get_running_loop().time() + OTHER_READER_WAIT_S
-    async with _lock(connection, names, deadline):
+    held_by = "another scan (a failed list, replay or console page)"
+    async with scan_lock(connection, names.failed_scan, names.failed, held_by, deadline):
         channel = await connection.channel(publisher_confirms=False)
         try:
             depth = await _alone(channel, names, deadline)
             version = broker_version(connection)
             limit = None
             if depth.messages:
-                limit = await _read_limit(connection, names, management_url, version)
+                limit = await read_limit(connection, names.failed, management_url, version)
             if limit is not None and not _nack_free(version):
                 raise DeliveryLimitRefusal(_every_read_counts(names, limit, version))
             transaction = channel.transaction()
@@ -306,20 +309,21 @@ async def scanning(
 
 
 @asynccontextmanager
-async def _lock(
-    connection: AbstractConnection, names: Names, deadline: float
+async def scan_lock(
+    connection: AbstractConnection, lock: str, reading: str, held_by: str, deadline: float
 ) -> AsyncIterator[None]:
-    """Hold the failed queue's scan lock for the block, waiting for another scan to give it up
-    (until deadline). An exclusive queue keeps out other connections (RESOURCE_LOCKED), and an
-    exclusive consumer on it other channels of the same connection (ACCESS_REFUSED); the broker
-    drops both when the connection goes, so a scan killed holds nothing."""
+    """Hold a scan's lock (the queue named lock) for the block, waiting for another scan of
+    reading (held_by, in words) to give it up, until deadline. An exclusive queue keeps out
+    other connections (RESOURCE_LOCKED), and an exclusive consumer on it other channels of the
+    same connection (ACCESS_REFUSED); the broker drops both when the connection goes, so a scan
+    killed holds nothing."""
     loop = asyncio.get_running_loop()
     said = False
     while True:
         channel = await connection.channel(publisher_confirms=False)
         try:
             queue = await channel.declare_queue(
-                names.failed_scan,
+                lock,
                 exclusive=True,
                 auto_delete=True,
                 arguments={QUEUE_TYPE: "classic"},
@@ -329,13 +333,12 @@ async def _lock(
         except ChannelClosed as refused:  # the broker closed the channel: another scan has it
             if loop.time() >= deadline:
                 raise RicochetError(
-                    f"{names.failed} is still being read by another scan (a failed list, "
-                    f"replay or console page) after {OTHER_READER_WAIT_S:g} s: its copies cannot "
-                    f"all be seen until it hands them back; try again then (the broker said: "
-                    f"{refused})"
+                    f"{reading} is still being read by {held_by} after "
+                    f"{OTHER_READER_WAIT_S:g} s: what it holds cannot all be seen until it hands "
+                    f"it back; try again then (the broker said: {refused})"
                 ) from None
             if not said:
-                log.info("waiting for another scan", queue=names.failed)
+                log.info("waiting for another scan", queue=reading)
                 said = True
             await asyncio.sleep(LOCK_RETRY_S)
     try:
@@ -384,35 +387,51 @@ def management_url_beside(amqp_url: URL) -> str:
     return f"{api}/"
 
 
-async def _read_limit(
+async def read_limit(
     connection: AbstractConnection,
-    names: Names,
+    queue_name: str,
     management_url: str | None,
     version: tuple[int, ...] | None,
 ) -> DeliveryLimit | None:
-    """Q.failed's delivery limit, from the management API; None when it has none, or when the API
-    cannot say (logged: the scan then reads as if there were none)."""
+    """A queue's delivery limit, from the management API; None when it has none, or when the API
+    cannot say (logged: a scan then reads as if there were none)."""
+    limits = await read_limits(connection, [queue_name], management_url, version)
+    return limits[queue_name]
+
+
+async def read_limits(
+    connection: AbstractConnection,
+    queue_names: list[str],
+    management_url: str | None,
+    version: tuple[int, ...] | None,
+) -> dict[str, DeliveryLimit | None]:
+    """The delivery limit of each queue, read in one session of the management API (see
+    read_limit)."""
     assert connection.transport is not None
     amqp_url = connection.transport.connection.url
     api_url = management_url or management_url_beside(amqp_url)
+    found: dict[str, DeliveryLimit | None] = dict.fromkeys(queue_names)
+    limit_s = LIMIT_READ_S + LIMIT_READ_EACH_S * len(queue_names)
     try:
-        async with asyncio.timeout(LIMIT_READ_S), open_api(api_url, str(amqp_url)) as api:
-            queue = await api.queue(vhost(str(amqp_url)), names.failed, LIMIT_COLUMNS)
+        async with asyncio.timeout(limit_s), open_api(api_url, str(amqp_url)) as api:
+            for name in queue_names:
+                queue = await api.queue(vhost(str(amqp_url)), name, LIMIT_COLUMNS)
+                if queue is None:
+                    log.warning(
+                        "delivery limit unknown: the management API has no such queue",
+                        queue=name,
+                        api=management_api(api_url),
+                    )
+                    continue
+                found[name] = delivery_limit(queue, version)
     except (ManagementUnavailable, TimeoutError) as error:
         log.warning(
             "delivery limit unknown: reading as if there were none",
-            queue=names.failed,
-            error=str(error) or f"no answer within {LIMIT_READ_S:g} s",
+            queues=queue_names,
+            error=str(error) or f"no answer within {limit_s:g} s",
         )
-        return None
-    if queue is None:
-        log.warning(
-            "delivery limit unknown: the management API has no such queue",
-            queue=names.failed,
-            api=management_api(api_url),
-        )
-        return None
-    return delivery_limit(queue, version)
+        return dict.fromkeys(queue_names)
+    return found
 
 
 # What the management API must say of Q.failed for its delivery limit.

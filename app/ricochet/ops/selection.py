@@ -21,6 +21,9 @@ class Selection:
     message_id: str | None = None
     kind: str | None = None
     reason_is: str | None = None
+    # The monitor's relaunch: copies of any of these kinds, replayed fewer times than this.
+    kinds: frozenset[str] | None = None
+    replays_below: int | None = None
 
     def matches(self, failure: FailureInfo) -> bool:
         return (
@@ -29,6 +32,8 @@ class Selection:
             and (self.type is None or self.type == failure.type)
             and (self.message_id is None or self.message_id == failure.message_id)
             and (self.kind is None or self.kind == failure.kind)
+            and (self.kinds is None or failure.kind in self.kinds)
+            and (self.replays_below is None or failure.replay_count < self.replays_below)
         )
 
 

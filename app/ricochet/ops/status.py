@@ -3,8 +3,8 @@
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.depth import KeptChannel, read_depth
+from ricochet.broker.plan import Plan, plan
 from ricochet.broker.record import declared_settings
-from ricochet.broker.topology import Plan, plan
 from ricochet.ops.report import QueueStatus, roles
 from ricochet.settings import Settings
 

@@ -24,8 +24,11 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-def routes(registry: CollectorRegistry, ready: Callable[[], bool]) -> web.RouteTableDef:
-    """The endpoints: metrics from the process's registry, liveness, and readiness from ready()."""
+def routes(
+    registry: CollectorRegistry, ready: Callable[[], bool], healthy: Callable[[], bool]
+) -> web.RouteTableDef:
+    """The endpoints: metrics from the process's registry, liveness from healthy(), and
+    readiness from ready()."""
     table = web.RouteTableDef()
 
     @table.get("/metrics")
@@ -36,7 +39,9 @@ def routes(registry: CollectorRegistry, ready: Callable[[], bool]) -> web.RouteT
 
     @table.get("/healthz")
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+        if healthy():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="unhealthy\n")
 
     @table.get("/readyz")
     async def readyz(_: web.Request) -> web.Response:
@@ -54,9 +59,11 @@ async def serve_http(
     registry: CollectorRegistry,
     ready: Callable[[], bool],
     pages: Iterable[web.AbstractRouteDef] = (),
+    healthy: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[None]:
     """Serve the endpoints, and a service's own pages, on host:port for the duration of the
-    block (nothing when port is 0).
+    block (nothing when port is 0); /healthz answers 200 while the process runs, unless
+    healthy() says otherwise.
 
     Raises RicochetError when the port cannot be bound (in use, or not allowed).
     """
@@ -64,7 +71,7 @@ async def serve_http(
         yield
         return
     app = web.Application()
-    app.add_routes(routes(registry, ready))
+    app.add_routes(routes(registry, ready, healthy))
     pages = list(pages)
     app.add_routes(pages)
     # aiohttp's keep-alive timer runs from the connection's start, also while a request's

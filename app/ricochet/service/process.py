@@ -34,22 +34,34 @@ class Lifecycle:
     def __init__(self) -> None:
         self.stopping = asyncio.Event()
         self.forced = asyncio.Event()
-        self.connected = False
+        # Sessions serving now (a worker runs one per queue on its connection).
+        self._serving = 0
         # What the service does once connected (the worker: consuming), if it can stop doing it.
         self.working: Callable[[], bool] = lambda: True
 
     @property
     def ready(self) -> bool:
         """What /readyz says: connected and doing the service's work."""
-        return self.connected and self.working()
+        return self._serving > 0 and self.working()
 
     def request_stop(self, signame: str = "stop") -> None:
+        """A stop signal: the first drains, the second forces the exit."""
         if self.stopping.is_set():
-            log.warning("second signal: exiting without waiting for jobs", signal=signame)
-            self.forced.set()
+            self.force(signame)
         else:
-            log.info("stopping: no new jobs, finishing the ones in flight", signal=signame)
+            self.drain(signame)
+
+    def drain(self, reason: str) -> None:
+        """Stop taking work and finish what is in flight (a second call changes nothing)."""
+        if not self.stopping.is_set():
+            log.info("stopping: no new jobs, finishing the ones in flight", signal=reason)
             self.stopping.set()
+
+    def force(self, reason: str) -> None:
+        """Exit without waiting for the work in flight."""
+        log.warning("second signal: exiting without waiting for jobs", signal=reason)
+        self.stopping.set()
+        self.forced.set()
 
     async def serve_until_lost(
         self,
@@ -66,13 +78,13 @@ class Lifecycle:
 
         connection.close_callbacks.add(on_close)
         channel.close_callbacks.add(on_close)
-        self.connected = True
+        self._serving += 1
         waits = {asyncio.ensure_future(self.stopping.wait()), asyncio.ensure_future(lost.wait())}
         waits.update(asyncio.ensure_future(event.wait()) for event in interruptions)
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
-        self.connected = False
+        self._serving -= 1
         return self.stopping.is_set() and not lost.is_set()
 
     async def unless_stopped(self, work: Awaitable[T]) -> T | None:
@@ -93,6 +105,10 @@ async def _unless(event: asyncio.Event, work: Awaitable[T]) -> T | None:
         return task.result()
     task.cancel()
     return None
+
+
+# What stops a service: its own signals (stop_signals), or a parent's orders (a worker process).
+Stops = Callable[[], contextlib.AbstractContextManager[Lifecycle]]
 
 
 @contextlib.contextmanager
@@ -144,9 +160,11 @@ async def run_service(
     metrics: Metrics,
     serve: Callable[[Lifecycle], Awaitable[None]],
     pages: Iterable[web.AbstractRouteDef] = (),
+    stops: Stops = stop_signals,
 ) -> None:
-    """Run serve(lifecycle) with its HTTP endpoints (and pages) until SIGTERM/SIGINT."""
-    with stop_signals() as lifecycle:
+    """Run serve(lifecycle) with its HTTP endpoints (and pages) until SIGTERM/SIGINT (or what
+    stops says)."""
+    with stops() as lifecycle:
         metrics.ready_when(lambda: lifecycle.ready)
         # HTTP first: /healthz answers (and /readyz says 503) while the broker is awaited.
         async with serve_http(

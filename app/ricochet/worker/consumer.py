@@ -8,23 +8,35 @@ their children.
 """
 
 import asyncio
+import contextvars
 import math
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import structlog
+from aio_pika.exceptions import ChannelInvalidStateError
 
 from ricochet.broker.amqp import Delivery
 from ricochet.broker.cancels import CancelReader
-from ricochet.broker.topology import Names, is_delay_key
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
-from ricochet.delivery.retry import Action, Facts, decide, job_type, read_facts
+from ricochet.delivery.retry import (
+    WAITS,
+    Cancel,
+    Facts,
+    Outcome,
+    Run,
+    Sanitize,
+    decide,
+    job_type,
+    read_facts,
+)
 from ricochet.errors import RetryLater
 from ricochet.handlers.invoker import Invoker
-from ricochet.handlers.job import bind_log_context, job_of
+from ricochet.handlers.job import Job, bind_log_context, job_of
 from ricochet.headers import FRESH_ID, INCARNATION
+from ricochet.names import Names, is_delay_key
 from ricochet.observe.metrics import QueueMetrics
 from ricochet.observe.spans import attempt_span, record_outcome, settle_span
 from ricochet.worker.settler import Settler
@@ -32,10 +44,6 @@ from ricochet.worker.settler import Settler
 log = structlog.get_logger("ricochet.consumer")
 # The longest incarnation token read (the client's are 16 characters).
 TOKEN_MAX_CHARS = 64
-
-
-# The endings after an attempt that leave the job waiting for another.
-_WAITS = frozenset({Action.RETRY, Action.RETRY_BY_COPY, Action.DELAY})
 
 
 def _token(delivery: Delivery) -> str | None:
@@ -65,6 +73,7 @@ class Consumer:
         self,
         names: Names,
         max_retries: int,
+        jitter: float,
         invoker: Invoker,
         metrics: QueueMetrics,
         cancels: CancelReader,
@@ -73,12 +82,17 @@ class Consumer:
         self._names = names
         self._queue = names.queue
         self._max_retries = max_retries
+        self._jitter = jitter
         self._invoker = invoker
         self._cancels = cancels
         self._observers = observers
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
         metrics.in_flight.set_function(lambda: float(len(self.in_flight)))
+        # The jobs whose handler runs now, by message_id, which a cancel read meanwhile may cover.
+        self._running: dict[str, list[tuple[Job, Delivery]]] = {}
+        self._checks: set[asyncio.Task[None]] = set()
+        cancels.on_cancel(self._cancel_read)
 
     def intake(self, delivery: Delivery) -> Arrival:
         """Read the delivery's facts: its type, budget, where it came from, whether it is
@@ -96,6 +110,7 @@ class Consumer:
         names = self._names
         routing_key = delivery.routing_key
         key_tier = names.tier_of_key(routing_key)  # read once: it also says "from a tier"
+        route = self._invoker.route(kind)
         facts = read_facts(
             delivery.headers,
             redelivered=delivery.redelivered,
@@ -104,7 +119,9 @@ class Consumer:
             from_delays=is_delay_key(routing_key),
             queue=self._queue,
             max_retries=self._max_retries,
-            type_max_retries=self._invoker.max_retries(kind),
+            type_max_retries=None if route is None else route.max_retries,
+            type_ladder=None if route is None else route.retry_delays_ms,
+            jitter=self._jitter,
             unreadable=delivery.unreadable is not None,
             key_tier=key_tier,
             cancelled=self._covered(delivery),
@@ -119,6 +136,57 @@ class Consumer:
         return self._cancels.cancelled.covers(
             self._queue, delivery.message_id, _token(delivery), delivery.published_s
         )
+
+    def _cancel_read(self, queue: str, message_id: str) -> None:
+        """A cancel was read: the jobs of that id running here are checked against it."""
+        if queue != self._queue or message_id not in self._running:
+            return
+        # A context of its own: the lines it logs are no job's.
+        check = asyncio.get_running_loop().create_task(
+            self._cancel_running(message_id), context=contextvars.Context()
+        )
+        self._checks.add(check)
+        check.add_done_callback(self._checks.discard)
+
+    async def _cancel_running(self, message_id: str) -> None:
+        """Cancel the running jobs of message_id that a cancel in the store covers. A job of the
+        client is judged once the store is read up to now: its wait (recorded before it was
+        enqueued, or before it last waited) may come after the cancel just read."""
+        running = self._running.get(message_id, [])
+        if any(_explicit_token(delivery) is not None for _, delivery in running):
+            try:
+                await self._cancels.current()
+            except ChannelInvalidStateError as error:  # the worker reconnects and reads it again
+                log.warning("running job not checked against a cancel", error=str(error))
+                return
+        for job, delivery in self._running.get(message_id, []):
+            if not job.cancelled and self._covered(delivery):
+                job.cancel()
+                log.info(
+                    "running job cancelled",
+                    message_id=message_id,
+                    type=job.type,
+                    attempt=job.attempt,
+                )
+
+    def _start(self, job: Job, delivery: Delivery) -> None:
+        """The job's handler starts: a cancel read from now on reaches it, and one read since it
+        was delivered is checked now."""
+        if delivery.message_id is None:
+            return
+        self._running.setdefault(delivery.message_id, []).append((job, delivery))
+        if self._covered(delivery):
+            self._cancel_read(self._queue, delivery.message_id)
+
+    def _end(self, job: Job, delivery: Delivery) -> None:
+        """The handler returned: a cancel read from now on changes nothing."""
+        message_id = delivery.message_id
+        if message_id is None:
+            return
+        running = self._running[message_id]
+        running.remove((job, delivery))
+        if not running:
+            del self._running[message_id]
 
     def spawn(self, settler: Settler, arrival: Arrival) -> asyncio.Task[None]:
         """Run the job in a task of its own, so closing a channel never cancels a handler."""
@@ -137,32 +205,36 @@ class Consumer:
         decision = decide(facts, None)
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
-        if decision.action is Action.CANCEL and _explicit_token(delivery) is not None:
+        if isinstance(decision, Cancel) and _explicit_token(delivery) is not None:
             # Dropped only once the store is read up to now: a wait this job recorded after the
             # cancel (on another worker, or at its enqueue) spares it.
             await self._cancels.current()
             if not self._covered(delivery):
                 facts = facts._replace(cancelled=False)
                 decision = decide(facts, None)
-        if decision.action is not Action.RUN:
-            if decision.action is not Action.SANITIZE:  # a forged header is not the job's yet
-                bind_log_context(job_of(delivery, facts, kind))
+        if not isinstance(decision, Run):
+            if not isinstance(decision, Sanitize):  # a forged header is not the job's yet
+                bind_log_context(job_of(delivery, facts, kind, self._queue))
             await settler.settle(delivery, facts, decision)
             return
-        job = job_of(delivery, facts, kind)
+        job = job_of(delivery, facts, kind, self._queue)
         bind_log_context(job)
         with attempt_span(self._queue, job) as span:  # the attempt's span covers its settling
             started = time.perf_counter()
-            outcome, error = await self._invoker(job)
+            self._start(job, delivery)
+            try:
+                outcome, error = await self._invoker(job)
+            finally:
+                self._end(job, delivery)
             seconds = time.perf_counter() - started
             for observer in self._observers:
                 observer.attempted(outcome, seconds)
             # Rounded up: the next attempt starts no earlier than after_s.
             later_ms = math.ceil(error.after_s * 1000) if isinstance(error, RetryLater) else None
             decision = decide(facts, outcome, later_ms)
-            failure = None if error is None else Failure(error)
+            failure = None if error is None or outcome is Outcome.CANCELLED else Failure(error)
             record_outcome(span, decision, failure)
-            if decision.action in _WAITS and (token := _explicit_token(delivery)) is not None:
+            if isinstance(decision, WAITS) and (token := _explicit_token(delivery)) is not None:
                 # Recorded before it waits: a cancel made while it waits comes after it.
                 await self._cancels.note_wait(self._queue, str(delivery.message_id), token)
             with settle_span(self._queue, span, decision):

@@ -135,7 +135,10 @@ class Session:
         await self._subscription.hold()
         pause_s, ratio = self._watch.policy.pause_s, round(self._watch.ratio, 3)
         log.warning(
-            "worker paused: most jobs fail transiently", failure_ratio=ratio, pause_s=pause_s
+            "worker paused: most jobs fail transiently",
+            queue=self._settings.queue,
+            failure_ratio=ratio,
+            pause_s=pause_s,
         )
         await self._alert(PAUSED, ratio)
         with contextlib.suppress(TimeoutError):
@@ -143,7 +146,7 @@ class Session:
         self._watch.ended()
         if self._lifecycle.stopping.is_set():
             return None
-        log.info("worker resumed", pause_s=pause_s)
+        log.info("worker resumed", queue=self._settings.queue, pause_s=pause_s)
         await self._alert(RESUMED, ratio)
         return True
 
@@ -151,11 +154,15 @@ class Session:
         """Declare the topology again (the queue may be gone), with backoff: True when done,
         False if the connection closed meanwhile, None if a stop was requested."""
         self._state = State.RESUBSCRIBING
-        log.warning("not consuming: declaring the topology again before subscribing again")
+        log.warning(
+            "not consuming: declaring the topology again before subscribing again",
+            queue=self._settings.queue,
+        )
         retrying = backoff(
             CONNECTION_ERRORS,
             lambda state: log.warning(
                 "declaring again failed, retrying",
+                queue=self._settings.queue,
                 error=str(state.outcome.exception() if state.outcome else None),
             ),
             wait=wait_exponential_jitter(multiplier=0.1, max=RESUBSCRIBE_MAX_WAIT_S, jitter=0.1),

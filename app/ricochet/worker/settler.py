@@ -11,7 +11,9 @@ for each finished one above it.
 import asyncio
 import contextvars
 import datetime as dt
+import time
 from collections.abc import Collection, Sequence
+from typing import assert_never
 
 import aio_pika
 import structlog
@@ -26,11 +28,23 @@ from ricochet.broker.amqp import (
     refusal,
 )
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
-from ricochet.broker.topology import SHARED, Names, delay_key
+from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer, Settled
 from ricochet.delivery.failed import Failure, counted_copy, failed_copy
-from ricochet.delivery.retry import FAIL_PERMANENT, Action, Decision, Facts
+from ricochet.delivery.retry import (
+    FAIL_PERMANENT,
+    Ack,
+    Cancel,
+    Delay,
+    Facts,
+    Fail,
+    Retry,
+    RetryByCopy,
+    Sanitize,
+    Settlement,
+)
 from ricochet.errors import CopyTooLarge
+from ricochet.names import SHARED, Names, delay_key
 
 log = structlog.get_logger("ricochet.settler")
 
@@ -64,8 +78,11 @@ class Settler:
         names: Names,
         frame_max: int,
         observers: Sequence[Observer] = (),
+        retries: RetryLog | None = None,
     ) -> None:
         self._channel = channel
+        # Where a retry into a tier is recorded with its reason (a nack carries none).
+        self._retries = retries
         self._frames = frames
         # Copies to queues go straight to them: a confirm then means that very queue took it.
         self._default = channel.default_exchange
@@ -88,46 +105,54 @@ class Settler:
         self,
         delivery: Delivery,
         facts: Facts,
-        decision: Decision,
+        decision: Settlement,
         failure: Failure | None = None,
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
         the others of this loop turn, after the observers are told: if the channel closes first,
         the broker hands the delivery back and it runs again. A copy is confirmed before they
         are told: a channel that closes first settles nothing and tells nothing."""
-        action = decision.action
-        failed_fields = None
-        if action is Action.ACK or action is Action.CANCEL:
-            self._settle_soon(delivery, dead_letter=False)
-        elif action is Action.RETRY:
-            self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
-        elif action is not Action.FAIL:
-            copy, key, exchange = self._copy(delivery, decision)
-            size = header_frame_bytes(copy)
-            if size <= self._frame_max:
-                if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
-                    return
-            else:  # the broker would close the connection on it, and hand the job round again
-                decision = FAIL_PERMANENT
-                failure = Failure(
-                    CopyTooLarge(
+        match decision:
+            case Ack() | Cancel():
+                self._settle_soon(delivery, dead_letter=False)
+            case Retry():
+                await self._record(delivery, facts, failure)
+                self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
+            case Sanitize() | RetryByCopy() | Delay():
+                if isinstance(decision, RetryByCopy):
+                    await self._record(delivery, facts, failure)
+                copy, key, exchange = self._copy(delivery, decision, failure)
+                size = header_frame_bytes(copy)
+                if size > self._frame_max and isinstance(decision, Delay) and failure:
+                    # The reason is only shown: the job goes without it rather than fail.
+                    copy, key, exchange = self._copy(delivery, decision, None)
+                    size = header_frame_bytes(copy)
+                if size > self._frame_max:
+                    # The broker would close the connection on it, and hand the job round again.
+                    too_large = CopyTooLarge(
                         f"its copy to publish again takes a frame of {size} bytes, and the "
                         f"broker's frame_max is {self._frame_max}: its headers are too large"
                     )
-                )
-        if decision.action is Action.FAIL:
-            failed_fields = await self._fail(delivery, facts, decision, failure)
-            if failed_fields is None:
+                    await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large))
+                    return
+                if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
+                    return
+            case Fail():
+                await self._fail(delivery, facts, decision, failure)
                 return
-        event = Settled(delivery.message_id, facts, decision, failure, failed_fields)
+            case _:
+                assert_never(decision)
+        self._tell(Settled(delivery.message_id, facts, decision, failure))
+
+    def _tell(self, event: Settled) -> None:
         for observer in self._observers:
             observer.settled(event)
 
     async def _fail(
-        self, delivery: Delivery, facts: Facts, decision: Decision, failure: Failure | None
-    ) -> dict[str, str] | None:
-        """Publish the failed copy, then ack: its log fields, or None if the channel closed."""
-        assert decision.kind is not None
+        self, delivery: Delivery, facts: Facts, decision: Fail, failure: Failure | None
+    ) -> None:
+        """Publish the failed copy, then ack, then tell the observers with its log fields
+        (nothing if the channel closed first)."""
         failed = failed_copy(
             delivery,
             facts,
@@ -138,27 +163,39 @@ class Settler:
             now=dt.datetime.now(dt.UTC),
         )
         names = self._names
-        if not await self.copy_then_ack(
-            delivery, failed.message, names.failed, notify=names.events
-        ):
-            return None
-        return failed.log_fields
+        if await self.copy_then_ack(delivery, failed.message, names.failed, notify=names.events):
+            self._tell(Settled(delivery.message_id, facts, decision, failure, failed.log_fields))
 
-    def _copy(self, delivery: Delivery, decision: Decision) -> tuple[aio_pika.Message, str, str]:
+    async def _record(self, delivery: Delivery, facts: Facts, failure: Failure | None) -> None:
+        """Record a retry into a tier with its reason (ricochet.broker.retries)."""
+        if self._retries is not None and failure is not None:
+            await self._retries.record(
+                self._names.queue, delivery.message_id, facts.attempt, failure.reason
+            )
+
+    def _copy(
+        self, delivery: Delivery, decision: Sanitize | RetryByCopy | Delay, failure: Failure | None
+    ) -> tuple[aio_pika.Message, str, str]:
         """(copy, routing key, exchange) of a job published again: cleaned of a forged x-death
         back to its queue; or with the retries it made, to the delays until it is due (its
-        run-at, or a RetryLater), or to the route of its tier (a retry after it came back from
-        the delays, whose routing key does not lead there)."""
-        # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the queue
-        # or lose the message), so that job comes back as a clean first attempt instead.
-        copy = counted_copy(delivery, decision.retries or 0)
-        if decision.action is Action.SANITIZE:
-            return copy, self._names.queue, ""
-        if decision.action is Action.DELAY:
-            assert decision.delay_ms is not None
-            return copy, delay_key(decision.delay_ms, self._names.queue), SHARED.delay_entry
-        assert decision.tier is not None
-        return copy, self._names.attempt_key(decision.tier - 1), self._names.dlx
+        run-at, or a RetryLater), noting since when it waits and the failure's reason, or to the
+        route of its tier (a retry after it came back from the delays, whose routing key does
+        not lead there)."""
+        names = self._names
+        match decision:
+            case Sanitize():
+                # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the
+                # queue or lose the message), so that job comes back as a clean first attempt.
+                return counted_copy(delivery, 0), names.queue, ""
+            case Delay(delay_ms, retries):
+                reason = None if failure is None else failure.reason
+                waiting = (int(time.time() * 1000), reason)
+                copy = counted_copy(delivery, retries, waiting)
+                return copy, delay_key(delay_ms, names.queue), SHARED.delay_entry
+            case RetryByCopy(tier):  # tier k takes the key of a job back from tier k - 1
+                return counted_copy(delivery, tier), names.attempt_key(tier - 1), names.dlx
+            case _:
+                assert_never(decision)
 
     async def copy_then_ack(
         self,

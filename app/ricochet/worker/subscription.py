@@ -151,7 +151,7 @@ class Subscription:
         if tag != self._tag:
             return
         self._tag = None
-        log.warning("consumer cancelled by the broker", consumer_tag=tag)
+        log.warning("consumer cancelled by the broker", queue=self._queue, consumer_tag=tag)
         self.interrupted.set()
 
     async def hold(self) -> None:

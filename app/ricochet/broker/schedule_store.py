@@ -1,0 +1,141 @@
+"""The schedules' store: one stream per vhost, ricochet.schedules, of the state of each queue's
+schedules (for each, the last occurrence enqueued), as the queue's leader last wrote it.
+
+A record holds the whole state of one queue's schedules, so a reader needs only the newest
+record of each queue it asks about. The leader writes one after the occurrences it enqueues,
+and again at least every CHECKPOINT_S: a reader finds every led queue's state within the last
+READ_WINDOW_S, and reads the whole stream (31 days at most, SCHEDULES_MAX_BYTES at most) only
+for a queue that had no leader for longer, or none ever. A marker of the reader's own, written
+once it has subscribed, tells it when it has read up to now.
+"""
+
+import asyncio
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from ricochet.broker.publish import confirming_channel, publish_to_queue
+from ricochet.headers import RECORD_QUEUE, STREAM_OFFSET
+from ricochet.names import SHARED
+
+STATE = "schedules"
+MARKER = "marker"
+CHECKPOINT_S = 3600.0
+READ_WINDOW_S = 2 * CHECKPOINT_S
+READ_PREFETCH = 1000
+# A reader that has not seen its own marker by then gives up (the store does not answer).
+READ_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A schedule's state: the last occurrence enqueued (None: none yet), and when a leader
+    first ran it (its occurrences before that were never due)."""
+
+    last_ms: int | None
+    since_ms: int
+
+    @property
+    def accounted_ms(self) -> int:
+        """The occurrences up to this instant are accounted for."""
+        return self.last_ms if self.last_ms is not None else self.since_ms - 1
+
+
+State = dict[str, Entry]
+
+
+def encode_state(state: Mapping[str, Entry]) -> bytes:
+    """A record's body: {name: {"last": ms or null, "since": ms}}."""
+    return json.dumps(
+        {name: {"last": e.last_ms, "since": e.since_ms} for name, e in state.items()},
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_state(body: bytes) -> State:
+    """A record's state; entries that cannot be read are left out (pure)."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    state: State = {}
+    for name, value in raw.items():
+        if not isinstance(value, dict):
+            continue
+        last, since = _ms(value.get("last")), _ms(value.get("since"))
+        if since is not None and (last is not None or value.get("last") is None):
+            state[name] = Entry(last, since)
+    return state
+
+
+def _ms(value: Any) -> int | None:
+    """An instant as a record spells it, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _record(kind: str, body: bytes, message_id: str, queue: str | None = None) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        type=kind,
+        message_id=message_id,
+        headers={RECORD_QUEUE: queue} if queue else None,
+        timestamp=time.time(),
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+
+
+async def write_state(channel: AbstractChannel, queue: str, state: Mapping[str, Entry]) -> None:
+    """Record queue's schedule state, confirmed, on a confirming channel."""
+    await publish_to_queue(
+        channel, SHARED.schedules, _record(STATE, encode_state(state), uuid.uuid4().hex, queue)
+    )
+
+
+async def read_states(connection: AbstractConnection, queues: Collection[str]) -> dict[str, State]:
+    """The newest state of each queue (those with none recorded are left out)."""
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=READ_WINDOW_S)
+    found = await _read(connection, set(queues), since)
+    missing = set(queues) - found.keys()
+    if missing:
+        found |= await _read(connection, missing, "first")
+    return {queue: decode_state(body) for queue, body in found.items()}
+
+
+async def _read(
+    connection: AbstractConnection, queues: set[str], offset: dt.datetime | str
+) -> dict[str, bytes]:
+    """The newest record body of each of queues, reading the store from offset up to now."""
+    newest: dict[str, bytes] = {}
+    marker = uuid.uuid4().hex
+    seen = asyncio.get_running_loop().create_future()
+
+    async def read(entry: AbstractIncomingMessage) -> None:
+        queue = (entry.headers or {}).get(RECORD_QUEUE)
+        if entry.type == STATE and queue in queues:
+            newest[str(queue)] = entry.body
+        elif entry.type == MARKER and entry.message_id == marker and not seen.done():
+            seen.set_result(None)
+        await entry.ack()
+
+    channel = await confirming_channel(connection)
+    try:
+        await channel.set_qos(prefetch_count=READ_PREFETCH)
+        store = await channel.get_queue(SHARED.schedules, ensure=False)
+        await store.consume(read, arguments={STREAM_OFFSET: offset})
+        await publish_to_queue(channel, SHARED.schedules, _record(MARKER, b"", marker))
+        await asyncio.wait_for(seen, READ_TIMEOUT_S)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    return newest

@@ -1,0 +1,297 @@
+"""Leading the schedules of the worker's queues (SPEC 22) on the worker's own connection: no
+process of its own. Of all the worker processes, the one whose connection holds a queue's lead
+(broker/schedule_lead.py) enqueues that queue's occurrences; the others look for the lead every
+LEAD_PROBE_S and take it once the broker has dropped it with the leader's connection.
+
+A new leader reads the state its predecessor recorded (broker/schedule_store.py), enqueues what
+catch_up says and logs what it skips, then enqueues each occurrence as it falls due, through a
+Client (the application's own publish path: persistent, confirmed, message_id
+`<name>@<time>`), and records the new state after each. An occurrence enqueued by a leader that
+died before recording it is enqueued again by the next, with the same message_id.
+"""
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
+from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
+from ricochet.client.client import Client
+from ricochet.observe.metrics import Metrics
+from ricochet.schedules.catchup import catch_up
+from ricochet.schedules.rules import Rule
+from ricochet.schedules.schedule import Schedule
+from ricochet.settings import Settings
+
+log = structlog.get_logger("ricochet.schedules")
+
+# How often a process that does not lead a queue's schedules looks whether the lead is free
+# (give or take half, so that processes started together do not all look at once): the
+# takeover comes within this of the broker dropping the leader's connection.
+LEAD_PROBE_S = 2.0
+# After an enqueue the broker did not confirm, or a failure of the leader's own.
+RETRY_S = 1.0
+# Occurrences awaiting their confirms at once in a catch-up.
+BATCH = 256
+CHECKPOINT_MS = round(CHECKPOINT_S * 1000)
+# The state of a schedule that no worker runs any more is forgotten this long after its last.
+KEEP_MS = 31 * 86_400_000
+
+
+class LeadLost(Exception):
+    """The lead went to another connection, or was deleted, while this one led."""
+
+
+def now_ms() -> int:
+    """The wall clock, in milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def leading_state(recorded: State, schedules: Sequence[Schedule], led_ms: int) -> State:
+    """What a leader that took the lead at led_ms starts from (pure): the recorded state; a
+    schedule with none recorded (a new one) starts then; a recorded schedule this worker does
+    not run (another version of the application may) is kept, until it is KEEP_MS old."""
+    state = {
+        name: entry
+        for name, entry in recorded.items()
+        if led_ms - max(entry.accounted_ms, entry.since_ms) < KEEP_MS
+    }
+    for schedule in schedules:
+        state.setdefault(schedule.name, Entry(None, led_ms))
+    return state
+
+
+def due_until(rule: Rule, accounted_ms: int, until_ms: int) -> Iterator[int]:
+    """The occurrences after accounted_ms, up to until_ms."""
+    at = rule.after(accounted_ms)
+    while at is not None and at <= until_ms:
+        yield at
+        at = rule.after(at)
+
+
+class ScheduleLeader:
+    """Leads, or waits to lead, the schedules of the worker's queues, on each connection the
+    worker runs a session on. A schedule of a queue the worker does not consume is left to the
+    workers of that queue."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        schedules: Sequence[Schedule],
+        queues: Sequence[str],
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._started_ms = now_ms()
+        self._by_queue: dict[str, list[Schedule]] = {}
+        self._elsewhere: list[Schedule] = []
+        for schedule in schedules:
+            queue = schedule.queue or settings.queue
+            if queue in queues:
+                self._by_queue.setdefault(queue, []).append(schedule)
+            else:
+                self._elsewhere.append(schedule)
+
+    @contextlib.asynccontextmanager
+    async def running(self, connection: AbstractConnection) -> AsyncIterator[None]:
+        """Lead, or wait to lead, on this connection for as long as the block runs."""
+        for schedule in self._elsewhere:
+            log.info(
+                "schedule left to the workers of its queue",
+                schedule=schedule.name,
+                queue=schedule.queue,
+            )
+        self._elsewhere = []
+        tasks = [
+            asyncio.get_running_loop().create_task(
+                _QueueLead(self, connection, queue, schedules).run()
+            )
+            for queue, schedules in self._by_queue.items()
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+class _QueueLead:
+    """One queue's schedules on one connection: wait for the lead, then lead until the
+    connection goes (or the worker's session ends)."""
+
+    def __init__(
+        self,
+        leader: ScheduleLeader,
+        connection: AbstractConnection,
+        queue: str,
+        schedules: list[Schedule],
+    ) -> None:
+        self._settings = leader._settings
+        self._metrics = leader._metrics
+        self._started_ms = leader._started_ms
+        self._connection = connection
+        self._queue = queue
+        self._schedules = schedules
+        self._holding = False
+        self._state: State = {}
+        self._written_ms = 0
+
+    async def run(self) -> None:
+        """Lead; start over after a failure while the connection lives."""
+        leading = self._metrics.schedules_leading.labels(queue=self._queue)
+        while not self._connection.is_closed:
+            try:
+                channel = await confirming_channel(self._connection)
+                try:
+                    await self._lead(channel)
+                finally:
+                    leading.set(0)
+                    if not channel.is_closed:
+                        await channel.close()
+            except CONNECTION_ERRORS as error:
+                if self._connection.is_closed:
+                    return  # the worker connects again, and a new session starts over
+                log.warning("schedules: channel lost, starting over", error=str(error))
+            except LeadLost:
+                log.warning("schedules: lead lost, waiting to lead again", queue=self._queue)
+            except Exception:  # the leader's own failure must not stop the worker
+                log.exception("schedules: leading failed, starting over", queue=self._queue)
+            await asyncio.sleep(RETRY_S)
+
+    async def _lead(self, channel: AbstractChannel) -> None:
+        while not self._holding:
+            if not await lead_is_held(channel, self._queue):
+                self._holding = await take_lead(self._connection, self._queue)
+            if not self._holding:
+                await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
+        self._metrics.schedules_leading.labels(queue=self._queue).set(1)
+        log.info(
+            "leading schedules", queue=self._queue, schedules=[s.name for s in self._schedules]
+        )
+        settings = self._settings
+        async with Client(
+            settings.amqp_url, self._queue, connect_timeout_s=settings.connect_timeout_s
+        ) as client:
+            recorded = await read_states(self._connection, [self._queue])
+            self._state = leading_state(recorded.get(self._queue, {}), self._schedules, now_ms())
+            await self._catch_up(client, channel)
+            await self._follow(client, channel)
+
+    async def _catch_up(self, client: Client, channel: AbstractChannel) -> None:
+        now = now_ms()
+        due: list[tuple[int, Schedule]] = []
+        for schedule in self._schedules:
+            accounted = self._state[schedule.name].accounted_ms
+            result = catch_up(schedule.rule, accounted, self._started_ms, now)
+            if result.skipped is not None:
+                log.warning(
+                    "schedule occurrences skipped: no worker ran when they fell due",
+                    queue=self._queue,
+                    schedule=schedule.name,
+                    skipped=result.skipped.count,
+                    first=schedule.occurrence_id(result.skipped.first_ms),
+                    last=schedule.occurrence_id(result.skipped.last_ms),
+                )
+            due.extend((at, schedule) for at in result.due)
+        pending = sorted(due, key=lambda d: d[0])
+        await self._record(channel)  # a new schedule's start, before anything else
+        while pending:
+            pending = await self._enqueue(client, channel, pending)
+
+    async def _follow(self, client: Client, channel: AbstractChannel) -> None:
+        while True:
+            now = now_ms()
+            due = sorted(
+                (
+                    (at, schedule)
+                    for schedule in self._schedules
+                    for at in due_until(schedule.rule, self._state[schedule.name].accounted_ms, now)
+                ),
+                key=lambda d: d[0],
+            )
+            if due:
+                while due:
+                    due = await self._enqueue(client, channel, due)
+            elif now - self._written_ms >= CHECKPOINT_MS:
+                await self._record(channel)
+            await asyncio.sleep(max(0.0, (self._wake_ms() - now_ms()) / 1000))
+
+    def _wake_ms(self) -> int:
+        """When the next occurrence falls due, or the next checkpoint, whichever comes first."""
+        upcoming = [
+            at
+            for schedule in self._schedules
+            if (at := schedule.rule.after(self._state[schedule.name].accounted_ms)) is not None
+        ]
+        return min([*upcoming, self._written_ms + CHECKPOINT_MS])
+
+    async def _enqueue(
+        self, client: Client, channel: AbstractChannel, due: list[tuple[int, Schedule]]
+    ) -> list[tuple[int, Schedule]]:
+        """Enqueue the occurrences, BATCH at a time, and record how far each schedule got: a
+        schedule stops at its first occurrence the broker did not confirm. Returns what is left
+        to enqueue (after RETRY_S), that occurrence and those after it.
+
+        Each batch goes out once the broker has said the lead is still this connection's: the
+        enqueues take the Client's connection, which outlives a closed lead."""
+        for start in range(0, len(due), BATCH):
+            batch = due[start : start + BATCH]
+            if not await holds_lead(channel, self._queue):
+                self._holding = False
+                raise LeadLost
+            results = await asyncio.gather(
+                *(
+                    client.enqueue(s.job_type, s.payload, message_id=s.occurrence_id(at))
+                    for at, s in batch
+                ),
+                return_exceptions=True,
+            )
+            stopped: set[str] = set()
+            for (at, schedule), result in zip(batch, results, strict=True):
+                if schedule.name in stopped:
+                    continue
+                if isinstance(result, BaseException):
+                    stopped.add(schedule.name)
+                    log.warning(
+                        "schedule occurrence not enqueued, trying again",
+                        queue=self._queue,
+                        schedule=schedule.name,
+                        message_id=schedule.occurrence_id(at),
+                        type=schedule.job_type,
+                        error=f"{type(result).__name__}: {result}",
+                    )
+                    continue
+                self._occurred(schedule, at)
+            await self._record(channel)
+            if stopped:
+                await asyncio.sleep(RETRY_S)
+                return [(at, s) for at, s in due[start:] if at > self._state[s.name].accounted_ms]
+        return []
+
+    def _occurred(self, schedule: Schedule, at_ms: int) -> None:
+        entry = self._state[schedule.name]
+        self._state[schedule.name] = Entry(at_ms, entry.since_ms)
+        self._metrics.occurrences.labels(queue=self._queue, schedule=schedule.name).inc()
+        log.info(
+            "schedule occurrence enqueued",
+            queue=self._queue,
+            schedule=schedule.name,
+            message_id=schedule.occurrence_id(at_ms),
+            type=schedule.job_type,
+            late_ms=now_ms() - at_ms,
+        )
+
+    async def _record(self, channel: AbstractChannel) -> None:
+        await write_state(channel, self._queue, self._state)
+        self._written_ms = now_ms()

@@ -1,0 +1,177 @@
+"""One queue of the worker: its consumer, its pause window, its metrics, and a session on a
+channel of its own, opened again whenever that channel alone is lost.
+
+A worker serves every queue of RICOCHET_QUEUES on one connection; what one queue does (full,
+paused, failing, deleted) never holds another back.
+"""
+
+import asyncio
+
+import structlog
+from aio_pika.abc import AbstractConnection
+
+from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
+from ricochet.broker.cancels import CancelReader
+from ricochet.broker.plan import Plan
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.record import declare_recorded
+from ricochet.broker.retries import RetryLog
+from ricochet.delivery.events import Observer
+from ricochet.handlers.invoker import Invoker
+from ricochet.observe.alerts import pause_alert
+from ricochet.observe.joblog import JobLog
+from ricochet.observe.metrics import Metrics, QueueMetrics
+from ricochet.observe.webhook import Webhook
+from ricochet.service.process import Lifecycle
+from ricochet.settings import Settings
+from ricochet.worker.consumer import Consumer
+from ricochet.worker.pause import PausePolicy, PauseWatch
+from ricochet.worker.session import Session, State
+from ricochet.worker.settler import Settler
+from ricochet.worker.subscription import Subscription
+
+log = structlog.get_logger("ricochet.worker")
+
+# A queue whose channel keeps closing (a queue declared with other arguments, say) opens the
+# next one after this long, while the worker's other queues go on.
+REOPEN_PAUSE_S = 1.0
+
+
+class QueueWorker:
+    """Consumes one queue of the worker; the jobs of a lost session run on in its consumer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        invoker: Invoker,
+        metrics: Metrics,
+        lifecycle: Lifecycle,
+        cancels: CancelReader,
+        webhook: Webhook,
+    ) -> None:
+        self.settings = settings  # the worker's, with this queue and its prefetch
+        self._invoker = invoker
+        self._metrics = QueueMetrics(metrics, settings.queue)
+        self._lifecycle = lifecycle
+        self._cancels = cancels
+        self._webhook = webhook
+        self._consumer: Consumer | None = None
+        self._observers: list[Observer] = []
+        self._session: Session | None = None
+        self._watch = PauseWatch(
+            PausePolicy(
+                settings.pause_failure_ratio,
+                settings.pause_min_jobs,
+                settings.pause_window_s,
+                settings.pause_s,
+            )
+        )
+        metrics.worker_when(
+            settings.queue,
+            lambda: self.state is State.CONSUMING,
+            lambda: self.state is State.PAUSED,
+            lambda: self.state is State.RECOVERING,
+        )
+
+    @property
+    def state(self) -> State:
+        """What the queue worker does now: its session's state, else connecting."""
+        return State.CONNECTING if self._session is None else self._session.state
+
+    @property
+    def observers(self) -> list[Observer]:
+        """What the queue worker tells of every handler call and settled delivery (once it has a
+        consumer): metrics, the job's log lines, the pause window."""
+        return self._observers
+
+    @property
+    def in_flight(self) -> set[asyncio.Task[None]]:
+        """The queue worker's jobs running now, on any of its channels."""
+        return set() if self._consumer is None else self._consumer.in_flight
+
+    def consumer(self, plan: Plan) -> Consumer:
+        """The queue worker's consumer, made for the topology of its first session and kept for the
+        next: a lost session's jobs run on in it."""
+        if self._consumer is None:
+            self._observers = [self._metrics, JobLog(plan.tiers), self._watch]
+            self._consumer = Consumer(
+                plan.names,
+                self.settings.max_retries,
+                self.settings.retry_jitter,
+                self._invoker,
+                self._metrics,
+                self._cancels,
+                self._observers,
+            )
+        return self._consumer
+
+    async def declare(self, connection: AbstractConnection) -> Plan:
+        """Declare the queue's topology (and what every queue shares), and record it."""
+        return await declare_recorded(connection, self.settings)
+
+    async def run(self, connection: AbstractConnection, declared: Plan) -> None:
+        """Sessions on new channels of the connection until a stop was requested and drained,
+        or the connection or the cancels are lost; the first on the topology just declared,
+        each next one after declaring it again."""
+        retries = RetryLog(connection)  # one channel of the connection for its sessions' records
+        plan: Plan | None = declared
+        while True:
+            try:
+                await self._run_session(connection, retries, plan or await self.declare(connection))
+                plan = None
+            except CONNECTION_ERRORS as error:
+                if connection.is_closed:
+                    raise
+                log.warning(
+                    "queue not consumed: its channel failed, opening another",
+                    queue=self.settings.queue,
+                    error=str(error),
+                )
+            if (
+                self._lifecycle.stopping.is_set()
+                or connection.is_closed
+                or self._cancels.lost.is_set()
+            ):
+                return
+            await self._lifecycle.unless_stopped(asyncio.sleep(REOPEN_PAUSE_S))
+
+    async def _run_session(
+        self, connection: AbstractConnection, retries: RetryLog, plan: Plan
+    ) -> None:
+        """Run a session on a new channel of the declared topology until it ends (a stop, or
+        lost)."""
+        settings = self.settings
+        channel = await confirming_channel(connection)
+        await channel.set_qos(prefetch_count=settings.prefetch)
+        consumer = self.consumer(plan)
+        frames = await Frames.under(channel)
+        settler = Settler(
+            channel,
+            frames,
+            plan.names,
+            frame_max(connection),
+            self.observers,
+            retries,
+        )
+        subscription = Subscription(
+            frames, settler, settings.queue, settings.prefetch, consumer.in_flight
+        )
+        self._session = Session(
+            settings,
+            self._lifecycle,
+            connection,
+            channel,
+            subscription,
+            consumer,
+            self._watch,
+            self._alert,
+            self._cancels.lost,
+        )
+        try:
+            await self._session.run()
+        finally:
+            self._session = None
+
+    async def _alert(self, event: str, ratio: float) -> None:
+        queue, pause_s = self.settings.queue, self._watch.policy.pause_s
+        await self._webhook.send(pause_alert(event, queue, ratio, pause_s))
