@@ -18,6 +18,7 @@ from tests.support import (
     delete_topology,
     make_settings,
     reap_spawned,
+    remove_leftovers,
 )
 
 
@@ -30,10 +31,16 @@ def _reap_spawned() -> Iterator[None]:
 
 
 @pytest.fixture
-def queue_name(request: pytest.FixtureRequest) -> str:
-    """A main-queue name no other test uses."""
+async def queue_name(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A main-queue name no other test uses. Last of all (every worker of the test stopped,
+    every ricochet process it started killed), whatever the broker still holds under names
+    that begin with it is deleted: a broker keeps every queue, and a few hundred left behind
+    stop it from taking connections."""
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
-    return f"t.{stem}.{uuid.uuid4().hex[:8]}"
+    name = f"t.{stem}.{uuid.uuid4().hex[:8]}"
+    yield name
+    reap_spawned()  # a process still running would declare its queues again
+    await remove_leftovers(name)
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-# What the README's Quickstart writes to .env: the variables compose requires.
+# What the Quickstart (docs/getting-started.md) writes to .env: the variables compose requires.
 QUICKSTART_ENV = {"RABBITMQ_PASSWORD": "from-dot-env", "GRAFANA_ADMIN_PASSWORD": "from-dot-env"}
 # Compose's ${NAME}, ${NAME:-default} and ${NAME:?error}.
 VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")

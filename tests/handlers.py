@@ -6,12 +6,13 @@ import signal
 import time
 from pathlib import Path
 
-from ricochet import Job, PermanentError, RetryLater
+from ricochet import Job, PermanentError, RetryLater, Router
 
 
 def _mark(event: str, job: Job) -> None:
     # One short O_APPEND write per line, so concurrent writers never interleave within a line.
-    with Path(os.environ["TEST_JOURNAL"]).open("a") as journal:
+    # A "{queue}" in TEST_JOURNAL is the job's queue: a journal per queue of the worker.
+    with Path(os.environ["TEST_JOURNAL"].replace("{queue}", job.queue)).open("a") as journal:
         journal.write(f"{event} {job.message_id} {job.attempt}\n")
 
 
@@ -75,3 +76,36 @@ async def fuzzed(job: Job) -> None:
 async def leaky(job: Job) -> None:
     """Fail for good with a huge message that ends in a database URL and its password."""
     raise PermanentError("row " * 50_000 + "cannot write to postgresql://app:hunter2@db/orders")
+
+
+# SPEC 21's fault rows: a type that waits on a ladder of its own, and one that does not (whose
+# jobs may bring their own, the retry-delays-ms header); both journal as fault does.
+LADDER_MS = 3_000
+ladders = Router()
+ladders.handler("laddered", retry_delays_ms=(LADDER_MS,))(fault)
+ladders.handler("plain")(fault)
+
+
+# A recurring job every second (SPEC 22): each run is journalled as `ran MESSAGE_ID MS`, MS the
+# wall-clock time it ran at, in milliseconds since the epoch.
+ticks = Router()
+ticks.schedule("tick", "tick", every=1)
+
+
+@ticks.handler("tick")
+def tick(job: Job) -> None:
+    with Path(os.environ["TEST_JOURNAL"]).open("a") as journal:
+        journal.write(f"ran {job.message_id} {time.time_ns() // 1_000_000}\n")
+
+
+def until_cancelled(job: Job) -> None:
+    """A sync handler that works in steps until its job is cancelled (up to 20 s), looking at the
+    flag between steps as the docs show; journals its start and the moment it saw the cancel,
+    with its process."""
+    _mark(f"start {os.getpid()}", job)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if job.cancelled:
+            _mark(f"seen {os.getpid()} {time.time()}", job)
+        job.raise_if_cancelled()
+        time.sleep(0.01)

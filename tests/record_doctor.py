@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-from ricochet.broker.topology import TTL, declare, plan
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import TTL, plan
 from ricochet.ops.doctor import read_state
 from ricochet.ops.versions import reported_version
 from ricochet.settings import Settings

@@ -21,8 +21,10 @@ from aio_pika.exceptions import ChannelNotFoundEntity
 from aiohttp import web
 from pydantic import SecretStr
 from ricochet.broker.management import open_api, vhost
-from ricochet.broker.topology import DELAY_LEVELS, LANES, MAX_TIERS, Names
+from ricochet.broker.plan import LANES, MAX_TIERS
+from ricochet.errors import RicochetError
 from ricochet.handlers.invoker import Invoker
+from ricochet.names import DELAY_LEVELS, Names
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -196,6 +198,30 @@ async def api_queue(queue: str, columns: str = "arguments,messages,messages_dlx"
     return found or {}
 
 
+async def remove_leftovers(prefix: str) -> list[str]:
+    """Delete the queues and exchanges whose names begin with prefix (what a test left behind,
+    which the broker would keep for ever); their names, [] when the management API does not
+    answer."""
+    pattern = "^" + re.escape(prefix)
+    try:
+        async with open_api(BROKER.management_url, BROKER.amqp_url) as api:
+            where = vhost(BROKER.amqp_url)
+            queues = await api.listing("queues", where, pattern, "name")
+            exchanges = await api.listing("exchanges", where, pattern, "name")
+    except RicochetError:
+        return []
+    names = [item["name"] for item in queues + exchanges]
+    if names:
+        connection = await aio_pika.connect(BROKER.amqp_url)
+        channel = await connection.channel()
+        for item in queues:
+            await channel.queue_delete(item["name"])
+        for item in exchanges:
+            await channel.exchange_delete(item["name"])
+        await connection.close()
+    return names
+
+
 def figures_known(*queues: str) -> Callable[[], Awaitable[bool]]:
     """For wait_for: the management API has figures for these queues (a new queue's appear
     within some seconds)."""
@@ -241,7 +267,7 @@ class InProcessWorker:
 
     def __init__(self, settings: Settings, handler: Any) -> None:
         self.settings = settings
-        self.metrics = Metrics(settings.queue)
+        self.metrics = Metrics(*settings.queue_names)
         self.lifecycle = Lifecycle()
         self.worker = Worker(
             settings,
@@ -282,12 +308,28 @@ class InProcessWorker:
 
     def gauge(self, name: str) -> float | None:
         """A gauge of this worker's queue as a scrape would read it now."""
-        return self.metrics.registry.get_sample_value(name, {"queue": self.settings.queue})
+        return self.gauge_of(self.settings.queue, name)
+
+    def gauge_of(self, queue: str, name: str) -> float | None:
+        """A gauge of one of this worker's queues as a scrape would read it now."""
+        return self.metrics.registry.get_sample_value(name, {"queue": queue})
 
 
 # The start_worker fixture: `await start_worker(handler, **settings)`, which waits for the worker
 # to be ready unless given `ready=False`.
 StartWorker = Callable[..., Awaitable[InProcessWorker]]
+
+
+def env_text(value: Any) -> str:
+    """A setting's value as its variable is written: a ladder "50,100", queues "a=1,b"."""
+    if isinstance(value, tuple):
+        return ",".join(
+            env_text(item)
+            if not isinstance(item, tuple)
+            else "=".join(map(str, filter(None, item)))
+            for item in value
+        )
+    return str(value)
 
 
 def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -297,7 +339,7 @@ def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
         if value is not None:
-            env[f"RICOCHET_{name.upper()}"] = str(value)
+            env[f"RICOCHET_{name.upper()}"] = env_text(value)
     env.update(extra)
     env["PYTHONPATH"] = str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"
@@ -360,26 +402,32 @@ def run_cli(
     )
 
 
-def close_connections(queue: str, role: str = "worker", broker: Broker = BROKER) -> int:
-    """Have the broker close the connections of ricochet processes of a queue; returns how many.
-    A node under load lists a new connection a moment late: none found is looked for again."""
+def close_connections(
+    queue: str, role: str = "worker", broker: Broker = BROKER, pid: int | None = None
+) -> int:
+    """Have the broker close the connections of ricochet processes of a queue (of one process,
+    given its pid); returns how many. A node under load lists a new connection a moment late:
+    none found is looked for again."""
     deadline = time.monotonic() + 5
-    while (closed := _close_connections(queue, role, broker)) == 0 and time.monotonic() < deadline:
+    while (
+        closed := _close_connections(queue, role, broker, pid)
+    ) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     return closed
 
 
-def _close_connections(queue: str, role: str, broker: Broker) -> int:
+def _close_connections(queue: str, role: str, broker: Broker, pid: int | None) -> int:
     listed = broker.rabbitmqctl(
         "list_connections", "pid", "client_properties", "-q", "--no-table-headers"
     )
     prefix = f"ricochet {role} {queue} "
     closed = 0
     for line in listed.splitlines():
-        pid, _, properties = line.partition("\t")
+        connection, _, properties = line.partition("\t")
         found = re.search(r'\{"connection_name","([^"]*)"\}', properties)
-        if found and found.group(1).startswith(prefix):
-            broker.rabbitmqctl("close_connection", pid, "test", check=False)
+        name = found.group(1) if found else ""
+        if name.startswith(prefix) and (pid is None or name.endswith(f":{pid}")):
+            broker.rabbitmqctl("close_connection", connection, "test", check=False)
             closed += 1
     return closed
 

@@ -1,5 +1,6 @@
 """The compose stack as a user runs it: the repository's docker-compose.yml, driven by docker
-compose, with the README's commands run exactly as printed.
+compose, with the commands of the README and the Quickstart (docs/getting-started.md) run exactly
+as printed.
 
 Only what cannot be the same on a machine without an image registry differs, and it differs in
 the open: the variables compose reads (base images, host ports) and one override file, written
@@ -25,6 +26,7 @@ from ricochet.handlers.example import ReportRequest
 from tests.support import ROOT, free_port
 
 README = ROOT / "README.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
 # The images the tests cannot pull: scripts/engine.sh builds them and names them in these variables.
 IMAGE_VARIABLES = ("PYTHON_IMAGE", "RABBITMQ_IMAGE", "PROMETHEUS_IMAGE")
@@ -82,9 +84,11 @@ def readme_up() -> str:
 
 
 def quickstart_commands() -> list[str]:
-    """The commands of the README's Quickstart with Docker, in order."""
-    found = commands(section(README, "### With Docker (nothing else needed)"), "docker compose ")
-    assert found, "the README's Quickstart with Docker prints no docker compose command"
+    """The commands of the Quickstart with Docker, in order."""
+    found = commands(
+        section(GETTING_STARTED, "## With Docker (nothing else needed)"), "docker compose "
+    )
+    assert found, "the Quickstart with Docker prints no docker compose command"
     return found
 
 

@@ -1,6 +1,7 @@
-"""The README's Quickstart with Docker, for real: the repository's docker-compose.yml and
-Dockerfile on a Docker engine, the README's commands run as printed, and what a user would look
-at afterwards (logs, health, queues, Prometheus, a replay, a restart, a drain, a scale-out).
+"""The Quickstart with Docker (docs/getting-started.md), for real: the repository's
+docker-compose.yml and Dockerfile on a Docker engine, the README's `docker compose up` and the
+Quickstart's commands run as printed, and what a user would look at afterwards (logs, health,
+queues, Prometheus, a replay, a restart, a drain, a scale-out).
 
 Run by `make test-compose`, which starts the engine and makes the base images (scripts/engine.sh).
 The tests run in file order on one stack, each on what the ones before left.
@@ -88,6 +89,28 @@ def test_succeeding_job_is_acked(stack: Stack, quickstart: dict[str, Published])
         "the job's success", 30, lambda: stack.events("worker", "job succeeded", job.message_id)
     )
     assert done["attempt"] == 1
+
+
+def test_one_worker_runs_a_job_of_each_of_its_queues(stack: Stack) -> None:
+    """The stack's worker consumes thumbnails (prefetch 1), email (5) and jobs (10): a job
+    published to each runs there, and its log line names its queue."""
+    sent = {
+        queue: stack.ricochet(
+            "publish", "--queue", queue, "--type", "report", json.dumps({"report_id": queue})
+        ).strip()
+        for queue in ("thumbnails", "email", "jobs")
+    }
+    for queue, message_id in sent.items():
+
+        def succeeded(message_id: str = message_id) -> list[dict[str, Any]]:
+            return stack.events("worker", "job succeeded", message_id)
+
+        (done,) = wait(f"the {queue} job's success", 30, succeeded)
+        assert done["queue"] == queue
+    listed = {
+        q["name"]: q for q in json.loads(stack.ricochet("status", "--all", "--json"))["queues"]
+    }
+    assert {"thumbnails", "email", "jobs"} <= set(listed)
 
 
 def test_retried_job_waits_its_tier_then_succeeds(

@@ -13,7 +13,7 @@ from hypothesis import settings
 from ricochet.broker.connection import close_quietly
 
 from tests.broker import BROKER, Broker
-from tests.faults.harness import TALLIES, FaultRun, fault_settings
+from tests.faults.harness import TALLIES, FaultRun, QueuesRun, fault_settings
 from tests.faults.node import Node, node_base
 from tests.support import delete_topology
 
@@ -90,6 +90,36 @@ def fault_run(
         for worker in run.workers:
             if worker.alive:
                 worker.kill()
+
+
+@pytest.fixture
+async def fault_queues(
+    fault_broker: Broker, connection: AbstractConnection, queue_name: str, tmp_path: Path
+) -> AsyncIterator[Callable[..., QueuesRun]]:
+    """`fault_queues(name, {suffix: prefetch}, **settings)`: a QueuesRun with a FaultRun for
+    each queue, named after the test's queue and the suffix; its worker is killed and every
+    queue's topology deleted after."""
+    made: list[QueuesRun] = []
+
+    def make(name: str, prefetches: dict[str, int], **overrides: Any) -> QueuesRun:
+        runs = []
+        for suffix, prefetch in prefetches.items():
+            queue = f"{queue_name}-{suffix}"
+            (tmp_path / queue).mkdir()
+            settings = fault_settings(queue, fault_broker.amqp_url, prefetch=prefetch, **overrides)
+            runs.append(FaultRun(f"{name}: {suffix}", connection, settings, tmp_path / queue))
+        made.append(QueuesRun(tmp_path, runs))
+        return made[-1]
+
+    yield make
+    for queues in made:
+        for worker in queues.runs[0].workers:
+            if worker.alive:
+                worker.kill()
+    async with await aio_pika.connect(fault_broker.amqp_url) as cleanup:
+        for queues in made:
+            for run in queues.runs:
+                await delete_topology(cleanup, run.settings.queue)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -16,13 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly
-from ricochet.broker.topology import Names, declare, plan
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import plan
+from ricochet.names import Names
 from ricochet.settings import Settings
 
-from tests.support import consumers, depth, journal, make_settings, ricochet_env, spawn, wait_for
+from tests.support import (
+    consumers,
+    depth,
+    journal,
+    make_settings,
+    ricochet_env,
+    spawn,
+    take,
+    wait_for,
+)
 
 # Longer than any wait of the rows (a schedule, a RetryLater) in the shared levels.
 QUIET_S = 6
@@ -115,7 +126,8 @@ class FaultRun:
     enqueued_again: set[str] = field(default_factory=set)
     workers: list[WorkerProcess] = field(default_factory=list)
     waits_in_levels: bool = False  # whether some jobs were scheduled or asked a RetryLater
-    _journal_at_cancel: int = 0  # the journal's lines when the last cancel was made
+    # For each cancelled id, the journal's lines once its cancel had returned.
+    journal_at_cancel: dict[str, int] = field(default_factory=dict)
 
     @property
     def names(self) -> Names:
@@ -125,10 +137,11 @@ class FaultRun:
     def journal_path(self) -> Path:
         return self.tmp_path / "journal"
 
-    def worker(self, **overrides: Any) -> WorkerProcess:
-        """A worker process (not started); overrides change the run's settings from now on."""
+    def worker(self, extra_env: dict[str, str] | None = None, **overrides: Any) -> WorkerProcess:
+        """A worker process (not started); overrides change the run's settings from now on,
+        extra_env is this process's alone."""
         self.settings = self.settings.model_copy(update=overrides)
-        env = ricochet_env(self.settings, TEST_JOURNAL=str(self.journal_path))
+        env = ricochet_env(self.settings, TEST_JOURNAL=str(self.journal_path), **(extra_env or {}))
         worker = WorkerProcess(env, self.tmp_path / "worker.log")
         self.workers.append(worker)
         return worker
@@ -187,7 +200,13 @@ class FaultRun:
         for message_id in ids:
             await publish_cancel(self.connection, self.names, message_id)
         self.cancelled.update(ids)
-        self._journal_at_cancel = len(journal(self.journal_path))
+        self.cancel_returned(ids)
+
+    def cancel_returned(self, ids: list[str]) -> None:
+        """Note where the journal stands as the cancels of these ids have returned: a start of
+        theirs logged after it is one a cancel should have stopped."""
+        lines = len(journal(self.journal_path))
+        self.journal_at_cancel.update(dict.fromkeys(ids, lines))
 
     async def enqueue_again(self, ids: list[str]) -> None:
         """Enqueue cancelled ids again as new jobs (with the AMQP timestamp a producer sets), a
@@ -261,49 +280,61 @@ class FaultRun:
             with contextlib.suppress(Exception):
                 await channel.close()
 
+    def _waiting_queues(self) -> list[str]:
+        """The run's own queues where its jobs wait: the main queue, its tiers and lanes. The
+        delays' levels are shared by every queue of the vhost (other tests' jobs may wait
+        there): its jobs in the levels are waited for by time (quiet)."""
+        declared = plan(self.settings)
+        return [self.names.queue, *(spec.name for spec in [*declared.tiers, *declared.lanes])]
+
+    async def settle(self) -> None:
+        """Until every id completed or is in the failed queue and, while a worker runs, the
+        run's queues are drained: a duplicate still waiting runs before the workers stop."""
+        await self.until_settled()
+        if not any(worker.alive for worker in self.workers):
+            return
+        channel = await self.connection.channel()
+        # A job that was waiting (a RetryLater, a schedule, a tier) when its worker was killed
+        # may wait a second time as a duplicate after its first copy settled: the running
+        # worker takes it when it comes back, before the queues are checked.
+        longest_s = max((spec.delay_ms or 0 for spec in plan(self.settings).tiers), default=0)
+
+        async def drained() -> bool:
+            for queue in self._waiting_queues():
+                if await depth(channel, queue):
+                    return False
+            return True
+
+        await wait_for(drained, longest_s / 1000 + 30, "the waiting queues to drain")
+        await self._quiet(drained)
+        await channel.close()
+
     async def account(
         self, expected_failed: set[str] | None = None, any_failed: bool = False
     ) -> Tally:
         """Stop the workers, check that no queue still holds a job, and count every id; only
         the expected ids may be in the failed queue, unless any_failed."""
-        await self.until_settled()
+        await self.settle()
         channel = await self.connection.channel()
         declared = plan(self.settings)
-        # The delays' levels are shared by every queue of the vhost (other tests' jobs may wait
-        # there): this run's own waiting queues are counted, and its jobs in the levels waited
-        # for by time (quiet).
-        waits = [*declared.tiers, *declared.lanes]
-        if any(worker.alive for worker in self.workers):
-            # A job that was waiting (a RetryLater, a schedule, a tier) when its worker was
-            # killed may wait a second time as a duplicate after its first copy settled: the
-            # running worker takes it when it comes back, before the queues are checked.
-            longest_s = max((spec.delay_ms or 0 for spec in declared.tiers), default=0) / 1000
-
-            async def drained() -> bool:
-                for queue in [self.names.queue, *(spec.name for spec in waits)]:
-                    if await depth(channel, queue):
-                        return False
-                return True
-
-            await wait_for(drained, longest_s + 30, "the waiting queues to drain")
-            await self._quiet(drained)
         for worker in self.workers:
             if worker.alive:
                 assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
         if self.cancelled:  # a cancelled job leaves when it comes due: wait for the longest
             await asyncio.sleep(max(spec.delay_ms or 0 for spec in declared.tiers) / 1000 + 1)
-        for queue in [self.names.queue, *(spec.name for spec in waits)]:
+        for queue in self._waiting_queues():
             assert await depth(channel, queue) == 0, f"{queue} still holds jobs"
         await self.collect_failed(channel)
         await channel.close()
         done = self.done()
         published = set(self.published)
-        # Since the cancel, no cancelled job has started: neither one of a cancelled id, nor a
-        # retry of one whose id was enqueued again (whose new job starts as a first attempt).
+        # Since its cancel returned, no cancelled job has started: neither one of a cancelled id,
+        # nor a retry of one whose id was enqueued again (whose new job starts as a first attempt).
         ran_after_cancel = {
             message_id
-            for event, message_id, attempt in journal(self.journal_path)[self._journal_at_cancel :]
+            for line, (event, message_id, attempt) in enumerate(journal(self.journal_path))
             if event == "start"
+            and line >= self.journal_at_cancel.get(message_id, line + 1)
             and (
                 message_id in self.cancelled or (message_id in self.enqueued_again and attempt > 1)
             )
@@ -327,6 +358,59 @@ class FaultRun:
         TALLIES.append(tally)
         assert not lost, f"lost {len(lost)} jobs: {sorted(lost)[:10]}"
         return tally
+
+
+@dataclass
+class QueuesRun:
+    """One worker consuming several queues (RICOCHET_QUEUES), with a FaultRun for each queue:
+    its jobs are published to its queue, journaled by the jobs consumed from it (in its own
+    folder of tmp_path: the worker's TEST_JOURNAL names the job's queue), and counted on their
+    own."""
+
+    tmp_path: Path
+    runs: list[FaultRun]
+
+    def worker(self) -> WorkerProcess:
+        """A worker process (not started) consuming every run's queue, each with its prefetch."""
+        first = self.runs[0]
+        queues = tuple((run.settings.queue, run.settings.prefetch) for run in self.runs)
+        settings = first.settings.model_copy(update={"queues": queues})
+        journals = self.tmp_path / "{queue}" / "journal"
+        worker = WorkerProcess(
+            ricochet_env(settings, TEST_JOURNAL=str(journals)), self.tmp_path / "worker.log"
+        )
+        for run in self.runs:
+            run.workers.append(worker)
+        return worker
+
+    async def start_worker(self) -> WorkerProcess:
+        """Start a worker and wait until it consumes every queue."""
+        worker = self.worker().start()
+        for run in self.runs:
+            await run.wait_consumers(1)
+        return worker
+
+    async def account(self, *runs: FaultRun) -> list[Tally]:
+        """Count these runs' ids (every run's when none are named), each queue on its own: all
+        settled and their queues drained while the worker runs, so that a duplicate of any queue
+        runs before it stops; then no queue's journal may name a job of another queue."""
+        runs = runs or tuple(self.runs)
+        for run in runs:
+            await run.settle()
+        tallies = [await run.account() for run in runs]
+        for run in runs:
+            strays = set(run.starts()) - set(run.published)
+            assert not strays, f"{run.settings.queue} ran other queues' jobs: {sorted(strays)[:5]}"
+        return tallies
+
+
+async def take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
+    """Every message of a queue, taken, once the broker counts the returned ones as ready."""
+    previous = -1
+    while (now := await depth(channel, queue)) != previous:
+        previous = now
+        await asyncio.sleep(0.3)
+    return await take(channel, queue, now)
 
 
 async def publish_mixed(run: FaultRun, jobs: int, sleep_s: float = 0.002) -> None:

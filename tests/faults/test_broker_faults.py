@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from aio_pika.abc import AbstractConnection
-from ricochet.broker.topology import declare
+from ricochet.broker.declare import declare
 
 from tests.faults.harness import FaultRun, progress, publish_mixed
 from tests.faults.node import Node
@@ -166,7 +166,7 @@ async def test_monitor_with_the_webhook_down_for_the_whole_run(
         await run.start_worker()
 
         def logged() -> int:
-            return output.read_text().count('"event": "job failed"')
+            return output.read_text().count('"event":"job failed"')
 
         await wait_for(lambda: logged() >= len(doomed), 60, "the monitor to log every failure")
         channel = await connection.channel()

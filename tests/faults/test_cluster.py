@@ -12,7 +12,9 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel
 from ricochet.broker.connection import close_quietly
-from ricochet.broker.topology import SHARED_PREFIX, Names, declare, plan
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import plan
+from ricochet.names import SHARED_PREFIX, Names
 from structlog.typing import EventDict
 
 from tests.faults.harness import FaultRun, fault_settings, progress, publish_mixed
@@ -133,7 +135,7 @@ async def test_queue_leader_node_stopped_under_load(
     declared = plan(run.settings)
     quorum = [
         spec.name
-        for spec in [*declared.declared_queues, *declared.tiers, *declared.lanes]
+        for spec in [*declared.queues, *declared.shared.queues, *declared.tiers, *declared.lanes]
         if spec.arguments.get("x-queue-type") in ("quorum", "stream")
     ]
     assert set(leaders) == set(quorum)

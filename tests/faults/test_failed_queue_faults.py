@@ -10,14 +10,15 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.amqp import broker_version
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.declare import declare
+from ricochet.names import Names
 from ricochet.ops import scan
 
 from tests.breakage import add_policy, remove_policy
 from tests.broker import BROKER, Broker
-from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally
+from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally, take_all
 from tests.integration.failures import publish_failed
 from tests.support import (
     api_queue,
@@ -29,7 +30,6 @@ from tests.support import (
     ricochet_env,
     run_cli,
     spawn,
-    take,
     wait_for,
 )
 
@@ -113,8 +113,8 @@ async def test_fault_midway_loses_and_doubles_nothing(
     await wait_for(
         lambda: _no_consumer(connection, names.failed), 30, "the command's consumers to go"
     )
-    in_failed = Counter(str(m.message_id) for m in await _take_all(channel, names.failed))
-    in_main = Counter(str(m.message_id) for m in await _take_all(channel, names.queue))
+    in_failed = Counter(str(m.message_id) for m in await take_all(channel, names.failed))
+    in_main = Counter(str(m.message_id) for m in await take_all(channel, names.queue))
     await channel.close()
 
     everywhere = in_failed + in_main
@@ -154,15 +154,6 @@ async def _no_consumer(connection: AbstractConnection, queue: str) -> bool:
     return await consumers(connection, queue) == 0
 
 
-async def _take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
-    """Every message of a queue, taken, once the broker counts the returned ones as ready."""
-    previous = -1
-    while (now := await depth(channel, queue)) != previous:
-        previous = now
-        await asyncio.sleep(0.3)
-    return await take(channel, queue, now)
-
-
 async def _copies(channel: AbstractChannel, queue: str, n: int) -> list[str]:
     """n failed copies in a declared topology, every other one matching MATCHING."""
     ids = [f"c{i:05d}" for i in range(n)]
@@ -190,8 +181,8 @@ async def _account(
     """Take every copy left in Q.failed (and anything in Q), tally the row, and give what Q.failed
     held: nothing may be lost, doubled or moved by a command that only reads."""
     channel = await connection.channel()
-    in_failed = Counter(str(m.message_id) for m in await _take_all(channel, names.failed))
-    in_main = Counter(str(m.message_id) for m in await _take_all(channel, names.queue))
+    in_failed = Counter(str(m.message_id) for m in await take_all(channel, names.failed))
+    in_main = Counter(str(m.message_id) for m in await take_all(channel, names.queue))
     await channel.close()
     everywhere = in_failed + in_main
     lost = set(ids) - set(everywhere)

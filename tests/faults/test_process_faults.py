@@ -1,9 +1,26 @@
-"""Faults of the worker process: killed, stopped mid-batch, poisoned, stuck in a handler."""
+"""Faults of the worker process: killed, stopped mid-batch, poisoned, stuck in a handler; and of
+a parent's worker processes (RICOCHET_PROCESSES): one killed, the parent killed, a handler that
+crashes its process on import or at every job."""
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
-from tests.faults.harness import FaultRun, Supervisor, progress
-from tests.support import wait_depth
+import psutil
+
+from tests.faults.harness import FaultRun, Supervisor, WorkerProcess, progress
+from tests.support import (
+    answers,
+    consumers,
+    depth,
+    free_port,
+    http_status,
+    wait_depth,
+    wait_for,
+)
 
 JOBS = 2000
 
@@ -88,7 +105,9 @@ async def test_jobs_waiting_in_tiers_across_changed_settings(
 ) -> None:
     """Jobs wait in the tiers while the worker restarts with fewer tiers and other delays: each
     job completes or fails exactly once, none is lost or copied."""
-    run = fault_run("retry settings changed between restarts", max_retries=3, retry_delay_ms=1500)
+    # Tier 1 waits 10 s: long enough that all 400 first failures are in it at once, however
+    # slowly a busy machine fails them (with 1.5 s, the first came back before the last failed).
+    run = fault_run("retry settings changed between restarts", max_retries=3, retry_delay_ms=10_000)
     flaky = await run.publish(300, fail=1)
     doomed = await run.publish(100, fail=10)
     worker = await run.start_worker()
@@ -101,3 +120,136 @@ async def test_jobs_waiting_in_tiers_across_changed_settings(
     tally = await run.account(expected_failed=set(doomed))
     assert set(flaky) <= set(run.done())
     assert tally.duplicates == 0
+
+
+def worker_processes(parent: WorkerProcess) -> list[psutil.Process]:
+    """The parent's worker processes (multiprocessing's resource tracker is none of them)."""
+    assert parent.proc is not None
+    found = []
+    for child in psutil.Process(parent.proc.pid).children():
+        # One just killed is a zombie until the parent reaps it: no longer one of them.
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+    return found
+
+
+def restarts_logged(worker: WorkerProcess) -> list[dict[str, Any]]:
+    """The parent's lines about a worker process that died, in order."""
+    lines = [json.loads(x) for x in worker.output.read_text().splitlines() if x.startswith("{")]
+    return [line for line in lines if line["event"] == "worker process died, starting another"]
+
+
+@contextlib.asynccontextmanager
+async def healthz_seen(port: int) -> AsyncIterator[set[int | None]]:
+    """Every status /healthz answered with, polled every 0.2 s while the block runs."""
+    seen: set[int | None] = set()
+
+    async def poll() -> None:
+        while True:
+            seen.add(await http_status(port, "/healthz"))
+            await asyncio.sleep(0.2)
+
+    task = asyncio.get_running_loop().create_task(poll())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+
+
+async def test_kill_9_of_one_worker_process(fault_run: Callable[..., FaultRun]) -> None:
+    """SIGKILL of one of two worker processes mid-batch: the parent starts another, the jobs
+    the dead one held run again, and nothing is lost."""
+    run = fault_run("kill -9 of one worker process of two", prefetch=16, processes=2)
+    await run.publish(JOBS // 2, sleep_s=0.01)
+    worker = run.worker().start()
+    await run.wait_consumers(2)
+    await progress(run, JOBS // 8)
+    victim = worker_processes(worker)[0]
+    victim.kill()
+    await wait_for(lambda: victim.pid not in {p.pid for p in worker_processes(worker)}, 10)
+    await run.wait_consumers(2)  # another process took its place
+    tally = await run.account()
+    assert tally.duplicates <= 16  # at most the unacked deliveries of the killed process
+    [died] = restarts_logged(worker)
+    assert (died["child_pid"], died["signal"]) == (victim.pid, "SIGKILL")
+
+
+async def test_kill_9_of_the_parent(fault_run: Callable[..., FaultRun]) -> None:
+    """SIGKILL of the parent mid-batch: its worker processes stop consuming at once and drain,
+    every job they had not finished goes back to the queue, and a new worker completes them."""
+    run = fault_run("kill -9 of the parent of two worker processes", prefetch=16, processes=2)
+    await run.publish(JOBS // 2, sleep_s=0.02)
+    worker = run.worker().start()
+    await run.wait_consumers(2)
+    await progress(run, JOBS // 8)
+    orphans = worker_processes(worker)
+    worker.kill()
+
+    async def none_consume() -> bool:
+        return await consumers(run.connection, run.settings.queue) == 0
+
+    await wait_for(none_consume, 5, "no consumer left on the queue")
+    _, alive = await asyncio.to_thread(psutil.wait_procs, orphans, 15)
+    assert not alive, "worker processes outlived their parent"
+    channel = await run.connection.channel()
+    # Whatever was not done is back in the queue: the processes drained and acked what they ran.
+    assert await depth(channel, run.settings.queue) == len(run.published) - len(run.done())
+    await channel.close()
+    await run.start_worker(processes=1)
+    tally = await run.account()
+    assert tally.duplicates == 0
+
+
+async def test_handler_crashing_its_process_on_import(
+    fault_run: Callable[..., FaultRun], tmp_path: Path
+) -> None:
+    """A handler whose import crashes the process: the parent starts its processes again with
+    waits that grow, /healthz answers 503, and no job is taken; once the import works again
+    every job completes."""
+    broken = tmp_path / "dependency-missing"
+    broken.touch()
+    port = free_port()
+    run = fault_run(
+        "handler crashes its process on import",
+        handler="tests.crashing_handler:handle",
+        processes=2,
+        http_port=port,
+    )
+    ids = await run.publish(50, sleep_s=0.01)
+    worker = run.worker({"TEST_CRASH_ON_IMPORT": str(broken)}).start()
+    async with healthz_seen(port) as seen:
+        await wait_for(lambda: 503 in seen, 30, "/healthz 503 in the crash loop")
+        waits = [line["restart_in_s"] for line in restarts_logged(worker)]
+        assert max(waits) >= 1.0, waits  # the parent backs off
+        assert worker.alive
+        channel = await run.connection.channel()
+        assert await depth(channel, run.settings.queue) == len(ids)  # nothing taken, nothing lost
+        await channel.close()
+        broken.unlink()
+        await run.wait_consumers(2, timeout_s=60)
+        # Healthy again once a process of each place has lived STABLE_S.
+        await wait_for(lambda: answers(port, "/healthz", 200), 30, "/healthz 200 again")
+    await run.account()
+
+
+async def test_handler_crashing_its_process_at_every_job(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """A handler that kills its process at every job: the parent backs off, /healthz answers
+    503, and each job ends in the failed queue as poison; none is lost."""
+    port = free_port()
+    # Two jobs within one prefetch travel together: each death sends both to the other process.
+    run = fault_run(
+        "handler crashes its process at every job", prefetch=2, processes=2, http_port=port
+    )
+    poison = await run.publish(2, poison=True)
+    worker = run.worker()
+    async with healthz_seen(port) as seen:
+        worker.start()
+        await run.until_settled(timeout_s=110)
+        assert 503 in seen
+    await run.account(expected_failed=set(poison))
+    assert set(run.failed.values()) == {"poison"}
+    waits = [line["restart_in_s"] for line in restarts_logged(worker)]
+    assert max(waits) >= 1.0, waits

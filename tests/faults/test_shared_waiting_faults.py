@@ -19,7 +19,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from ricochet.broker.connection import close_quietly
-from ricochet.broker.topology import DELAY_LEVELS, SHARED, Names, delay_key
+from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
 from tests.broker import BROKER, Broker
 from tests.faults.harness import TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
@@ -145,9 +145,10 @@ async def start_workers(runs: list[FaultRun]) -> None:
 # A broker restart while jobs of three queues wait in the shared levels.
 
 RESTART_JOBS = 10  # a queue; three queues
-# The jobs of each queue come due one every half second from 3 s after their publication: the
-# first while the app is down or starting again, the last after it runs again.
-RESTART_FIRST_DUE_S = 3
+# The jobs of each queue come due one every half second from 6 s after their publication: the
+# first while the app is down or starting again, the last after it runs again. (From 3 s, a busy
+# machine's rabbitmqctl had not yet seen every job in the levels when the first came due.)
+RESTART_FIRST_DUE_S = 6
 RESTART_SPACING_S = 0.5
 
 
@@ -177,7 +178,7 @@ def confirm_timeout_s(node: Node) -> float:
 async def test_broker_restart_while_three_queues_jobs_wait_in_the_shared_levels(
     runs: Runs, node: Node
 ) -> None:
-    """Three queues, each with a worker and 10 jobs scheduled 3 to 7.5 s ahead, all waiting in
+    """Three queues, each with a worker and 10 jobs scheduled 6 to 10.5 s ahead, all waiting in
     the shared levels; `rabbitmqctl stop_app`, one second, `start_app`, so that some come due
     while the app is down or starting and the others after: the workers reconnect and every job
     of every queue runs, none lost.
@@ -226,7 +227,7 @@ LATER_S = 3
 # that level for every queue.
 ORPHANED = 40
 OTHERS = 10
-ON_TIME_S = 2  # how late the other queue's jobs may run
+ON_TIME_S = 5  # how late the other queue's jobs may run (over 2 s seen with four suites at once)
 
 
 async def take_orphans(run: FaultRun, ids: list[str], taken: Counter[str]) -> None:
@@ -255,7 +256,7 @@ async def test_a_queue_deleted_while_its_jobs_wait_beside_another_queues(runs: R
     shared levels; its worker stops and the queue is deleted; then 10 jobs of the second do
     the same, behind them in the same levels. The 40 come due with no queue to go to: each ends
     in ricochet.orphans, whole and once, none lost, none run; the second queue's 10 run on
-    time, at most 2 s after their due time."""
+    time, at most 5 s after their due time."""
     gone = await runs.make(f"queue deleted with {ORPHANED} jobs waiting (in ricochet.orphans)")
     stays = await runs.make(f"{OTHERS} jobs of another queue in the same level, on time")
     await start_workers([gone, stays])

@@ -5,9 +5,9 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
-from ricochet.broker.topology import Names
 from ricochet.delivery.failed import Failure, failed_headers
 from ricochet.delivery.retry import FailureKind
+from ricochet.names import Names
 
 
 async def publish_failed(

@@ -7,7 +7,9 @@ import shlex
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.amqp import broker_version
-from ricochet.broker.topology import Names, declare, plan
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import plan
+from ricochet.names import Names
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Selection
 from structlog.testing import capture_logs

@@ -15,9 +15,11 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
 from ricochet.broker.cancels import cancel_record, read_snapshot
-from ricochet.broker.topology import CANCELS_MAX_AGE_S, SHARED, declare
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
+from ricochet.names import SHARED
 
 from tests.support import (
     AMQP_URL,
@@ -185,7 +187,9 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
     await declare(connection, make_settings(queue_name))  # the store, with the rest
     await fill(channel, f"{queue_name}-filler", 50_000)
     runs = Runs()
-    first = await start_worker(runs)
+    first = await start_worker(runs, ready=False)
+    # Reading them all is what the first worker is for: slow on a loaded machine (27 s seen).
+    await wait_for(lambda: first.lifecycle.ready, 90, "the first worker to read them all")
     await wait_for(lambda: not first.worker.cancels.snapshot_pending, 60, "the snapshot")
     await first.stop()
     # Workers starting together (a deploy, a broker restart) each find it: a reader hands the

@@ -4,7 +4,7 @@ import datetime as dt
 import json
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 
 from tests.support import exists, make_settings, ricochet_env, run_cli, take
 

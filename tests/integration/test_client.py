@@ -19,7 +19,7 @@ from ricochet import (
     SyncClient,
 )
 from ricochet.broker.amqp import frame_max, table_size
-from ricochet.broker.topology import declare
+from ricochet.broker.declare import declare
 from ricochet.client.message import run_at_text
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import ConfigError

@@ -11,9 +11,10 @@ import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from playwright.async_api import Dialog, async_playwright
 from prometheus_client import CollectorRegistry
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.declare import declare
 from ricochet.delivery.retry import FailureKind
 from ricochet.monitor.console import Console
+from ricochet.names import Names
 from ricochet.ops.failed_queue import list_failed
 from ricochet.ops.selection import Selection
 from ricochet.service.http import serve_http

@@ -6,7 +6,7 @@ fields are read; none changes the failed queue."""
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 
 from tests.integration.test_console import TOKEN, console, get, make_copies
 from tests.support import depth

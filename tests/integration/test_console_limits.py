@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.declare import declare
+from ricochet.names import Names
 from structlog.testing import capture_logs
 
 from tests.broker import BROKER

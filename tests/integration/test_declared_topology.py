@@ -8,7 +8,7 @@ import signal
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 
 from tests.broker import BROKER
 from tests.support import api_queue, exists, free_port, make_settings, ricochet_env, run_cli, spawn

@@ -12,9 +12,11 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.declare import declare
 from ricochet.broker.management import api_url, authorization, vhost
-from ricochet.broker.topology import TTL, Names, declare
+from ricochet.broker.plan import TTL
 from ricochet.handlers.job import Job
+from ricochet.names import Names
 from ricochet.settings import Settings
 
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind

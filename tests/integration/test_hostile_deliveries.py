@@ -13,8 +13,8 @@ from aiormq import spec
 from pamqp.header import ContentHeader
 from ricochet import Job, RetryLater
 from ricochet.broker import amqp
-from ricochet.broker.topology import Names
 from ricochet.headers import RETRIES
+from ricochet.names import Names
 
 from tests.recorder import Recorder
 from tests.support import (

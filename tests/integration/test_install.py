@@ -71,7 +71,8 @@ async def test_locked_install_runs_a_worker_as_non_root(
 ) -> None:
     """scripts/install-locked.sh makes a working ricochet in a fresh virtualenv, and its worker,
     run as an unprivileged user with a HOME of its own, answers /healthz and /readyz, and
-    exits 0 on SIGTERM; the console's templates are installed with the package."""
+    exits 0 on SIGTERM; the distribution is ricochet-jobs, whose version --version prints; the
+    console's templates are installed with the package."""
     # `connection` is here for its teardown: it deletes the queues the worker declares.
     python = interpreter_for(USER)
     context = build_context(build_dir / "src")
@@ -101,6 +102,27 @@ async def test_locked_install_runs_a_worker_as_non_root(
     out, err = await usage.communicate()
     assert usage.returncode == 0, err.decode()
     assert b"worker" in out
+
+    # The distribution is ricochet-jobs (the index's `ricochet` is another project's); the
+    # import package and the command are ricochet, and --version reads the distribution's.
+    distribution = await asyncio.create_subprocess_exec(
+        *as_user,
+        str(venv / "bin" / "python"),
+        "-c",
+        "import importlib.metadata as m, ricochet; print(m.version('ricochet-jobs'))",
+        cwd=home,
+        stdout=PIPE,
+        stderr=PIPE,
+    )
+    out, err = await distribution.communicate()
+    assert distribution.returncode == 0, err.decode()
+    version = out.decode().strip()
+    shown = await asyncio.create_subprocess_exec(
+        *as_user, str(venv / "bin" / "ricochet"), "--version", cwd=home, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await shown.communicate()
+    assert shown.returncode == 0, err.decode()
+    assert out.decode() == f"ricochet, version {version}\n"
 
     # The console's templates are package data: the installed package (and so the image) has them.
     pages = "from ricochet.monitor.console import templates; e = templates(); " + "; ".join(
@@ -138,4 +160,4 @@ async def test_locked_install_runs_a_worker_as_non_root(
             runner.kill()
             out, err = await runner.communicate()
     assert runner.returncode == 0, err.decode()
-    assert b'"event": "consuming"' in out
+    assert b'"event":"consuming"' in out

@@ -7,14 +7,8 @@ import datetime as dt
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.topology import (
-    DELAY_LEVELS,
-    DELAY_UNIT_MS,
-    TTL,
-    Names,
-    delay_bindings,
-    delay_key,
-)
+from ricochet.broker.plan import TTL, delay_bindings
+from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, Names, delay_key
 
 from tests.support import AMQP_URL, StartWorker, api_queue, exists, wait_for
 

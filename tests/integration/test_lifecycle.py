@@ -10,7 +10,10 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import DeliveryError
-from ricochet.broker.topology import Names, declare, plan
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import plan
+from ricochet.names import Names
 from ricochet.ops.doctor import read_state
 from ricochet.service.process import Lifecycle, keep_connected
 from structlog.testing import capture_logs
@@ -52,7 +55,7 @@ async def test_sigterm_lets_the_job_in_flight_finish(
         worker.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(worker.wait, 20)
     assert code == 0, output.read_text()
-    assert '"event": "draining"' in output.read_text()
+    assert '"event":"draining"' in output.read_text()
     assert journal(log) == [("start", "inflight", 1), ("done", "inflight", 1)]
     # The finished job was acked; the one never started is still in the queue.
     await wait_depth(channel, queue_name, 1)
@@ -101,7 +104,8 @@ async def test_changed_retry_settings_between_restarts(
     tier keeps its delay until it drains, the stale tier goes, and every job ends in the failed
     queue exactly once."""
     n = Names(queue_name)
-    first = await start_worker(Recorder(), max_retries=3, retry_delay_ms=1500)
+    # Tier 1 waits 10 s: all 20 are in it at once however slowly a busy machine fails them.
+    first = await start_worker(Recorder(), max_retries=3, retry_delay_ms=10_000)
     # The next start deletes an empty tier once the management API shows it empty.
     await wait_for(figures_known(n.tier(2), n.tier(3)), 30, "the API's figures for the tiers")
     ids = [f"m{i}" for i in range(20)]
@@ -138,8 +142,13 @@ async def test_new_delays_apply_to_empty_tiers_and_wait_for_busy_ones(
 
     # Declaring a queue with the arguments it has succeeds; with others, the broker refuses.
     ch = await connection.channel()
-    await ch.declare_queue(n.tier(1), durable=True, arguments=plan(before).tiers[0].arguments)
-    await ch.declare_queue(n.tier(2), durable=True, arguments=plan(after).tiers[1].arguments)
+    version = broker_version(connection)
+    await ch.declare_queue(
+        n.tier(1), durable=True, arguments=plan(before, version).tiers[0].arguments
+    )
+    await ch.declare_queue(
+        n.tier(2), durable=True, arguments=plan(after, version).tiers[1].arguments
+    )
     await ch.close()
     assert await depth(channel, n.tier(1)) == 1
     events = {(log["event"], log["queue"]): log for log in logs if "queue" in log}
@@ -216,7 +225,8 @@ async def test_a_tier_with_dead_letters_in_flight_is_kept(
 
     await declare(connection, make_settings(queue_name, **(first | change)))
     # Neither deleted nor redeclared: the tier is there with its old arguments.
-    assert (await api_queue(n.tier(2))).get("arguments") == plan(before).tiers[1].arguments
+    kept = plan(before, broker_version(connection)).tiers[1].arguments
+    assert (await api_queue(n.tier(2))).get("arguments") == kept
 
     async def accounted() -> bool:
         in_tier = (await api_queue(n.tier(2))).get("messages", 0)

@@ -13,10 +13,11 @@ import aio_pika
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.declare import declare
 from ricochet.broker.record import declare_recorded
-from ricochet.broker.topology import Names, declare
 from ricochet.monitor.backlog import failed_at_s
 from ricochet.monitor.monitor import Monitor, run_monitor
+from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import Lifecycle
@@ -70,7 +71,7 @@ class InProcessMonitor:
 
     def alerts(self, event: str) -> float:
         value: float | None = self.metrics.registry.get_sample_value(
-            "ricochet_alerts_total", {"queue": self.metrics.queue, "event": event}
+            "ricochet_alerts_total", {"queue": self.metrics.queues[0], "event": event}
         )
         return value or 0.0
 

@@ -5,8 +5,8 @@ from collections import Counter
 
 from aio_pika.abc import AbstractChannel
 from ricochet import RetryLater
-from ricochet.broker.topology import Names
 from ricochet.handlers.job import Job
+from ricochet.names import Names
 from structlog.typing import EventDict
 
 from tests.support import (

@@ -1,6 +1,7 @@
-"""The README's enqueueing examples, run as they stand against the broker and a real worker:
-ricochet's Client in FastAPI, its SyncClient in Flask, and three producers that know only the
-wire contract (pika, Node.js amqplib, amqp-publish)."""
+"""The documentation's enqueueing examples (docs/examples), run as they stand against the broker
+and a real worker: the front page's handler and enqueue, ricochet's Client in FastAPI, its
+SyncClient in Flask, and three producers that know only the wire contract (pika, Node.js
+amqplib, amqp-publish)."""
 
 import asyncio
 import importlib.util
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -17,7 +19,10 @@ from typing import Any
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.declare import declare
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.schedule_store import Entry, read_states, write_state
+from ricochet.names import Names
 
 from tests.support import AMQP_URL, ROOT, StartWorker, make_settings, take, wait_for
 
@@ -209,3 +214,51 @@ async def test_the_flask_example(
     assert (message.message_id, message.type) == (body["job"], "report")
     assert json.loads(message.body) == {"report_id": "r-7"}
     assert "run-at" in (message.headers or {})
+
+
+async def test_the_front_page_example(
+    queue_name: str, channel: AbstractChannel, start_worker: StartWorker, client_env: None
+) -> None:
+    """README.md's handler and enqueue (docs/examples/welcome.py): a welcome with an address
+    runs and is acked; one without goes to the failed queue at once, as permanent, with the
+    message id the enqueue chose."""
+    example = load_example("welcome")
+    worker = await start_worker(example.router)
+    assert await example.sign_up(1, "ada@example.com") == "welcome-1"
+    assert await example.sign_up(2, "no address") == "welcome-2"
+    await wait_for(lambda: worker.count("succeeded") == 1, 20, "the welcome with an address")
+    [copy] = await take(channel, Names(queue_name).failed, 1)
+    assert copy.message_id == "welcome-2"
+    assert copy.headers["failed-kind"] == "permanent"
+    assert copy.headers["failed-reason"] == "PermanentError: no address: retrying cannot help"
+
+
+async def test_the_maintenance_schedules_run(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """docs/recurring.md's example (docs/examples/maintenance.py), the stale check every 15
+    minutes and the relaunch of failed syncs every 30: a worker that starts after three of each
+    were missed with no worker running enqueues the latest of each once, as the state recorded
+    in the broker says, and runs them."""
+    example = load_example("maintenance")
+    now_ms = time.time_ns() // 1_000_000
+    latest = {s.name: s.rule.at_or_before(now_ms) for s in example.router.schedules}
+    # What the last leader recorded: three occurrences of each before the latest were enqueued.
+    recorded = {
+        s.name: Entry(latest[s.name] - 3 * s.rule.period_ms, 0) for s in example.router.schedules
+    }
+    channel = await confirming_channel(connection)
+    await write_state(channel, queue_name, recorded)
+    await channel.close()
+    worker = await start_worker(example.router)
+    await wait_for(lambda: worker.count("succeeded") == 2, 20, "both maintenance jobs")
+    await asyncio.sleep(1)
+    assert worker.count("succeeded") == 2
+    for schedule in example.router.schedules:
+        labels = {"queue": queue_name, "schedule": schedule.name}
+        enqueued = worker.metrics.registry.get_sample_value(
+            "ricochet_schedule_occurrences_total", labels
+        )
+        assert enqueued == 1
+    states = (await read_states(connection, [queue_name]))[queue_name]
+    assert {name: entry.last_ms for name, entry in states.items()} == latest

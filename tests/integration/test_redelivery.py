@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.topology import declare
+from ricochet.broker.declare import declare
 
 from tests.support import (
     StartWorker,

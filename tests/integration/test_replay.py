@@ -5,8 +5,9 @@ import signal
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from ricochet.broker.topology import Names, declare
-from ricochet.delivery.failed import FAILURE_HEADERS
+from ricochet.broker.declare import declare
+from ricochet.headers import FAILURE_HEADERS
+from ricochet.names import Names
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Selection
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 
 from tests.recorder import Recorder
 from tests.support import ForeignBytes, StartWorker, publish, take, wait_depth, wait_for
@@ -284,7 +284,7 @@ async def test_poison_delivery_goes_to_failed(
     queue_name: str,
 ) -> None:
     """A quorum-queue job returned unacked more than five times is failed as poison, unhandled."""
-    from ricochet.broker.topology import declare
+    from ricochet.broker.declare import declare
 
     from tests.support import make_settings
 
@@ -344,7 +344,7 @@ async def test_topology_declared_twice(
     """Declaring the same topology twice, even concurrently, changes nothing and raises nothing."""
     import asyncio
 
-    from ricochet.broker.topology import declare
+    from ricochet.broker.declare import declare
 
     from tests.support import make_settings
 

@@ -13,8 +13,8 @@ from aiormq import spec
 from aiormq.exceptions import ChannelPreconditionFailed
 from ricochet import Job
 from ricochet.broker.amqp import Frames
-from ricochet.broker.topology import Names
 from ricochet.errors import PermanentError
+from ricochet.names import Names
 
 from tests.recorder import Recorder
 from tests.support import (

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.topology import SHARED
+from ricochet.names import SHARED
 
 from tests.support import (
     InProcessWorker,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.amqp import broker_version
-from ricochet.broker.topology import Names, declare
+from ricochet.broker.declare import declare
+from ricochet.names import Names
 
 from tests.broker import BROKER
 from tests.integration.failures import publish_failed

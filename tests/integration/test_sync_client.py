@@ -10,14 +10,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet import InvalidJob, NotConfirmed, SyncClient
-from ricochet.broker.topology import declare
-from ricochet.client.client import Client
-from ricochet.client.sync import TICK_S
+from ricochet import ClientClosed, InvalidJob, NotConfirmed, SyncClient
+from ricochet.broker.declare import declare
 
 from tests.broker import BROKER
 from tests.support import AMQP_URL, close_connections, depth, make_settings, take, wait_for
@@ -39,66 +36,21 @@ def client_connection_pids(queue: str) -> list[int]:
     return sorted(int(pid) for pid in re.findall(pattern, listed))
 
 
-@pytest.fixture
-def publishing_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads the Client's publishes ran in, one entry a publish."""
-    threads: list[int] = []
-    publish = Client._publish
-
-    async def recorded(*args: Any, **kwargs: Any) -> None:
-        threads.append(threading.get_ident())
-        await publish(*args, **kwargs)
-
-    monkeypatch.setattr(Client, "_publish", recorded)
-    return threads
-
-
-async def test_a_caller_alone_publishes_in_its_own_thread(
-    queue_name: str,
-    connection: AbstractConnection,
-    channel: AbstractChannel,
-    publishing_threads: list[int],
-) -> None:
-    """One thread enqueueing, then another: each drives the client's loop itself, so each
-    publish runs in its caller's thread, handed to no other."""
-    await declare(connection, make_settings(queue_name))
-    with SyncClient(AMQP_URL, queue_name) as client:
-
-        def enqueue() -> tuple[int, list[str]]:
-            return threading.get_ident(), [client.enqueue("mail", {"n": n}) for n in range(5)]
-
-        first, first_ids = await asyncio.to_thread(enqueue)
-        with ThreadPoolExecutor(1) as pool:  # a thread other than asyncio.to_thread's
-            second, second_ids = await asyncio.wrap_future(pool.submit(enqueue))
-    assert first != second
-    assert publishing_threads == [first] * 5 + [second] * 5
-    got = await take(channel, queue_name, 10)
-    assert [str(m.message_id) for m in got] == first_ids + second_ids
-
-
 async def test_threads_share_one_connection(
-    queue_name: str,
-    connection: AbstractConnection,
-    channel: AbstractChannel,
-    publishing_threads: list[int],
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
-    """32 threads enqueue 20 jobs each through one SyncClient, most of them following another
-    thread's drive of its loop: 640 distinct jobs, each in the queue once, one connection;
-    close() leaves none."""
+    """32 threads enqueue 20 jobs each through one SyncClient: 640 distinct jobs, each in the
+    queue once, one connection; close() leaves none, and a call after it raises ClientClosed."""
     await declare(connection, make_settings(queue_name))
     client = SyncClient(AMQP_URL, queue_name)
 
-    def enqueue(thread: int) -> tuple[int, list[str]]:
-        ids = [client.enqueue("mail", {"thread": thread, "n": n}) for n in range(20)]
-        return threading.get_ident(), ids
+    def enqueue(thread: int) -> list[str]:
+        return [client.enqueue("mail", {"thread": thread, "n": n}) for n in range(20)]
 
     with ThreadPoolExecutor(32) as pool:
         batches = await asyncio.to_thread(lambda: list(pool.map(enqueue, range(32))))
-    ids = [i for _, batch in batches for i in batch]
+    ids = [i for batch in batches for i in batch]
     assert len(set(ids)) == 640
-    callers = {thread for thread, _ in batches}
-    assert len(publishing_threads) == 640
-    assert not callers.issuperset(publishing_threads)  # some ran in a thread not their own
     assert await asyncio.to_thread(client_connection_pids, queue_name) == [os.getpid()]
     await asyncio.to_thread(client.close)
     await wait_for(
@@ -109,7 +61,7 @@ async def test_threads_share_one_connection(
     got = await take(channel, queue_name, 640)
     assert sorted(str(m.message_id) for m in got) == sorted(ids)
     assert await depth(channel, queue_name) == 0
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ClientClosed, match="closed"):
         client.enqueue("mail", {})
 
 
@@ -143,8 +95,8 @@ async def test_an_oversize_job_fails_alone(
 async def test_a_call_from_async_code_is_driven_for_it(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
-    """Called in a thread that runs an event loop (here, this test's), a call cannot drive the
-    client's loop: the keeper thread drives it, and the call is waited for all the same."""
+    """Called in a thread that runs an event loop of its own (here, this test's), a call is
+    waited for as from any thread."""
     await declare(connection, make_settings(queue_name))
     client = SyncClient(AMQP_URL, queue_name)
     ids = [client.enqueue("mail", {"n": n}) for n in range(3)]
@@ -156,7 +108,7 @@ async def test_a_call_from_async_code_is_driven_for_it(
 async def test_a_connection_the_broker_closed_while_idle_is_noticed(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
-    """Nobody calls while the broker closes the client's connection: the keeper's tick reads
+    """Nobody calls while the broker closes the client's connection: the client's loop reads
     the close, and the next enqueue connects again instead of being cut off with it."""
     await declare(connection, make_settings(queue_name))
     with SyncClient(AMQP_URL, queue_name) as client:
@@ -166,8 +118,8 @@ async def test_a_connection_the_broker_closed_while_idle_is_noticed(
         assert running is not None
         await wait_for(
             lambda: running.client._publisher is None or running.client._publisher.is_closed,
-            2 * TICK_S + 3,
-            "the tick to read the close",
+            5,
+            "the client's loop to read the close",
         )
         await asyncio.to_thread(client.enqueue, "mail", {}, message_id="after")
     got = await take(channel, queue_name, 2)
@@ -178,7 +130,7 @@ async def test_heartbeats_go_out_while_idle(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
     """A heartbeat of 2 s: the broker drops a connection it hears nothing from for two 2 s
-    intervals. Idle for 8 s, the client's connection lives on, kept by the keeper's ticks."""
+    intervals. Idle for 8 s, the client's connection lives on: its loop sends the heartbeats."""
     await declare(connection, make_settings(queue_name))
     with SyncClient(f"{AMQP_URL}?heartbeat=2", queue_name) as client:
         await asyncio.to_thread(client.enqueue, "mail", {})
@@ -254,12 +206,12 @@ async def test_a_forked_child_gets_its_own_connection(
     assert await depth(channel, queue_name) == 0
 
 
-async def test_a_fork_while_another_thread_drives_the_loop(
+async def test_a_fork_while_another_thread_enqueues(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
-    """The fork comes while a thread of the parent enqueues, and so most likely drives the
-    client's loop (the child inherits its baton held and its loop mid-run): the child connects
-    on its own all the same, and the parent's thread goes on."""
+    """The fork comes while a thread of the parent enqueues (the child inherits the client's
+    loop mid-run and, maybe, its lock held): the child connects on its own all the same, and
+    the parent's thread goes on."""
     await declare(connection, make_settings(queue_name))
     client = SyncClient(AMQP_URL, queue_name)
     stop = threading.Event()

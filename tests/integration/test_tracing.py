@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from ricochet import Client, Job, tracing
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Selection
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from aio_pika.abc import AbstractChannel
 from ricochet import Job, Router
-from ricochet.broker.topology import Names
+from ricochet.names import Names
 
 from tests.recorder import Recorder
 from tests.support import StartWorker, depth, publish, take

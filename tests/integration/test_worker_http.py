@@ -8,10 +8,10 @@ import socket
 import aiohttp
 from aio_pika.abc import AbstractChannel
 from prometheus_client.parser import text_string_to_metric_families
-from ricochet.broker.topology import Names
 from ricochet.errors import PermanentError
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import Job
+from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
 from ricochet.worker.worker import run_worker
 
@@ -119,7 +119,7 @@ async def test_worker_exits_1_when_its_http_port_is_taken(queue_name: str) -> No
         result = await asyncio.to_thread(run_cli, ["worker"], env)
     assert result.returncode == 1, result.stderr
     assert f"RICOCHET_HTTP_PORT={port}: cannot listen on 127.0.0.1:{port}" in result.stderr
-    assert '"event": "connected"' not in result.stdout
+    assert '"event":"connected"' not in result.stdout
 
 
 def stop(worker: asyncio.Task[None]) -> None:

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from bench.report import evaluate, table
+from bench.report import evaluate, queues_table, table
 
 
 def results(happy: float, retry: float, retry_same: float, p99_ms: float) -> dict[str, Any]:
@@ -97,3 +97,24 @@ def test_the_clients_are_judged_against_the_raw_publish() -> None:
     assert not any("32 threads" in target for target in verdicts)  # shown, not judged
     assert "| SyncClient.enqueue, 32 threads | 1,000 | 0.95 | 100 |" in table(measured)
     assert "| Client.enqueue, 32 tasks | 1,000 | 0.85 | 100 |" in table(measured)
+
+
+def test_the_queues_table_shows_each_side_per_queue_type() -> None:
+    broker = {"queues": 25, "exchanges": 15, "bindings": 20, "consumers": 6}
+    side = {"median": 2500, "rss_mb": 60.5, "uss_mb": 50.0}
+    runs = {
+        "one worker, 5 queues": {**side, "broker": {**broker, "connections": 1, "channels": 8}},
+        "5 workers, one queue each": {
+            **side,
+            "median": 3100,
+            "rss_mb": 290.0,
+            "uss_mb": 240.0,
+            "broker": {**broker, "connections": 5, "channels": 20, "consumers": 10},
+        },
+    }
+    lines = queues_table({"queue_types": {"classic": {"queues": runs}}}).splitlines()
+    assert lines[2:] == [
+        "| one worker, 5 queues | classic | 2,500 | 60.5 MB | 50.0 MB | 25, 15, 20 | 1, 8, 6 |",
+        "| 5 workers, one queue each | classic | 3,100 | 290.0 MB | 240.0 MB | 25, 15, 20 "
+        "| 5, 20, 10 |",
+    ]

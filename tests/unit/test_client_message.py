@@ -23,6 +23,7 @@ from ricochet.client.message import (
     run_at_text,
 )
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
+from ricochet.errors import RicochetError
 from ricochet.headers import is_reserved
 
 NOW = dt.datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=dt.UTC)
@@ -76,6 +77,15 @@ def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
         ({"max_retries": 2.0}, "max_retries"),
         ({"max_retries": "2"}, "max_retries"),
         ({"max_retries": True}, "max_retries"),
+        ({"retry_delays_ms": ()}, "retry_delays_ms"),
+        ({"retry_delays_ms": [9]}, "retry_delays_ms"),
+        ({"retry_delays_ms": [86_400_001]}, "retry_delays_ms"),
+        ({"retry_delays_ms": [1000] * 26}, "retry_delays_ms"),
+        ({"retry_delays_ms": [1000, True]}, "retry_delays_ms"),
+        ({"retry_delays_ms": [1000.0]}, "retry_delays_ms"),
+        ({"retry_delays_ms": "1000,2000"}, "retry_delays_ms"),
+        ({"retry_delays_ms": 1000}, "retry_delays_ms"),
+        ({"retry_delays_ms": {1000}}, "retry_delays_ms"),
         ({"delay": -0.001}, "delay"),
         ({"delay": -DAY}, "delay"),
         ({"delay": 30 * 86400 + 1}, "delay"),
@@ -111,6 +121,7 @@ def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
         ({"headers": {"replay-count": 1}}, "headers"),
         ({"headers": {"run-at": "2026-11-25T10:00:00Z"}}, "headers"),
         ({"headers": {"max-retries": 1}}, "headers"),
+        ({"headers": {"retry-delays-ms": "1000"}}, "headers"),
         ({"headers": {"original-queue": "jobs"}}, "headers"),
         ({"headers": {"blob": b"raw"}}, "headers"),  # bytes: the codec takes bytearray only
         ({"headers": {"big": 2**70}}, "headers"),
@@ -142,13 +153,14 @@ def on_the_wire(sent: Outgoing) -> spec.Basic.Properties:
     ],
 )
 def test_out_of_bounds_is_refused_naming_the_argument(job: dict[str, Any], names: str) -> None:
-    """Each rule of the contract: InvalidJob (a ValueError) whose message starts with the
-    argument's name."""
+    """Each rule of the contract: InvalidJob (a ValueError, and a RicochetError as every error
+    ricochet raises on purpose) whose message starts with the argument's name."""
     payload = job.pop("payload", {})
     job_type = job.pop("job_type", "mail")
     with pytest.raises(InvalidJob) as raised:
         job_message(job_type, payload, now=NOW, **job)
     assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value, RicochetError)
     assert str(raised.value).startswith(names), str(raised.value)
 
 
@@ -157,6 +169,9 @@ def test_out_of_bounds_is_refused_naming_the_argument(job: dict[str, Any], names
     [
         ({"max_retries": 0}, ("max-retries", 0)),
         ({"max_retries": 25}, ("max-retries", 25)),
+        ({"retry_delays_ms": (5_000, 10_000, 20_000)}, ("retry-delays-ms", "5000,10000,20000")),
+        ({"retry_delays_ms": [10]}, ("retry-delays-ms", "10")),
+        ({"retry_delays_ms": [86_400_000] * 25}, ("retry-delays-ms", ",".join(["86400000"] * 25))),
         ({"delay": 0}, ("run-at", "2026-11-24T10:00:00.124Z")),
         ({"delay": 1.5}, ("run-at", "2026-11-24T10:00:01.624Z")),
         ({"delay": dt.timedelta(hours=1)}, ("run-at", "2026-11-24T11:00:00.124Z")),
@@ -257,6 +272,7 @@ def test_a_frame_of_the_largest_headers_and_properties_fits() -> None:
         message_id="m" * 255,
         content_type="c" * 255,
         max_retries=25,
+        retry_delays_ms=[86_400_000] * 25,
         delay=1,
         headers={"blob": ""},
     )

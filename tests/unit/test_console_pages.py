@@ -18,6 +18,7 @@ from ricochet.monitor.console import (
     templates,
 )
 from ricochet.monitor.groups import GROUPS_PER_PAGE, JOBS_PER_PAGE, REASONS_LISTED, listing
+from ricochet.names import Names
 from ricochet.ops.failed_queue import CopyDetails
 from ricochet.settings import Settings
 
@@ -196,13 +197,13 @@ def test_a_job_page_of_the_worst_copy_stays_under_1_mb() -> None:
     headers = {f"h{i}": WORST * 2_000 for i in range(60)}
     headers["failed-traceback"] = WORST * 100_000
     found = Found("m", count=5, copies=[details("m", headers, WORST * 3_000_000)] * 3)
-    html = console._render_job(found)
+    html = console._render_job(found, Names("q"))
     assert len(html.encode()) < PAGE_MAX_BYTES
     assert "too large to show whole here" in html
     assert "5 failed copies have this message_id" in html
 
     plain = Found("m", count=1, copies=[details("m", {"retry-count": 1}, '{"id": 1}')])
-    html = console._render_job(plain)
+    html = console._render_job(plain, Names("q"))
     assert "too large" not in html
     assert "retry-count" in html
 
@@ -220,12 +221,12 @@ async def test_page_views_share_one_scan() -> None:
         await release.wait()
         return runs
 
-    views = [asyncio.create_task(flights.join(None, scan)) for _ in range(5)]
+    views = [asyncio.create_task(flights.join(("q", None), scan)) for _ in range(5)]
     await asyncio.sleep(0.01)
     release.set()
     assert await asyncio.gather(*views) == [1] * 5
-    assert await flights.join(None, scan) == 2
-    assert await flights.join("other", scan) == 3
+    assert await flights.join(("q", None), scan) == 2
+    assert await flights.join(("q", "other"), scan) == 3
 
 
 async def test_a_scan_nobody_waits_for_is_cancelled_before_it_holds_copies() -> None:
@@ -244,7 +245,7 @@ async def test_a_scan_nobody_waits_for_is_cancelled_before_it_holds_copies() -> 
             raise
         return "never"
 
-    views = [asyncio.create_task(flights.join(None, scan)) for _ in range(3)]
+    views = [asyncio.create_task(flights.join(("q", None), scan)) for _ in range(3)]
     await asyncio.sleep(0.01)
     for view in views:
         view.cancel()
@@ -254,7 +255,7 @@ async def test_a_scan_nobody_waits_for_is_cancelled_before_it_holds_copies() -> 
     async def quick(_: Stop) -> str:
         return "fresh"
 
-    assert await flights.join(None, quick) == "fresh"
+    assert await flights.join(("q", None), quick) == "fresh"
 
 
 async def test_a_scan_holding_copies_is_stopped_not_cancelled() -> None:
@@ -272,7 +273,7 @@ async def test_a_scan_holding_copies_is_stopped_not_cancelled() -> None:
         ended.set()
         return "stopped"
 
-    view = asyncio.create_task(flights.join(None, scan))
+    view = asyncio.create_task(flights.join(("q", None), scan))
     await asyncio.sleep(0.05)
     view.cancel()
     await asyncio.wait_for(ended.wait(), 5)
@@ -286,6 +287,6 @@ async def test_a_failed_scan_fails_every_view() -> None:
         await asyncio.sleep(0.01)
         raise RuntimeError("broker gone")
 
-    views = [flights.join(None, scan) for _ in range(3)]
+    views = [flights.join(("q", None), scan) for _ in range(3)]
     outcomes = await asyncio.gather(*views, return_exceptions=True)
     assert [str(o) for o in outcomes] == ["broker gone"] * 3

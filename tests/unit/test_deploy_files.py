@@ -4,6 +4,7 @@ import json
 import os
 import re
 import tomllib
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -211,7 +212,7 @@ def test_image_health_check_probes_readyz() -> None:
     script = check[-1]
     path = re.search(r"http://127\.0\.0\.1:%s(/\w+)", script)
     assert path, script
-    table = routes(CollectorRegistry(), lambda: True)
+    table = routes(CollectorRegistry(), lambda: True, lambda: True)
     served = {route.path for route in table if isinstance(route, web.RouteDef)}
     assert path[1] == "/readyz"
     assert path[1] in served
@@ -300,3 +301,11 @@ def test_image_serves_http_on_every_interface(monkeypatch: pytest.MonkeyPatch) -
     for service in ricochet_services().values():
         assert load(monkeypatch, service_environment(service)).http_host == "0.0.0.0"
     assert Settings.model_fields["http_host"].default == "127.0.0.1"
+
+
+def test_no_top_level_app_package() -> None:
+    """The import package is ricochet, its source in app/ricochet/; nothing named app is
+    installed beside it."""
+    app = Path(__file__).resolve().parents[2] / "app"
+    assert not (app / "__init__.py").exists()
+    assert not (app / "app.py").exists()

@@ -3,7 +3,7 @@
 from typing import Any
 
 import pytest
-from ricochet.broker.topology import plan
+from ricochet.broker.plan import plan
 from ricochet.ops.policies import policy_check, takes_effect
 
 from tests.unit.recorded import edited

@@ -8,7 +8,6 @@ import pytest
 from pamqp import commands
 from ricochet.broker.amqp import Delivery, table_size
 from ricochet.delivery.failed import (
-    FAILURE_HEADERS,
     PROPERTIES_RESERVE_BYTES,
     REASON_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
@@ -23,6 +22,7 @@ from ricochet.delivery.failed import (
 )
 from ricochet.delivery.retry import Facts, FailureKind
 from ricochet.errors import PermanentError
+from ricochet.headers import FAILURE_HEADERS
 
 from tests.support import ForeignBytes
 from tests.unit.frames import HEADERS, delivered, read_leniently

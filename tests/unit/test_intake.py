@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
+from ricochet import ladders
 from ricochet.broker.amqp import Delivery
-from ricochet.broker.topology import delay_key, plan
-from ricochet.delivery.retry import Action, FailureKind, decide
+from ricochet.broker.plan import plan
+from ricochet.delivery.retry import Fail, FailureKind, Run, decide
 from ricochet.handlers.invoker import Invoker
-from ricochet.headers import MAX_RETRIES, RETRIES, RUN_AT
+from ricochet.headers import MAX_RETRIES, RETRIES, RETRY_DELAYS, RUN_AT
+from ricochet.names import delay_key
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -33,7 +35,7 @@ def make_consumer() -> Consumer:
     worker = Worker(
         settings, Invoker(noop, settings.handler_timeout_s), Metrics(QUEUE), Lifecycle()
     )
-    return worker.consumer(plan(settings))
+    return worker.queues[0].consumer(plan(settings))
 
 
 def delivery(
@@ -68,9 +70,12 @@ values = st.recursive(
     max_leaves=12,
 )
 own_headers = st.sampled_from(
-    ["x-death", "x-delivery-count", "x-acquired-count", MAX_RETRIES, RUN_AT, RETRIES]
+    ["x-death", "x-delivery-count", "x-acquired-count", MAX_RETRIES, RUN_AT, RETRIES, RETRY_DELAYS]
 )
-headers = st.dictionaries(own_headers, values, max_size=6) | st.dictionaries(
+ladder_texts = st.lists(st.integers(0, 10**9), min_size=0, max_size=27).map(
+    lambda delays: ",".join(map(str, delays))
+)
+headers = st.dictionaries(own_headers, values | ladder_texts, max_size=6) | st.dictionaries(
     st.text(max_size=8), values, max_size=4
 )
 bodies = st.one_of(
@@ -99,10 +104,25 @@ def test_intake_reads_every_delivery(
     headers: dict[str, Any], body: bytes, routing_key: str, redelivered: bool, amqp_type: str | None
 ) -> None:
     """Whatever the headers, body, type and route, intake reads the facts as the contract says
-    (never falling back to "unreadable" on properties it could decode), and decide takes them."""
+    (never falling back to "unreadable" on properties it could decode; a job ladder that cannot
+    be read is the contract's own reason), and decide takes them."""
     arrival = make_consumer().intake(delivery(headers, body, routing_key, redelivered, amqp_type))
-    assert arrival.delivery.unreadable is None
+    if _readable_ladder(headers.get(RETRY_DELAYS, "10")):
+        assert arrival.delivery.unreadable is None
+    else:
+        assert str(arrival.delivery.unreadable).startswith(
+            f"InvalidRetryDelays: {RETRY_DELAYS} header"
+        )
+        assert decide(arrival.facts, None) == Fail(FailureKind.PERMANENT)
     decide(arrival.facts, None)
+
+
+def _readable_ladder(value: object) -> bool:
+    try:
+        ladders.parse(value)  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def test_a_delivery_whose_facts_cannot_be_read_fails_as_permanent_saying_why() -> None:
@@ -117,8 +137,7 @@ def test_a_delivery_whose_facts_cannot_be_read_fails_as_permanent_saying_why() -
 
     arrival = make_consumer().intake(delivery({MAX_RETRIES: Hostile(2)}, b"{}"))
     assert arrival.facts.unreadable
-    assert decide(arrival.facts, None).kind is FailureKind.PERMANENT
-    assert decide(arrival.facts, None).action is Action.FAIL
+    assert decide(arrival.facts, None) == Fail(FailureKind.PERMANENT)
     assert arrival.delivery.unreadable == "ArithmeticError: no order here"
 
 
@@ -142,4 +161,4 @@ def test_a_run_at_of_any_time_zone_is_read() -> None:
     """A run-at as an AMQP timestamp far in the past, with an offset, reads as a due job."""
     when = dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5)))
     facts = make_consumer().intake(delivery({RUN_AT: when}, b"{}")).facts
-    assert decide(facts, None).action in (Action.RUN, Action.FAIL)
+    assert isinstance(decide(facts, None), (Run, Fail))

@@ -1,11 +1,12 @@
 """Job attributes and Router dispatch."""
 
 import asyncio
+import math
 import threading
 
 import pytest
 from pydantic import BaseModel
-from ricochet import Job, PermanentError, Router
+from ricochet import Job, JobCancelled, PermanentError, Router
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import HandlerTimeout, InvalidPayload, UnknownJobType
 from ricochet.handlers.invoker import Invoker
@@ -63,19 +64,68 @@ def test_router_dispatch() -> None:
 
 
 def test_type_policy_is_known_by_type() -> None:
-    """A type's max_retries is found by the job's type; other types, and none, set no budget."""
+    """A type's max_retries, ladder and timeout are found by the job's type; other types set
+    none, and a type no handler has (or none) has no route."""
     router = Router()
 
-    @router.handler("brief", max_retries=1)
+    @router.handler("brief", max_retries=1, retry_delays_ms=[5_000, 10_000], timeout_s=2)
     def brief(j: Job) -> None: ...
 
     @router.handler("plain")
     def plain(j: Job) -> None: ...
 
-    assert router.max_retries("brief") == 1
-    assert router.max_retries("plain") is None
-    assert router.max_retries("nope") is None
-    assert router.max_retries(None) is None
+    route = router.route("brief")
+    assert route is not None
+    assert (route.max_retries, route.retry_delays_ms, route.timeout_s) == (1, (5_000, 10_000), 2.0)
+    plain_route = router.route("plain")
+    assert plain_route is not None
+    assert (plain_route.max_retries, plain_route.retry_delays_ms, plain_route.timeout_s) == (
+        None,
+        None,
+        None,
+    )
+    assert router.route("nope") is None
+    assert router.route(None) is None
+
+
+@pytest.mark.parametrize(
+    "ladder",
+    [(), [9], (86_400_001,), (10,) * 26, (1000, True), (1000.0,), "1000", 1000, [1000, None]],
+)
+def test_invalid_ladder_fails_registration(ladder: object) -> None:
+    """retry_delays_ms other than 1-25 integers of 10-86,400,000 is refused when the handler
+    is registered, naming the argument and the type."""
+    with pytest.raises(ValueError, match=r"retry_delays_ms for job type 'x' is invalid: .*1-25"):
+        Router().handler("x", retry_delays_ms=ladder)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, math.inf, math.nan, True, "5"])
+def test_invalid_timeout_fails_registration(timeout_s: object) -> None:
+    """timeout_s must be a finite number of seconds > 0."""
+    with pytest.raises(ValueError, match=r"timeout_s=.* for job type 'x' is invalid"):
+        Router().handler("x", timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+async def test_a_type_s_timeout_replaces_the_worker_s() -> None:
+    """A type with timeout_s times out after it, whatever the worker's; the others keep the
+    worker's, even while a job of the short type runs beside them."""
+    router = Router()
+
+    @router.handler("quick", timeout_s=0.05)
+    async def quick(j: Job) -> None:
+        await asyncio.sleep(0.3)
+
+    @router.handler("patient")
+    async def patient(j: Job) -> None:
+        await asyncio.sleep(0.3)
+
+    invoker = Invoker(router, timeout_s=5)
+    (quick_outcome, quick_error), (patient_outcome, _) = await asyncio.gather(
+        invoker(job(b"{}", "quick")), invoker(job(b"{}", "patient"))
+    )
+    assert quick_outcome is Outcome.TRANSIENT
+    assert str(quick_error) == "handler ran longer than 0.05 s"
+    assert patient_outcome is Outcome.SUCCEEDED
 
 
 @pytest.mark.parametrize("max_retries", [-1, 26, True, 2.0, "3"])
@@ -182,3 +232,71 @@ async def test_sync_jobs_run_while_earlier_ones_hang() -> None:
         assert ran == ["m"]
     finally:
         release.set()
+
+
+async def test_a_shutdown_cancel_at_the_timeout_stays_a_cancel() -> None:
+    """The attempt's task cancelled from elsewhere (a shutdown) while its limit cancels it: the
+    shutdown's cancel wins and is not turned into a HandlerTimeout."""
+
+    async def slow(j: Job) -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:  # the limit's cancel: the shutdown's comes meanwhile
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            raise
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(Invoker(slow, timeout_s=0.05)(job(b"{}")))
+
+
+def test_interrupt_needs_an_async_handler() -> None:
+    """A thread cannot be interrupted: interrupt=True on a sync handler is refused when it is
+    registered, and a value that is not a bool too."""
+    router = Router()
+    with pytest.raises(ValueError, match="async handler"):
+        router.handler("sync", interrupt=True)(lambda j: None)
+    with pytest.raises(TypeError, match="not a bool"):
+        router.handler("odd", interrupt="yes")  # type: ignore[arg-type]
+
+
+async def test_a_cancelled_job_ends_cancelled() -> None:
+    """raise_if_cancelled raises JobCancelled once the job is cancelled, and the invoker calls
+    that outcome cancelled, even where give_up_on would fail any exception; a job cancelled
+    before its handler starts does not run; interrupt=True cancels the handler's await."""
+    router = Router()
+    ran: list[str] = []
+
+    @router.handler("flag", give_up_on=(Exception,))
+    async def flag(j: Job) -> None:
+        ran.append("flag")
+        j.cancel()
+        j.raise_if_cancelled()
+
+    @router.handler("wait", interrupt=True)
+    async def wait(j: Job) -> None:
+        ran.append("wait")
+        asyncio.get_running_loop().call_later(0.05, j.cancel)
+        await asyncio.sleep(10)
+
+    invoker = Invoker(router, timeout_s=5)
+    for kind in ("flag", "wait"):
+        outcome, error = await invoker(job(b"{}", kind))
+        assert (outcome, type(error)) == (Outcome.CANCELLED, JobCancelled)
+    early = job(b"{}", "flag")
+    early.cancel()
+    assert (await invoker(early))[0] is Outcome.CANCELLED
+    assert ran == ["flag", "wait"]
+
+
+async def test_an_interrupted_handler_past_its_timeout_times_out() -> None:
+    """interrupt=True leaves the timeout its own: a handler past it fails transiently."""
+    router = Router()
+
+    @router.handler("slow", interrupt=True)
+    async def slow(j: Job) -> None:
+        await asyncio.sleep(5)
+
+    outcome, error = await Invoker(router, timeout_s=0.05)(job(b"{}", "slow"))
+    assert (outcome, type(error)) == (Outcome.TRANSIENT, HandlerTimeout)

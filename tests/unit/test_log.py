@@ -6,6 +6,7 @@ import datetime as dt
 import io
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,15 @@ def file_lines(path: Path) -> list[dict[str, Any]]:
 
 def in_a_job(call: Callable[[], None]) -> None:
     """Run call in a context of its own with a job's log fields bound, as the worker does."""
-    job = Job(b"{}", headers={}, message_id="m-1", amqp_type="demo", attempt=2, max_attempts=4)
+    job = Job(
+        b"{}",
+        headers={},
+        message_id="m-1",
+        amqp_type="demo",
+        attempt=2,
+        max_attempts=4,
+        queue="mail",
+    )
 
     def run() -> None:
         bind_log_context(job)
@@ -106,8 +115,9 @@ def in_a_job(call: Callable[[], None]) -> None:
 
 
 def test_job_line_is_one_json_object(configured: Callable[..., io.StringIO]) -> None:
-    """At INFO a job's line is one JSON object: its event, level, a UTC ISO 8601 timestamp and
-    the job's message_id, type, attempt and max_attempts; nothing below INFO is written."""
+    """At INFO a job's line is one JSON object: its event, level, a UTC ISO 8601 timestamp, the
+    pid of the process that wrote it and the job's message_id, type, attempt, max_attempts and
+    queue; nothing below INFO is written."""
     stream = configured("INFO")
     log = structlog.get_logger("test")  # a logger of its own: loggers cache their configuration
 
@@ -121,10 +131,12 @@ def test_job_line_is_one_json_object(configured: Callable[..., io.StringIO]) -> 
     assert line == {
         "event": "job succeeded",
         "level": "info",
+        "pid": os.getpid(),
         "message_id": "m-1",
         "type": "demo",
         "attempt": 2,
         "max_attempts": 4,
+        "queue": "mail",
     }
     assert stamp.endswith("Z")
     written = dt.datetime.fromisoformat(stamp)
@@ -140,7 +152,7 @@ def test_job_fields_stay_in_the_jobs_context(configured: Callable[..., io.String
     log.info("outside")
     inside, outside = json_lines(stream)
     assert (inside["message_id"], inside["attempt"]) == ("m-1", 3)
-    assert set(outside) == {"event", "level", "timestamp"}
+    assert set(outside) == {"event", "level", "timestamp", "pid"}
 
 
 def test_level_filters_lines(configured: Callable[..., io.StringIO]) -> None:
@@ -182,20 +194,29 @@ def test_values_json_cannot_hold_are_written_as_their_repr(
     assert (line["thing"], line["raw"], line["tags"]) == ("PosixPath('/x')", "b'\\xff'", "{1}")
 
 
-def test_lines_are_written_as_json_dumps_writes_them(
-    configured: Callable[..., io.StringIO],
-) -> None:
-    """The line's text is json.dumps's: ", " and ": " between fields, text outside ASCII
-    escaped, nested values and floats as it writes them (what a grep for '"event": "job
-    failed"' relies on)."""
+def test_lines_are_compact_json_in_utf_8(configured: Callable[..., io.StringIO]) -> None:
+    """The line's text is compact JSON (no space after "," or ":"), text outside ASCII written
+    as itself, nested values and floats kept (what a grep for '"event":"job failed"' relies
+    on)."""
     stream = configured()
     structlog.get_logger("test").warning(
         "job failed", error='café ☕ "quoted"\n', counts={1: [1.5, None, True]}, ratio=0.1
     )
     (text,) = stream.getvalue().splitlines()
-    assert text == json.dumps(json.loads(text))
-    assert '"event": "job failed"' in text
-    assert '"error": "caf\\u00e9 \\u2615 \\"quoted\\"\\n"' in text
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+    assert '"event":"job failed"' in text
+    assert '"error":"café ☕ \\"quoted\\"\\n"' in text
+    assert '"counts":{"1":[1.5,null,true]}' in text
+
+
+def test_values_orjson_refuses_are_still_written(configured: Callable[..., io.StringIO]) -> None:
+    """An integer past 64 bits or a lone surrogate (a file name read with surrogateescape) still
+    makes one JSON line of the same shape, never an error in the code that logged it."""
+    stream = configured()
+    structlog.get_logger("test").warning("odd", big=2**70, path="caf\udce9")
+    (text,) = stream.getvalue().splitlines()
+    assert '"event":"odd"' in text
+    assert (json.loads(text)["big"], json.loads(text)["path"]) == (2**70, "caf\udce9")
 
 
 def test_library_lines_are_the_same_json(configured: Callable[..., io.StringIO]) -> None:
@@ -212,11 +233,13 @@ def test_library_lines_are_the_same_json(configured: Callable[..., io.StringIO])
     assert line == {
         "event": "lost amqp://u:***@broker/",
         "level": "warning",
+        "pid": os.getpid(),
         "logger": "aiormq.connection",
         "message_id": "m-1",
         "type": "demo",
         "attempt": 2,
         "max_attempts": 4,
+        "queue": "mail",
     }
     assert dt.datetime.fromisoformat(stamp).tzinfo == dt.UTC
 

@@ -2,7 +2,7 @@
 
 import math
 
-from ricochet.observe.metrics import Metrics
+from ricochet.observe.metrics import Metrics, QueueMetrics
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -13,9 +13,9 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_queue_stages_are_label_values() -> None:
     """Each queue's role in `ricochet status` becomes a stage label without spaces."""
     metrics = Metrics("q")
-    metrics.observe_queue("main", 4, 2)
-    metrics.observe_queue("tier 2", 7, 0)
-    metrics.observe_queue("failed events", 1, 1)
+    metrics.observe_queue("q", "main", 4, 2)
+    metrics.observe_queue("q", "tier 2", 7, 0)
+    metrics.observe_queue("q", "failed events", 1, 1)
     assert sample(metrics, "ricochet_queue_messages", stage="main") == 4
     assert sample(metrics, "ricochet_queue_consumers", stage="main") == 2
     assert sample(metrics, "ricochet_queue_messages", stage="tier_2") == 7
@@ -25,11 +25,11 @@ def test_queue_stages_are_label_values() -> None:
 def test_unknown_values_are_nan() -> None:
     """A missing queue, or an empty failed queue's oldest copy, reads NaN, never 0."""
     metrics = Metrics("q")
-    metrics.observe_queue("failed", None, None)
-    metrics.observe_failed_oldest(None)
+    metrics.observe_queue("q", "failed", None, None)
+    metrics.observe_failed_oldest("q", None)
     assert math.isnan(sample(metrics, "ricochet_queue_messages", stage="failed") or 0)
     assert math.isnan(sample(metrics, "ricochet_failed_oldest_timestamp_seconds") or 0)
-    metrics.observe_failed_oldest(1700000000.0)
+    metrics.observe_failed_oldest("q", 1700000000.0)
     assert sample(metrics, "ricochet_failed_oldest_timestamp_seconds") == 1700000000.0
 
 
@@ -49,7 +49,7 @@ def test_worker_state_is_read_at_each_scrape() -> None:
     metrics = Metrics("q")
     state = {"consuming": True, "paused": False, "recovering": False}
     metrics.worker_when(
-        lambda: state["consuming"], lambda: state["paused"], lambda: state["recovering"]
+        "q", lambda: state["consuming"], lambda: state["paused"], lambda: state["recovering"]
     )
     names = ["ricochet_worker_consuming", "ricochet_worker_paused", "ricochet_worker_recovering"]
     assert [sample(metrics, name) for name in names] == [1, 0, 0]
@@ -62,9 +62,10 @@ def test_worker_state_is_read_at_each_scrape() -> None:
 def test_attempts_count_by_number_and_outcome() -> None:
     """ricochet_attempts_total counts each settled attempt under its number and outcome."""
     metrics = Metrics("q")
-    metrics.count_attempt(1, "retried")
-    metrics.count_attempt(2, "succeeded")
-    metrics.count_attempt(2, "succeeded")
+    counts = QueueMetrics(metrics, "q")
+    counts.count_attempt(1, "retried")
+    counts.count_attempt(2, "succeeded")
+    counts.count_attempt(2, "succeeded")
     assert sample(metrics, "ricochet_attempts_total", attempt="1", outcome="retried") == 1
     assert sample(metrics, "ricochet_attempts_total", attempt="2", outcome="succeeded") == 2
     assert sample(metrics, "ricochet_attempts_total", attempt="1", outcome="succeeded") is None

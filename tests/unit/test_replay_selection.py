@@ -1,9 +1,13 @@
 """Replay's pure parts: which copies match, and the headers a replayed job carries."""
 
 import pytest
-from ricochet.delivery.failed import FAILURE_HEADERS, FailureInfo, read_failure
+from ricochet.delivery.failed import FailureInfo, read_failure
+from ricochet.delivery.retry import FailureKind
+from ricochet.headers import FAILURE_HEADERS
+from ricochet.monitor.relaunch import relaunch_selection
 from ricochet.ops.replay import COUNT_MAX, replayed_headers
 from ricochet.ops.selection import Selection
+from ricochet.settings import FAILED_KINDS, Settings
 
 COPY = FailureInfo("m1", "report", "ValueError: bad input", "permanent", 0, "2024-01-01T00:00:00")
 
@@ -132,3 +136,28 @@ def test_whole_reason_alike_whatever_its_line_breaks(posted: str, matches: bool)
     same text, line breaks of any kind alike."""
     copy = FailureInfo("m", "report", "line one\nline two\rthree", "permanent", 0, None)
     assert Selection(reason_is=posted).matches(copy) is matches
+
+
+def test_the_relaunch_selects_its_kinds_below_the_replay_maximum() -> None:
+    """RICOCHET_RELAUNCH_KINDS and RICOCHET_RELAUNCH_MAX: a copy of a kind chosen, replayed
+    fewer times than the maximum; the failed kinds the setting allows are the worker's."""
+    relaunch = relaunch_selection(Settings(relaunch_kinds="exhausted,poison", relaunch_max=3))
+
+    def copy(kind: str, replays: int) -> FailureInfo:
+        return FailureInfo("m", "t", "E: x", kind, 3, None, replays)
+
+    assert relaunch.matches(copy("exhausted", 0))
+    assert relaunch.matches(copy("poison", 2))
+    assert not relaunch.matches(copy("exhausted", 3))
+    assert not relaunch.matches(copy("permanent", 0))
+    assert set(FAILED_KINDS) == {kind.value for kind in FailureKind}
+    assert "replay_count" not in copy("exhausted", 1).as_dict()
+    read = read_failure({"failed-kind": "exhausted", "replay-count": 2}, "m", "t", b"{}")
+    assert read.replay_count == 2
+
+
+def test_a_replayed_job_carries_no_incarnation_token() -> None:
+    """A replayed job is ricochet's publish, judged by its replay time against a cancel: the
+    client's token (which a cancel made before the replay would cover) is left behind."""
+    headers = replayed_headers({"ricochet-incarnation": "0123456789abcdef", "x-app": "kept"})
+    assert headers == {"x-app": "kept", "replay-count": 1}

@@ -1,7 +1,7 @@
 """What the status and plan tables show: the hint to read failure reasons, and durations."""
 
 import pytest
-from ricochet.broker.topology import plan
+from ricochet.broker.plan import plan
 from ricochet.ops.report import QueueStatus, duration, roles, status_table
 from ricochet.settings import Settings
 
@@ -120,5 +120,7 @@ def test_status_shows_the_shared_levels_once_after_the_queues_own() -> None:
         "ricochet.orphans",
         "ricochet.cancels",
         "ricochet.cancels.snapshot",
+        "ricochet.schedules",
+        "ricochet.retries",
     ]
-    assert lines[-4].split()[-2] == "25"
+    assert lines[-6].split()[-2] == "25"

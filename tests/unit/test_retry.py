@@ -4,13 +4,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from ricochet.broker.topology import tier_delays_ms
+from ricochet.broker.plan import tier_delays_ms
 from ricochet.delivery.retry import (
-    Action,
+    Ack,
     Decision,
     Facts,
+    Fail,
     FailureKind,
     Outcome,
+    Retry,
+    Run,
+    Sanitize,
     decide,
     max_attempts,
     read_facts,
@@ -281,25 +285,25 @@ UNREADABLE = Facts(attempt=1, max_attempts=4, original_routing_key="jobs", unrea
     [
         # Before the handler runs: unreadable properties, forged x-death and poison are settled
         # without it; unreadable properties fail even when the rest would be cleaned or poison.
-        (FIRST, None, Decision(Action.RUN)),
-        (LAST, None, Decision(Action.RUN)),
-        (FORGED, None, Decision(Action.SANITIZE)),
-        (POISON, None, Decision(Action.FAIL, FailureKind.POISON)),
-        (UNREADABLE, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        (FORGED._replace(unreadable=True), None, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        (POISON._replace(unreadable=True), None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (FIRST, None, Run()),
+        (LAST, None, Run()),
+        (FORGED, None, Sanitize()),
+        (POISON, None, Fail(FailureKind.POISON)),
+        (UNREADABLE, None, Fail(FailureKind.PERMANENT)),
+        (FORGED._replace(unreadable=True), None, Fail(FailureKind.PERMANENT)),
+        (POISON._replace(unreadable=True), None, Fail(FailureKind.PERMANENT)),
         # After it ran.
-        (FIRST, Outcome.SUCCEEDED, Decision(Action.ACK)),
-        (LAST, Outcome.SUCCEEDED, Decision(Action.ACK)),
-        (FIRST, Outcome.TRANSIENT, Decision(Action.RETRY, tier=1)),
-        (SECOND, Outcome.TRANSIENT, Decision(Action.RETRY, tier=2)),
-        (Facts(3, 4, "jobs"), Outcome.TRANSIENT, Decision(Action.RETRY, tier=3)),
-        (LAST, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (Facts(6, 4, "jobs"), Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (ONLY, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        (FIRST, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        (LAST, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
-        (ONLY, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        (FIRST, Outcome.SUCCEEDED, Ack()),
+        (LAST, Outcome.SUCCEEDED, Ack()),
+        (FIRST, Outcome.TRANSIENT, Retry(1)),
+        (SECOND, Outcome.TRANSIENT, Retry(2)),
+        (Facts(3, 4, "jobs"), Outcome.TRANSIENT, Retry(3)),
+        (LAST, Outcome.TRANSIENT, Fail(FailureKind.EXHAUSTED)),
+        (Facts(6, 4, "jobs"), Outcome.TRANSIENT, Fail(FailureKind.EXHAUSTED)),
+        (ONLY, Outcome.TRANSIENT, Fail(FailureKind.EXHAUSTED)),
+        (FIRST, Outcome.PERMANENT, Fail(FailureKind.PERMANENT)),
+        (LAST, Outcome.PERMANENT, Fail(FailureKind.PERMANENT)),
+        (ONLY, Outcome.PERMANENT, Fail(FailureKind.PERMANENT)),
     ],
 )
 def test_decide(facts_: Facts, outcome: Outcome | None, decision: Decision) -> None:
@@ -313,17 +317,17 @@ def test_decide(facts_: Facts, outcome: Outcome | None, decision: Decision) -> N
     ("headers", "redelivered", "max_retries", "outcome", "decision"),
     [
         # A fresh job: its handler runs, a success is acked, a failure goes to tier 1.
-        ({}, False, 3, None, Decision(Action.RUN)),
-        ({}, False, 3, Outcome.SUCCEEDED, Decision(Action.ACK)),
-        ({}, False, 3, Outcome.TRANSIENT, Decision(Action.RETRY, tier=1)),
+        ({}, False, 3, None, Run()),
+        ({}, False, 3, Outcome.SUCCEEDED, Ack()),
+        ({}, False, 3, Outcome.TRANSIENT, Retry(1)),
         # Back from tier 2 (two rejections): tier 3 next, the last with max-retries 3.
-        ({"x-death": [death(count=2)]}, True, 3, Outcome.TRANSIENT, Decision(Action.RETRY, tier=3)),
+        ({"x-death": [death(count=2)]}, True, 3, Outcome.TRANSIENT, Retry(3)),
         (
             {"x-death": [death(count=3)]},
             False,
             3,
             Outcome.TRANSIENT,
-            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+            Fail(FailureKind.EXHAUSTED),
         ),
         # A max-retries header lowers the budget.
         (
@@ -331,25 +335,25 @@ def test_decide(facts_: Facts, outcome: Outcome | None, decision: Decision) -> N
             False,
             3,
             Outcome.TRANSIENT,
-            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+            Fail(FailureKind.EXHAUSTED),
         ),
         # No retries configured: a transient failure fails at once.
-        ({}, False, 0, Outcome.TRANSIENT, Decision(Action.FAIL, FailureKind.EXHAUSTED)),
-        ({}, False, 3, Outcome.PERMANENT, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        ({}, False, 0, Outcome.TRANSIENT, Fail(FailureKind.EXHAUSTED)),
+        ({}, False, 3, Outcome.PERMANENT, Fail(FailureKind.PERMANENT)),
         # A forged x-death is never nacked, whatever else it carries.
-        ({"x-death": "rejected"}, False, 3, None, Decision(Action.SANITIZE)),
+        ({"x-death": "rejected"}, False, 3, None, Sanitize()),
         (
             {"x-death": [death(count="9")], "x-delivery-count": 9},
             True,
             3,
             None,
-            Decision(Action.SANITIZE),
+            Sanitize(),
         ),
         # Delivered more than five times without an ack: poison, the handler does not run.
-        ({"x-delivery-count": 6}, True, 3, None, Decision(Action.FAIL, FailureKind.POISON)),
-        ({"x-acquired-count": 6}, True, 3, None, Decision(Action.FAIL, FailureKind.POISON)),
-        ({"x-delivery-count": 5}, True, 3, None, Decision(Action.RUN)),
-        ({"x-delivery-count": 99}, False, 3, None, Decision(Action.RUN)),
+        ({"x-delivery-count": 6}, True, 3, None, Fail(FailureKind.POISON)),
+        ({"x-acquired-count": 6}, True, 3, None, Fail(FailureKind.POISON)),
+        ({"x-delivery-count": 5}, True, 3, None, Run()),
+        ({"x-delivery-count": 99}, False, 3, None, Run()),
     ],
 )
 def test_spec_rows(
@@ -367,9 +371,9 @@ def test_spec_rows(
     ("headers", "decision"),
     [
         # A main-queue rejection on a job that did not come back from a tier: a publisher wrote it.
-        ({"x-death": [death(count=2)]}, Decision(Action.SANITIZE)),
+        ({"x-death": [death(count=2)]}, Sanitize()),
         # The broker's record of another queue's dead-lettering upstream: a fresh job.
-        ({"x-death": [death("orders", count=2)]}, Decision(Action.RUN)),
+        ({"x-death": [death("orders", count=2)]}, Run()),
     ],
 )
 def test_spec_rows_of_a_job_not_from_a_tier(headers: dict[str, object], decision: Decision) -> None:

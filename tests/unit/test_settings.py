@@ -333,3 +333,48 @@ def test_jitter_range(monkeypatch: pytest.MonkeyPatch, value: str, ok: bool) -> 
         return
     with pytest.raises(ConfigError, match=r"RICOCHET_RETRY_JITTER=.* is invalid: allowed"):
         load_settings()
+
+
+def test_queues_each_with_its_own_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RICOCHET_QUEUES gives the worker's queues, each with its prefetch or RICOCHET_PREFETCH;
+    unset, the worker's one queue is RICOCHET_QUEUE."""
+    assert [(s.queue, s.prefetch) for s in load_settings().per_queue()] == [("jobs", 32)]
+    monkeypatch.setenv("RICOCHET_PREFETCH", "7")
+    monkeypatch.setenv("RICOCHET_QUEUES", " thumbnails=1, email=5 ,sync")
+    settings = load_settings()
+    assert settings.queue == "jobs"  # still the commands' and clients' queue
+    assert settings.queue_names == ("thumbnails", "email", "sync")
+    assert [(s.queue, s.prefetch) for s in settings.per_queue()] == [
+        ("thumbnails", 1),
+        ("email", 5),
+        ("sync", 7),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "set but empty"),
+        (" ", "set but empty"),
+        ("a,,b", "entry '': 1-200 characters of A-Za-z0-9._- are allowed"),
+        ("a,b,a", "entry 'a': the queue is listed twice"),
+        ("a=0", "entry 'a=0': a prefetch is an integer 1-65535"),
+        ("a=65536", "a prefetch is an integer 1-65535"),
+        ("a=x", "a prefetch is an integer 1-65535"),
+        ("a=", "a prefetch is an integer 1-65535"),
+        ("ricochet.mine", "entry 'ricochet.mine': names beginning with amq."),
+        ("amq.q", "names beginning with amq."),
+        ("a,a.failed", "entry 'a.failed': the name of an object ricochet derives"),
+        ("a b", "1-200 characters of A-Za-z0-9._- are allowed"),
+        ("x" * 201, "1-200 characters of A-Za-z0-9._- are allowed"),
+        (",".join(f"q{i}" for i in range(65)), "65 entries, more than 64"),
+    ],
+)
+def test_queues_refused_naming_the_entry(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    """A bad RICOCHET_QUEUES is one line naming the variable and the bad entry."""
+    monkeypatch.setenv("RICOCHET_QUEUES", value)
+    with pytest.raises(ConfigError, match=r"^RICOCHET_QUEUES is invalid: ") as error:
+        load_settings()
+    assert message in str(error.value)

@@ -6,8 +6,8 @@ import random
 import aio_pika
 import pytest
 from aio_pika.exceptions import ChannelInvalidStateError
-from ricochet.broker.topology import Names
-from ricochet.delivery.retry import Action, Decision, Facts
+from ricochet.delivery.retry import Ack, Facts, Retry
+from ricochet.names import Names
 from ricochet.worker.settler import Settler, plan_acks
 
 
@@ -78,8 +78,8 @@ class _Channel:
 
 
 FIRST = Facts(attempt=1, max_attempts=4, original_routing_key="jobs")
-ACK = Decision(Action.ACK)
-RETRY = Decision(Action.RETRY, tier=1)
+ACK = Ack()
+RETRY = Retry(1)
 
 
 def _settler(frames: object, exchange: object = None) -> Settler:

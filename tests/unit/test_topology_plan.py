@@ -1,24 +1,51 @@
 """The topology plan: names, arguments and bindings for a set of settings."""
 
+from collections import Counter
+
 import pytest
-from ricochet.broker.topology import (
-    DELAY_LEVELS,
-    DELAY_UNIT_MS,
-    LANES,
-    SHARED,
-    Binding,
+from ricochet.broker.diff import (
+    NOTHING_READ,
+    Bind,
+    Conflict,
+    DeclareExchange,
+    DeclareQueue,
+    DelayDiffers,
+    Difference,
+    ExchangeDiffers,
+    ExchangeSeen,
+    Held,
     Kept,
-    Names,
+    LimitNotLifted,
+    QueueSeen,
+    RetireLanes,
+    RetireTier,
+    Step,
+    Unbind,
+    Unwanted,
+    diff,
+    diff_shared,
+    planned_bindings,
+    planned_exchanges,
+    planned_queues,
+    quorum_tier_kept,
+    reconcile,
+    seen_in_refusal,
+)
+from ricochet.broker.plan import (
+    LANES,
+    Binding,
+    Exchange,
+    Plan,
+    QueueSpec,
     delay_bindings,
-    delay_key,
     ladder_ms,
     lane_delays_ms,
     plan,
-    quorum_tier_kept,
     stale_bindings,
     stale_lanes,
     stale_tiers,
 )
+from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, SHARED, Names, delay_key
 from ricochet.settings import Settings
 
 
@@ -115,12 +142,13 @@ def test_attempt_keys(key: str, from_tier: bool) -> None:
 def test_consumed_queues_have_no_delivery_limit_on_rabbitmq_4(
     queue_type: str, version: tuple[int, ...] | None, limit: dict[str, int]
 ) -> None:
-    """RabbitMQ 4's default delivery limit of 20 is lifted on the queues ricochet consumes
-    from; tiers, which nothing consumes, keep their arguments."""
-    p = plan(Settings(queue="q", queue_type=queue_type), version)
-    for spec in p.queues:
+    """RabbitMQ 4's default delivery limit of 20 is lifted on the queues ricochet reads: those
+    it consumes from, and the tiers and lanes, which `ricochet waiting` reads and hands back."""
+    p = plan(Settings(queue="q", queue_type=queue_type, retry_jitter=0.5), version)
+    assert p.tiers
+    assert p.lanes
+    for spec in [*p.queues, *p.tiers, *p.lanes]:
         assert {k: v for k, v in spec.arguments.items() if k == "x-delivery-limit"} == limit
-    assert all("x-delivery-limit" not in t.arguments for t in p.tiers)
 
 
 def test_stale_tiers_are_those_beyond_the_budget() -> None:
@@ -235,16 +263,16 @@ def test_each_level_of_the_delays_waits_on_its_digit_and_passes_on_the_rest() ->
     lowest level leads to the shared return exchange. The levels are the vhost's: the same
     quorum queues with no delivery limit whatever the settings (SPEC 18)."""
     p = plan(Settings(queue="q", queue_type="classic"), (4, 0, 5))
-    assert [d.arguments["x-message-ttl"] for d in p.delays] == [
+    assert [d.arguments["x-message-ttl"] for d in p.shared.delays] == [
         2**k * DELAY_UNIT_MS for k in range(DELAY_LEVELS)
     ]
-    assert [d.name for d in p.delays] == [f"ricochet.delay.{k}" for k in range(DELAY_LEVELS)]
-    assert all(d.arguments["x-queue-type"] == "quorum" for d in p.delays)
-    assert all(d.arguments["x-delivery-limit"] == -1 for d in p.delays)
-    assert p.delays[0].arguments["x-dead-letter-exchange"] == "ricochet.return"
-    assert p.delays[3].arguments["x-dead-letter-exchange"] == "ricochet.delay.2"
-    assert "x-dead-letter-routing-key" not in p.delays[3].arguments
-    shared = p.shared_bindings
+    assert [d.name for d in p.shared.delays] == [f"ricochet.delay.{k}" for k in range(DELAY_LEVELS)]
+    assert all(d.arguments["x-queue-type"] == "quorum" for d in p.shared.delays)
+    assert all(d.arguments["x-delivery-limit"] == -1 for d in p.shared.delays)
+    assert p.shared.delays[0].arguments["x-dead-letter-exchange"] == "ricochet.return"
+    assert p.shared.delays[3].arguments["x-dead-letter-exchange"] == "ricochet.delay.2"
+    assert "x-dead-letter-routing-key" not in p.shared.delays[3].arguments
+    shared = p.shared.bindings
     assert Binding("ricochet.delay.0", "ricochet.delay.0", "*." * 24 + "1.#") in shared
     assert (
         Binding("ricochet.delay.0", "ricochet.return", "*." * 24 + "0.#", to_exchange=True)
@@ -260,33 +288,23 @@ def test_the_shared_part_does_not_depend_on_the_settings() -> None:
     version = (3, 10, 8)
     one = plan(Settings(queue="a", queue_type="classic", max_retries=0), version)
     other = plan(Settings(queue="b", retry_jitter=0.5, retry_delay_ms=10), version)
-    for field in (
-        "delays",
-        "orphans",
-        "cancel_store",
-        "cancel_snapshot",
-        "shared_exchanges",
-        "shared_bindings",
-    ):
-        assert getattr(one, field) == getattr(other, field)
+    assert one.shared == other.shared
 
 
 def test_a_due_job_whose_queue_is_gone_goes_to_the_orphans() -> None:
     """The return exchange's alternate is the orphans' exchange, bound to the orphans' queue."""
     p = plan(Settings(queue="q"))
-    exchanges = {name: (kind, args) for name, kind, args in p.shared_exchanges}
+    exchanges = {name: (kind, args) for name, kind, args in p.shared.exchanges}
     assert exchanges["ricochet.return"] == ("topic", {"alternate-exchange": "ricochet.orphans"})
     assert exchanges["ricochet.orphans"][0] == "fanout"
-    assert Binding("ricochet.orphans", "ricochet.orphans") in p.shared_bindings
-    assert p.orphans is not None
-    assert p.orphans.name == "ricochet.orphans"
+    assert Binding("ricochet.orphans", "ricochet.orphans") in p.shared.bindings
+    assert p.shared.orphans.name == "ricochet.orphans"
 
 
 def test_the_cancel_store_is_a_stream_kept_past_the_longest_wait() -> None:
     """A stream every worker can read from its start, kept 31 days: longer than a 30-day
     schedule."""
-    store = plan(Settings(queue="q", queue_type="classic")).cancel_store
-    assert store is not None
+    store = plan(Settings(queue="q", queue_type="classic")).shared.cancel_store
     assert store.name == "ricochet.cancels"  # the vhost's, shared by every queue (SPEC 18)
     assert store.arguments["x-queue-type"] == "stream"
     assert store.arguments["x-max-age"] == "31D"
@@ -299,3 +317,290 @@ def test_a_job_back_from_the_delays_was_published_to_the_main_queue() -> None:
     assert n.published_key(delay_key(90_000, "jobs").removesuffix(".jobs")) == "jobs"  # earlier
     assert n.published_key("jobs.attempt.2") == "jobs.attempt.2"
     assert n.published_key("0.1.1") == "0.1.1"  # not a delay key: a key of the producer's own
+
+
+# The diff of a plan with what the broker holds (broker/diff.py): the declare's steps and what
+# doctor names.
+
+
+def as_planned(p: Plan) -> Held:
+    """A broker that holds exactly the plan (read through the management API)."""
+    return Held(
+        queues={
+            spec.name: QueueSeen(spec.arguments["x-queue-type"], spec.arguments, 0)
+            for spec in planned_queues(p)
+        },
+        exchanges={x.name: ExchangeSeen(x.kind, x.arguments) for x in planned_exchanges(p)},
+        bindings=planned_bindings(p),
+    )
+
+
+def kinds(steps: list[Step]) -> Counter[str]:
+    return Counter(type(step).__name__ for step in steps)
+
+
+@pytest.mark.parametrize(
+    ("settings", "counts"),
+    [
+        # 3 tiers: 25 levels' exchanges + return + orphans, 4 own; 3 own queues, 30 shared, 3
+        # tiers; 22 tiers and 25 tiers' lanes beyond; 50 + 1 shared bindings, 8 own; 27 stale.
+        (
+            Settings(queue="q"),
+            {
+                "DeclareExchange": 27 + 4,
+                "DeclareQueue": 3 + 30 + 3,
+                "RetireTier": 22,
+                "RetireLanes": 25,
+                "Bind": 51 + 8,
+                "Unbind": 27,
+            },
+        ),
+        (
+            Settings(queue="q", max_retries=0),
+            {
+                "DeclareExchange": 27 + 4,
+                "DeclareQueue": 3 + 30,
+                "RetireTier": 25,
+                "RetireLanes": 25,
+                "Bind": 51 + 6,
+                "Unbind": 27,
+            },
+        ),
+        # Jitter: a random exchange per tier, 7 lanes each, bound with the tier's queue; the
+        # tiers' direct routes are stale.
+        (
+            Settings(queue="q", max_retries=2, retry_jitter=0.5),
+            {
+                "DeclareExchange": 27 + 4 + 2,
+                "DeclareQueue": 3 + 30 + 2 + 14,
+                "RetireTier": 23,
+                "RetireLanes": 23,
+                "Bind": 51 + 7 + 16,
+                "Unbind": 27 + 2,
+            },
+        ),
+    ],
+)
+def test_a_broker_not_read_is_given_every_step(settings: Settings, counts: dict[str, int]) -> None:
+    """A declare reads nothing first: it declares every object and binding of the plan, and
+    retires whatever earlier settings may have left, each once."""
+    steps = diff(plan(settings), NOTHING_READ)
+    assert kinds(steps) == counts
+    assert len({repr(step) for step in steps}) == len(steps)
+
+
+def test_the_declare_keeps_every_job_routed_while_it_reconciles() -> None:
+    """The shared part comes first; tiers are declared before stale ones go; the first-tier
+    exchange's new route before any stale binding goes (with none it drops the dead-letter);
+    the other bindings after them (a key bound twice for a moment would copy a job)."""
+    p = plan(Settings(queue="q", max_retries=2))
+    steps = diff(p, NOTHING_READ)
+    at = steps.index
+    shared = diff_shared(p.shared, NOTHING_READ)
+    assert steps[: len(shared)] == shared
+    first = Bind(Binding("q.dlx.first", "q.retry.1"))
+    second = Bind(Binding("q.dlx", "q.retry.2", "q.attempt.1"))
+    hold = Unbind(Binding("q.dlx.first", "q"))
+    assert at(DeclareQueue(p.tiers[1], tier=2)) < at(RetireTier(3, "q.retry.3")) < at(first)
+    assert at(first) < at(hold) < at(RetireLanes(1)) < at(second)
+    assert max(at(Unbind(b)) for b in stale_bindings(p)) < at(second)
+
+
+def test_a_broker_that_holds_the_plan_needs_nothing() -> None:
+    """Read through the management API, a broker that holds exactly the plan differs in
+    nothing, whatever the settings."""
+    for settings in (
+        Settings(queue="q"),
+        Settings(queue="q", queue_type="classic", max_retries=0),
+        Settings(queue="q", retry_jitter=0.5),
+    ):
+        p = plan(settings, (4, 0, 5))
+        assert diff(p, as_planned(p)) == []
+
+
+TIER = plan(Settings(queue="q")).tiers[1]  # q.retry.2, 60 s
+MAIN_4 = plan(Settings(queue="q"), (4, 0, 5)).queues[0]  # with x-delivery-limit -1
+FAILED = plan(Settings(queue="q")).queues[1]
+
+
+def seen(
+    spec: QueueSpec, changed: dict[str, object] | None = None, queue_type: str = "quorum"
+) -> QueueSeen:
+    """spec as the broker holds it, with these arguments changed (None: absent)."""
+    held = {**spec.arguments, **(changed or {})}
+    return QueueSeen(queue_type, {k: v for k, v in held.items() if v is not None}, 2)
+
+
+@pytest.mark.parametrize(
+    ("step", "held", "found"),
+    [
+        (DeclareQueue(FAILED), None, DeclareQueue),
+        (DeclareQueue(FAILED), seen(FAILED), None),
+        (DeclareQueue(TIER, tier=2), seen(TIER, {"x-message-ttl": 45000}), DelayDiffers),
+        # With no delay at all it is mended the same way: emptied, then declared again.
+        (DeclareQueue(TIER, tier=2), seen(TIER, {"x-message-ttl": None}), DelayDiffers),
+        (
+            DeclareQueue(TIER, tier=2),
+            seen(TIER, {"x-message-ttl": 45000, "x-max-length": 5}),
+            Conflict,
+        ),
+        (DeclareQueue(TIER, tier=2), seen(TIER, queue_type="classic"), Conflict),
+        # A queue that is not a tier's cannot take another delay by a redeclaration.
+        (DeclareQueue(FAILED), seen(FAILED, {"x-message-ttl": 1000}), Conflict),
+        (DeclareQueue(MAIN_4), seen(MAIN_4, {"x-delivery-limit": None}), LimitNotLifted),
+        (
+            DeclareQueue(MAIN_4),
+            seen(MAIN_4, {"x-delivery-limit": None, "x-dead-letter-exchange": "other"}),
+            Conflict,
+        ),
+        (DeclareQueue(MAIN_4), seen(MAIN_4, {"x-delivery-limit": 20}), Conflict),
+    ],
+)
+def test_what_a_planned_queue_needs(
+    step: DeclareQueue, held: QueueSeen | None, found: type | None
+) -> None:
+    """Missing: declared; as planned: nothing; a tier's delay alone: redeclared once empty; the
+    delivery limit alone not lifted: kept, a policy lifts it; anything else: a conflict that
+    only deleting the queue mends."""
+    result = reconcile(step, held)
+    assert (None if result is None else type(result)) is found
+
+
+@pytest.mark.parametrize(
+    ("step", "refusal", "found"),
+    [
+        # The broker's words, as RabbitMQ 3.10.8 and 4.3.6 say them.
+        (
+            DeclareQueue(TIER, tier=2),
+            "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q.retry.2' in "
+            "vhost '/': received '60000' but current is '45000'",
+            DelayDiffers,
+        ),
+        (
+            DeclareQueue(MAIN_4),
+            "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost "
+            "'/': received the value '-1' of type 'byte' but current is none",
+            LimitNotLifted,
+        ),
+        (
+            DeclareQueue(TIER, tier=2),
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q.retry.2' in "
+            "vhost '/': received 'quorum' but current is 'classic'",
+            Conflict,
+        ),
+        (
+            DeclareQueue(FAILED),
+            "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q.failed' in "
+            "vhost '/': received none but current is the value '5' of type 'signedint'",
+            Conflict,
+        ),
+        # Words that name nothing leave the queue as planned: the declare refuses it anyway.
+        (DeclareQueue(TIER, tier=2), "PRECONDITION_FAILED - something else", None),
+    ],
+)
+def test_a_refused_declaration_is_read_as_doctor_reads_the_api(
+    step: DeclareQueue, refusal: str, found: type | None
+) -> None:
+    """The broker refuses a declaration whose arguments differ and names the first that does:
+    the declare reads its words into what the broker holds, and the diff decides as it does
+    for doctor."""
+    held = seen_in_refusal(step.spec, refusal)
+    assert held.refusal == refusal
+    result = reconcile(step, held)
+    assert (None if result is None else type(result)) is found
+
+
+def held(
+    p: Plan,
+    missing: tuple[str, ...] = (),
+    queues: dict[str, QueueSeen] | None = None,
+    exchanges: dict[str, ExchangeSeen] | None = None,
+    unbound: tuple[Binding, ...] = (),
+    bound: tuple[Binding, ...] = (),
+) -> Held:
+    """The plan as the broker holds it, with these objects missing, these queues and exchanges
+    as given, these bindings missing and these more."""
+    planned = as_planned(p)
+    assert planned.queues is not None
+    assert planned.exchanges is not None
+    return Held(
+        {**{n: q for n, q in planned.queues.items() if n not in missing}, **(queues or {})},
+        {**{n: x for n, x in planned.exchanges.items() if n not in missing}, **(exchanges or {})},
+        [*(b for b in planned_bindings(p) if b not in unbound), *bound],
+    )
+
+
+P = plan(Settings(queue="q", max_retries=2))
+LATER = "*." * 25 + "later"  # another ricochet queue's binding on the shared return exchange
+
+
+@pytest.mark.parametrize(
+    ("broker", "steps"),
+    [
+        (
+            held(P, missing=("q.failed.events", "q.return")),
+            [
+                DeclareExchange(Exchange("q.return", "fanout", {})),
+                DeclareQueue(P.queues[2]),
+            ],
+        ),
+        (
+            held(P, exchanges={"q.dlx": ExchangeSeen("topic", {})}),
+            [
+                ExchangeDiffers(
+                    P.exchanges[0],
+                    ExchangeSeen("topic", {}),
+                    (Difference("alternate-exchange", None, "q.dlx.first"),),
+                )
+            ],
+        ),
+        (held(P, unbound=(Binding("q.return", "q"),)), [Bind(Binding("q.return", "q"))]),
+        # An earlier budget of 3: its safety net and tier 3, with the binding that feeds it.
+        (
+            held(
+                P,
+                queues={"q.retry.3": QueueSeen("quorum", {"x-message-ttl": 120000}, 2)},
+                bound=(
+                    Binding("q.dlx", "q.failed", "q.attempt.3", to_exchange=True),
+                    Binding("q.dlx", "q.retry.3", "q.attempt.2"),
+                ),
+            ),
+            [
+                RetireTier(3, "q.retry.3", QueueSeen("quorum", {"x-message-ttl": 120000}, 2)),
+                Unbind(Binding("q.dlx", "q.failed", "q.attempt.3", to_exchange=True)),
+                Unbind(Binding("q.dlx", "q.retry.3", "q.attempt.2")),
+            ],
+        ),
+        # Earlier jitter: the lanes' exchange of tier 1 still there.
+        (
+            held(P, exchanges={"q.retry.1.lanes": ExchangeSeen("x-random", {})}),
+            [RetireLanes(1)],
+        ),
+        # Bindings ricochet did not make, into the failed queue and out of the dlx; one into
+        # the main queue from a publisher's exchange, another queue's on the shared return
+        # exchange and the default exchange's are none of ricochet's business.
+        (
+            held(
+                P,
+                bound=(
+                    Binding("q.failed", "q", "q"),
+                    Binding("mine", "q.failed"),
+                    Binding("mine", "q", "k"),
+                    Binding("ricochet.return", "later", LATER),
+                    Binding("", "q.retry.1", "q.retry.1"),
+                ),
+            ),
+            [Unwanted(Binding("q.failed", "q", "q")), Unwanted(Binding("mine", "q.failed"))],
+        ),
+        # A binding on the shared return exchange that is not a queue's own: `#.x` would take
+        # the jobs of `a.x`.
+        (
+            held(P, bound=(Binding("ricochet.return", "later", "#.later"),)),
+            [Unwanted(Binding("ricochet.return", "later", "#.later"))],
+        ),
+    ],
+)
+def test_what_differs_from_the_plan_on_a_broker_read(broker: Held, steps: list[Step]) -> None:
+    """Read through the management API, the diff holds only what is missing, differs, was left
+    by earlier settings, or was bound by someone else."""
+    assert diff(P, broker) == steps

@@ -10,7 +10,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from ricochet import tracing
 from ricochet.delivery.failed import Failure
-from ricochet.delivery.retry import Action, Decision
+from ricochet.delivery.retry import (
+    Ack,
+    Cancel,
+    Delay,
+    Fail,
+    FailureKind,
+    Retry,
+    RetryByCopy,
+    Settlement,
+)
 from ricochet.handlers.job import Job
 from ricochet.observe import spans
 from ricochet.ops.replay import replayed_headers
@@ -64,8 +73,8 @@ def test_without_the_api_every_function_is_a_no_op(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(tracing, "ENABLED", False)
     with spans.attempt_span("q", a_job()) as span:
         assert span is None
-    spans.record_outcome(span, Decision(Action.RETRY, tier=1), Failure(ValueError("x")))
-    with spans.settle_span("q", span, Decision(Action.RETRY, tier=1)):
+    spans.record_outcome(span, Retry(1), Failure(ValueError("x")))
+    with spans.settle_span("q", span, Retry(1)):
         pass
     headers: dict[str, object] = {"tenant": "acme"}
     with tracing.publish_span("q", "m1", headers):
@@ -115,7 +124,7 @@ def test_a_failed_attempt_is_an_error_with_the_scrubbed_reason() -> None:
     errors = [ConnectionError("amqp://bob:hunter2@db/x refused"), Unprintable()]
     for error in errors:
         with provider.get_tracer("tests").start_as_current_span("attempt") as span:
-            spans.record_outcome(span, Decision(Action.FAIL), Failure(error))
+            spans.record_outcome(span, Fail(FailureKind.PERMANENT), Failure(error))
     finished = exporter.get_finished_spans()
     assert [s.status.status_code for s in finished] == [StatusCode.ERROR, StatusCode.ERROR]
     assert [dict(s.attributes or {})["ricochet.outcome"] for s in finished] == ["failed", "failed"]
@@ -137,7 +146,7 @@ def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
     def settle_failing_with(error: Exception) -> None:
         with (
             spans.attempt_span("q", a_job()) as span,
-            spans.settle_span("q", span, Decision(Action.ACK)),
+            spans.settle_span("q", span, Ack()),
         ):
             raise error
 
@@ -152,11 +161,11 @@ def test_an_error_escaping_a_span_is_not_recorded_with_its_text(
 @pytest.mark.parametrize(
     ("decision", "outcome"),
     [
-        (Decision(Action.DELAY, delay_ms=1500, retries=1), "retried"),  # a RetryLater
-        (Decision(Action.RETRY_BY_COPY, tier=2, retries=2), "retried"),
+        (Delay(1500, retries=1), "retried"),  # a RetryLater
+        (RetryByCopy(2), "retried"),
     ],
 )
-def test_an_attempt_that_waits_is_recorded_as_retried(decision: Decision, outcome: str) -> None:
+def test_an_attempt_that_waits_is_recorded_as_retried(decision: Settlement, outcome: str) -> None:
     """A RetryLater, and a retry of a job back from the delays, end their attempt as a retry."""
     provider = TracerProvider()
     exporter = InMemorySpanExporter()
@@ -165,3 +174,17 @@ def test_an_attempt_that_waits_is_recorded_as_retried(decision: Decision, outcom
         spans.record_outcome(span, decision, Failure(ConnectionError("later")))
     (finished,) = exporter.get_finished_spans()
     assert dict(finished.attributes or {})["ricochet.outcome"] == outcome
+
+
+def test_a_cancelled_attempt_is_recorded_as_cancelled() -> None:
+    """A job cancelled while it ran ends its attempt as cancelled. With a tracer configured,
+    recording it once raised KeyError, and the delivery stayed unsettled until the channel
+    closed (the cancel-racing fault row, run after a test that had set up tracing)."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("tests").start_as_current_span("attempt") as span:
+        spans.record_outcome(span, Cancel(), None)
+    (finished,) = exporter.get_finished_spans()
+    assert dict(finished.attributes or {})["ricochet.outcome"] == "cancelled"
+    assert not finished.events

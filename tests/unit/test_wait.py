@@ -7,17 +7,24 @@ from typing import Any
 import pytest
 from ricochet import RetryLater
 from ricochet.broker.cancel_log import CancelLog
-from ricochet.broker.topology import delay_key, is_delay_key
 from ricochet.delivery.retry import (
-    Action,
+    Ack,
+    Cancel,
     Decision,
+    Delay,
+    Fail,
     FailureKind,
     Outcome,
+    Retry,
+    RetryByCopy,
+    Run,
+    Sanitize,
     decide,
     parse_run_at,
     read_facts,
 )
 from ricochet.headers import RETRIES
+from ricochet.names import delay_key, is_delay_key
 
 NOW = dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -104,52 +111,55 @@ def rejected(count: int) -> dict[str, Any]:
             "jobs",
             False,
             None,
-            Decision(Action.DELAY, delay_ms=5000, retries=0),
+            Delay(5000, retries=0),
         ),
         (
             {"run-at": "2026-11-24T12:00:00.0001Z"},
             "jobs",
             False,
             None,
-            Decision(Action.DELAY, delay_ms=1, retries=0),
+            Delay(1, retries=0),
         ),
-        ({"run-at": "2026-11-24T12:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
-        ({"run-at": "2020-01-01T00:00:00Z"}, "jobs", False, None, Decision(Action.RUN)),
+        ({"run-at": "2026-11-24T12:00:00Z"}, "jobs", False, None, Run()),
+        ({"run-at": "2020-01-01T00:00:00Z"}, "jobs", False, None, Run()),
         # One that cannot be read fails for good at once.
-        ({"run-at": "soon"}, "jobs", False, None, Decision(Action.FAIL, FailureKind.PERMANENT)),
+        ({"run-at": "soon"}, "jobs", False, None, Fail(FailureKind.PERMANENT)),
         # So does one further ahead than a cancel is kept (31 days); up to that it waits.
         (
             {"run-at": "2026-12-25T12:00:00.001Z"},
             "jobs",
             False,
             None,
-            Decision(Action.FAIL, FailureKind.PERMANENT),
+            Fail(FailureKind.PERMANENT),
         ),
         (
             {"run-at": "2026-12-25T12:00:00Z"},
             "jobs",
             False,
             None,
-            Decision(Action.DELAY, delay_ms=31 * 86_400_000, retries=0),
+            Delay(31 * 86_400_000, retries=0),
         ),
         # Cancelled while it waited (scheduled, in a tier, after a RetryLater): dropped when it
         # comes due, whatever else it says.
-        ({"run-at": "2026-11-24T12:00:05Z"}, "jobs", True, None, Decision(Action.CANCEL)),
-        ({"run-at": "2020-01-01T00:00:00Z"}, BACK_FROM_DELAYS, True, None, Decision(Action.CANCEL)),
-        ({**rejected(2)}, "jobs.attempt.2", True, None, Decision(Action.CANCEL)),
-        ({RETRIES: 1}, BACK_FROM_DELAYS, True, None, Decision(Action.CANCEL)),
-        ({"run-at": "soon"}, "jobs", True, None, Decision(Action.CANCEL)),
-        # A first attempt without a schedule waits for nothing: a cancel of its id (made for a
-        # job that had finished, or for an id not yet used) does not stop it.
-        ({}, "jobs", True, None, Decision(Action.RUN)),
+        ({"run-at": "2026-11-24T12:00:05Z"}, "jobs", True, None, Cancel()),
+        ({"run-at": "2020-01-01T00:00:00Z"}, BACK_FROM_DELAYS, True, None, Cancel()),
+        ({**rejected(2)}, "jobs.attempt.2", True, None, Cancel()),
+        ({RETRIES: 1}, BACK_FROM_DELAYS, True, None, Cancel()),
+        ({"run-at": "soon"}, "jobs", True, None, Cancel()),
+        # A job still in the backlog is covered too (SPEC 23): which cancels cover it is the
+        # cancel store's call (a job enqueued after its cancel is not covered).
+        ({}, "jobs", True, None, Cancel()),
+        # A handler that stopped for a cancel ends its job cancelled, on any attempt.
+        ({}, "jobs", False, Outcome.CANCELLED, Cancel()),
+        ({**rejected(3)}, "jobs.attempt.3", False, Outcome.CANCELLED, Cancel()),
         # RetryLater spends an attempt and waits its time; the copy carries the retries made.
-        ({}, "jobs", False, Outcome.LATER, Decision(Action.DELAY, delay_ms=1500, retries=1)),
+        ({}, "jobs", False, Outcome.LATER, Delay(1500, retries=1)),
         (
             {**rejected(2)},
             "jobs.attempt.2",
             False,
             Outcome.LATER,
-            Decision(Action.DELAY, delay_ms=1500, retries=3),
+            Delay(1500, retries=3),
         ),
         # ... and with no attempt left it fails as exhausted.
         (
@@ -157,14 +167,14 @@ def rejected(count: int) -> dict[str, Any]:
             "jobs.attempt.3",
             False,
             Outcome.LATER,
-            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+            Fail(FailureKind.EXHAUSTED),
         ),
         (
             {RETRIES: 3},
             BACK_FROM_DELAYS,
             False,
             Outcome.LATER,
-            Decision(Action.FAIL, FailureKind.EXHAUSTED),
+            Fail(FailureKind.EXHAUSTED),
         ),
         # Back from the delays with retries made: its key leads to tier 1, so a copy goes to its
         # own tier; once a tier sent it back, its key leads right again and a nack does.
@@ -173,30 +183,30 @@ def rejected(count: int) -> dict[str, Any]:
             BACK_FROM_DELAYS,
             False,
             Outcome.TRANSIENT,
-            Decision(Action.RETRY_BY_COPY, tier=2, retries=2),
+            RetryByCopy(2),
         ),
         (
             {RETRIES: 2},
             "jobs.attempt.2",
             False,
             Outcome.TRANSIENT,
-            Decision(Action.RETRY, tier=3),
+            Retry(3),
         ),
         (
             {RETRIES: 1, **rejected(1)},
             "jobs.attempt.2",
             False,
             Outcome.TRANSIENT,
-            Decision(Action.RETRY, tier=3),
+            Retry(3),
         ),
-        ({RETRIES: 1}, BACK_FROM_DELAYS, False, Outcome.SUCCEEDED, Decision(Action.ACK)),
+        ({RETRIES: 1}, BACK_FROM_DELAYS, False, Outcome.SUCCEEDED, Ack()),
         # A fresh scheduled job back from the delays retries by nack, into tier 1.
         (
             {"run-at": "2026-11-24T11:59:00Z"},
             BACK_FROM_DELAYS,
             False,
             Outcome.TRANSIENT,
-            Decision(Action.RETRY, tier=1),
+            Retry(1),
         ),
     ],
 )
@@ -238,7 +248,7 @@ def test_a_count_of_retries_on_a_job_ricochet_did_not_route_is_forged(routing_ke
     job is cleaned and runs as a first attempt (SPEC 24)."""
     found = facts({RETRIES: 2}, routing_key=routing_key)
     assert (found.forged, found.attempt) == (True, 1)
-    assert decide(found, None) == Decision(Action.SANITIZE)
+    assert decide(found, None) == Sanitize()
 
 
 def test_a_cancel_log_forgets_cancels_past_the_kept_time() -> None:

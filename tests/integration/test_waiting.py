@@ -1,0 +1,284 @@
+"""`ricochet waiting` (SPEC 23): the jobs RabbitMQ holds for a later attempt, read where they
+wait; looking loses, duplicates and delays nothing, and never counts against a delivery limit."""
+
+import asyncio
+import datetime as dt
+import json
+import shlex
+import time
+from typing import Any
+
+import aiohttp
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from prometheus_client import CollectorRegistry
+from ricochet import Client, Job, Router
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.declare import declare
+from ricochet.broker.plan import delivery_limit_policy_command, plan
+from ricochet.errors import RetryLater
+from ricochet.monitor.console import Console
+from ricochet.names import SHARED, Names
+from ricochet.service.http import serve_http
+
+from tests.broker import BROKER
+from tests.support import (
+    AMQP_URL,
+    StartWorker,
+    api_queue,
+    depth,
+    free_port,
+    make_settings,
+    publish,
+    ricochet_env,
+    run_cli,
+    wait_for,
+)
+
+TOKEN = "console-token-for-tests-0123"
+# How late a job may come back for having been looked at (SPEC 23), and for a wait on an idle
+# worker at all (SPEC 15): the worker's latency counts too.
+LATE_S = 1.0
+
+
+class Attempts:
+    """A router whose jobs fail as their type says, recording when each attempt started."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, list[tuple[int, float]]] = {}
+        self.router = Router()
+        self.router.handler("flaky")(self.flaky)
+        self.router.handler("later")(self.later)
+        self.router.handler("fine")(self.fine)
+
+    def note(self, job: Job) -> None:
+        self.started.setdefault(str(job.message_id), []).append((job.attempt, time.time()))
+
+    async def flaky(self, job: Job) -> None:
+        self.note(job)
+        if job.attempt == 1:
+            raise ConnectionError("database unreachable")
+
+    async def later(self, job: Job) -> None:
+        self.note(job)
+        if job.attempt == 1:
+            raise RetryLater(job.payload.get("after", 30), "rate limited")
+
+    async def fine(self, job: Job) -> None:
+        self.note(job)
+
+    def attempts(self, message_id: str) -> list[int]:
+        return [attempt for attempt, _ in self.started.get(message_id, [])]
+
+
+def waiting(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
+    done = run_cli(["waiting", *args, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def due(row: dict[str, Any]) -> float:
+    text = row["due_at"]
+    assert text.endswith("Z")
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+async def test_the_waiting_jobs_of_every_kind_are_listed(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A job in a retry tier, one waiting out a RetryLater and a scheduled one are listed with
+    their type, queue, next attempt, due time and the reason of their last failure; --type,
+    --message-id and --limit choose among them, and `waiting show` prints one whole, or exits 1
+    for an id that does not wait."""
+    attempts = Attempts()
+    await start_worker(attempts.router, retry_delays_ms="20000")
+    async with Client(AMQP_URL, queue_name) as client:
+        failed_at = time.time()
+        await client.enqueue("flaky", {}, message_id="in-tier")
+        await client.enqueue("later", {}, message_id="retry-later")
+        await client.enqueue("fine", {}, message_id="scheduled", delay=60)
+    await wait_for(lambda: len(attempts.started) == 2, 10, "the two first attempts")
+    env = ricochet_env(make_settings(queue_name))
+    rows = await asyncio.to_thread(waiting, env)
+    by_id = {row["message_id"]: row for row in rows}
+    assert set(by_id) == {"in-tier", "retry-later", "scheduled"}
+    assert [row["message_id"] for row in rows] == ["in-tier", "retry-later", "scheduled"]
+    for row in rows:
+        assert set(row) == {"message_id", "type", "queue", "attempt", "due_at", "reason"}
+        assert row["queue"] == queue_name
+    assert [(r["type"], r["attempt"], r["reason"]) for r in rows] == [
+        ("flaky", 2, "ConnectionError: database unreachable"),
+        ("later", 2, "RetryLater: rate limited"),
+        ("fine", 1, None),
+    ]
+    for message_id, wait_s in (("in-tier", 20), ("retry-later", 30), ("scheduled", 60)):
+        assert failed_at + wait_s - 2 <= due(by_id[message_id]) <= failed_at + wait_s + 2
+    chosen = await asyncio.to_thread(waiting, env, "--type", "later")
+    assert [row["message_id"] for row in chosen] == ["retry-later"]
+    chosen = await asyncio.to_thread(waiting, env, "--message-id", "scheduled")
+    assert [row["message_id"] for row in chosen] == ["scheduled"]
+    chosen = await asyncio.to_thread(waiting, env, "--limit", "1")
+    assert [row["message_id"] for row in chosen] == ["in-tier"]
+    shown = await asyncio.to_thread(run_cli, ["waiting", "show", "retry-later"], env)
+    assert shown.returncode == 0, shown.stderr
+    assert "attempt:    2 (the next)" in shown.stdout
+    assert "ricochet.delay." in shown.stdout
+    missing = await asyncio.to_thread(run_cli, ["waiting", "show", "no-such-job"], env)
+    assert missing.returncode == 1
+    assert "no waiting job" in missing.stderr
+    assert await depth(channel, queue_name) == 0
+
+
+async def test_looking_often_sends_nothing_on_early_and_loses_nothing(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """25 looks at jobs waiting in a tier and in the delays (more than RabbitMQ 4's default
+    delivery limit of 20): each job comes back once, when it is due, not before, and at most a
+    second after, though some fall due while a look holds them."""
+    attempts = Attempts()
+    await start_worker(attempts.router, retry_delays_ms="6000")
+    ids = [f"tier-{i}" for i in range(5)] + [f"later-{i}" for i in range(5)]
+    failed_at: dict[str, float] = {}
+    async with Client(AMQP_URL, queue_name) as client:
+        for message_id in ids:
+            kind = "flaky" if message_id.startswith("tier") else "later"
+            await client.enqueue(kind, {"after": 6}, message_id=message_id)
+    await wait_for(lambda: all(attempts.attempts(i) == [1] for i in ids), 10, "first attempts")
+    for message_id in ids:
+        failed_at[message_id] = attempts.started[message_id][0][1]
+    env = ricochet_env(make_settings(queue_name))
+    looks = 0
+    while looks < 25 or any(len(attempts.attempts(i)) < 2 for i in ids):
+        rows = await asyncio.to_thread(waiting, env)
+        looks += 1
+        assert len(rows) <= len(ids)
+        assert looks < 200, "the jobs never came back"
+    await wait_for(lambda: all(attempts.attempts(i) == [1, 2] for i in ids), 10, "second tries")
+    for message_id in ids:
+        back = attempts.started[message_id][1][1] - failed_at[message_id]
+        assert 6 - 0.1 <= back <= 6 + LATE_S + 0.5, (message_id, back)
+    await asyncio.sleep(1)
+    assert all(attempts.attempts(i) == [1, 2] for i in ids)
+
+
+async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """GET /waiting groups the waiting jobs by the reason of their last failure (a reason that
+    holds a script is shown as text); a cancel form with the console's token cancels one job,
+    which never runs again, and without the token is refused."""
+    attempts = Attempts()
+    script = "<script>alert('x')</script>"
+
+    async def hostile(job: Job) -> None:
+        attempts.note(job)
+        if job.attempt == 1:
+            raise ConnectionError(script)
+
+    attempts.router.handler("hostile")(hostile)
+    await start_worker(attempts.router, retry_delays_ms="4000")
+    async with Client(AMQP_URL, queue_name) as client:
+        for i in range(2):
+            await client.enqueue("flaky", {}, message_id=f"flaky-{i}")
+        await client.enqueue("hostile", {}, message_id="hostile")
+    await wait_for(lambda: len(attempts.started) == 3, 10, "the first attempts")
+    port = free_port()
+    settings = make_settings(queue_name, console_token=TOKEN)
+    routes = Console(settings).routes()
+    async with (
+        serve_http("127.0.0.1", port, CollectorRegistry(), lambda: True, routes),
+        aiohttp.ClientSession() as session,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        async with session.get(f"{base}/waiting?queue={queue_name}") as page:
+            assert page.status == 200
+            html = await page.text()
+        assert "3 waiting jobs" in html
+        assert "ConnectionError: database unreachable" in html
+        assert script not in html
+        assert "&lt;script&gt;" in html
+        assert html.count('action="/waiting/cancel"') == 3
+        form = {"message_id": "flaky-0", "queue": queue_name}
+        async with session.post(f"{base}/waiting/cancel", data={**form, "token": "no"}) as refused:
+            assert refused.status == 403
+        async with session.post(
+            f"{base}/waiting/cancel", data={**form, "token": TOKEN}, allow_redirects=False
+        ) as done:
+            assert done.status == 303
+            assert "cancelled=flaky-0" in done.headers["Location"]
+    await wait_for(lambda: attempts.attempts("flaky-1") == [1, 2], 10, "the job not cancelled")
+    await wait_for(lambda: attempts.attempts("hostile") == [1, 2], 10, "the hostile job")
+    await asyncio.sleep(0.5)
+    assert attempts.attempts("flaky-0") == [1]
+
+
+async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A tier declared before ricochet lifted RabbitMQ 4's delivery limit (as an older ricochet
+    did) keeps 4's default of 20: a look reads none of it and says how to lift it, and once the
+    policy the worker logs is applied, a look lists its job. RabbitMQ 3 has no default limit."""
+    names = Names(queue_name)
+    old = plan(make_settings(queue_name, retry_delays_ms="60000"))  # without x-delivery-limit
+    await declare(connection, make_settings(queue_name, retry_delays_ms="60000"))
+    await channel.queue_delete(names.tier(1))
+    await channel.declare_queue(names.tier(1), durable=True, arguments=old.tiers[0].arguments)
+    await publish(channel, names.tier(1), "{}", message_id="held", type="job")
+    env = ricochet_env(make_settings(queue_name))
+    version = broker_version(connection)
+    assert version is not None
+    done = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
+    if version < (4, 0):
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["message_id"] for line in done.stdout.splitlines()] == ["held"]
+        return
+    assert done.returncode == 1
+    assert "delivery limit" in done.stderr
+    command = delivery_limit_policy_command(names)
+    assert command in done.stderr
+    program, *args = shlex.split(command)
+    assert program == "rabbitmqctl"
+    BROKER.rabbitmqctl(*args)
+    try:
+        await wait_for(lambda: _lifted(names.tier(1)), 20, "the policy to apply to the tier")
+        rows = await asyncio.to_thread(waiting, env)
+        assert [row["message_id"] for row in rows] == ["held"]
+    finally:
+        BROKER.rabbitmqctl("clear_policy", f"{queue_name}.no-delivery-limit", check=False)
+    assert await depth(channel, names.tier(1)) == 1
+
+
+async def _lifted(queue: str) -> bool:
+    found = await api_queue(queue, "effective_policy_definition")
+    definition = found.get("effective_policy_definition")
+    return isinstance(definition, dict) and definition.get("delivery-limit") == -1
+
+
+async def test_retries_read_only_in_part_leave_the_connection_usable(
+    connection: AbstractConnection, queue_name: str, monkeypatch: Any
+) -> None:
+    """A reader of the retries that gives up midway (the store longer than it can read in its
+    time) returns what it read, and its connection goes on: its channel closes with no ack sent
+    after it (an ack after the close made the broker close the whole connection, and the look
+    failed)."""
+    from ricochet.broker import retries
+
+    since = dt.datetime.now(dt.UTC)
+    channel = await connection.channel(publisher_confirms=True)
+    for start in range(0, 5_000, 500):
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    retries.retry_record(queue_name, f"r{i}", 1, "ValueError: down", 0),
+                    routing_key=SHARED.retries,
+                )
+                for i in range(start, start + 500)
+            )
+        )
+    await channel.close()
+    monkeypatch.setattr(retries, "READ_TIMEOUT_S", 0.05)
+    found = await retries.read_retries(connection, since, queue_name)
+    assert len(found) < 5_000, "read to the end: give the reader less time"
+    await asyncio.sleep(0.5)  # the broker's answer to a stray frame comes at once
+    assert not connection.is_closed
+    after = await connection.channel()
+    await after.close()
