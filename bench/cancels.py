@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 from ricochet.broker.cancels import cancel_record  # noqa: E402
-from ricochet.broker.topology import SHARED, declare  # noqa: E402
+from ricochet.broker.declare import declare  # noqa: E402
+from ricochet.names import SHARED  # noqa: E402
 from ricochet.settings import Settings  # noqa: E402
 
 QUEUE = "bench-cancels"
@@ -46,7 +47,8 @@ BATCH = 2000
 RESULTS = ROOT / "bench" / "results" / "cancels.json"
 
 
-def _management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
+def management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
+    """One call of the management API (a DELETE of what is gone is no error)."""
     base = os.environ.get("RICOCHET_BENCH_MANAGEMENT_URL", "http://127.0.0.1:15672/")
     request = urllib.request.Request(
         urllib.parse.urljoin(base, path),
@@ -64,9 +66,20 @@ def _management(method: str, path: str, body: dict[str, Any] | None = None) -> N
             raise
 
 
-def _vhost_url() -> str:
+def vhost_url(vhost: str = VHOST) -> str:
+    """The bench broker's URL, in the vhost given."""
     base = os.environ.get("RICOCHET_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-    return base.rstrip("/") + "/" + urllib.parse.quote(VHOST, safe="")
+    return base.rstrip("/") + "/" + urllib.parse.quote(vhost, safe="")
+
+
+def fresh_vhost(vhost: str) -> str:
+    """A vhost made anew for one measure (guest may do anything in it): its URL."""
+    management("DELETE", f"api/vhosts/{vhost}")
+    management("PUT", f"api/vhosts/{vhost}", {})
+    management(
+        "PUT", f"api/permissions/{vhost}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+    )
+    return vhost_url(vhost)
 
 
 async def _fill(url: str, n: int) -> float:
@@ -159,12 +172,7 @@ def _stop(proc: "subprocess.Popen[str]") -> None:
 
 def measure(n: int) -> dict[str, Any]:
     """One size: the figures of a worker started with n cancels kept (and a snapshot of them)."""
-    _management("DELETE", f"api/vhosts/{VHOST}")
-    _management("PUT", f"api/vhosts/{VHOST}", {})
-    _management(
-        "PUT", f"api/permissions/{VHOST}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
-    )
-    url = _vhost_url()
+    url = fresh_vhost(VHOST)
     try:
         fill_s = asyncio.run(_fill(url, n))
         first = _worker(url)
@@ -191,7 +199,7 @@ def measure(n: int) -> dict[str, Any]:
             "rss_mib": round(rss, 1),
         }
     finally:
-        _management("DELETE", f"api/vhosts/{VHOST}")
+        management("DELETE", f"api/vhosts/{VHOST}")
 
 
 def main() -> None:

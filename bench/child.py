@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 import aio_pika
@@ -22,7 +22,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from bench.probe import PROBE_TYPE, lateness_s, observed_delays_s, probe_fails
 from bench.sides import app_first
 
-RAW_MODES = ("ack", "retry", "fail", "probe")
+RAW_MODES = ("ack", "retry", "fail", "probe", "delay")
+# The header the worker's copy carries when it sends a job to wait: the retries it made.
+RETRIES = "ricochet-retries"
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
 POLL_S = 0.01
 
@@ -56,6 +58,21 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
     return 1 + sum(n for n in counts if isinstance(n, int))
 
 
+def retry_record(message: AbstractIncomingMessage, queue: str) -> aio_pika.Message:
+    """The record of a retry with its reason, as the worker writes it (ricochet.broker.retries)."""
+    return aio_pika.Message(
+        b"RuntimeError: benchmark: the first attempt fails",
+        message_id=message.message_id,
+        type="retry",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers={
+            "ricochet-queue": queue,
+            "ricochet-attempt": attempt_of(message, queue),
+            "ricochet-at-ms": int(time.time() * 1000),
+        },
+    )
+
+
 async def raw(
     url: str,
     queue: str,
@@ -64,16 +81,22 @@ async def raw(
     mode: str,
     ack_every: int,
     copies_to: list[str],
+    delay_exchange: str | None = None,
+    delay_key: str | None = None,
 ) -> None:
     """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
 
     ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
-    ricochet's 10 ms tier and back) and ack the second. fail: publish a persistent copy to each
+    ricochet's 10 ms tier and back), after a record of the retry with its reason to the vhost's
+    ricochet.retries on a channel without confirms (as the worker's settler records every retry
+    into a tier, a probe's too), and ack the second. fail: publish a persistent copy to each
     queue of copies_to in turn, each confirmed before the next, then ack (the worker's copy to
-    Q.failed, then its notice to Q.failed.events). probe: nack a probe three times, timing its
-    tiers as the ricochet handler does, and ack everything else. ack_every > 1 acks with
-    multiple=True once per that many deliveries, which is safe here only because this loop
-    settles its deliveries in order and never fails one.
+    Q.failed, then its notice to Q.failed.events). delay: publish a persistent copy of a first
+    delivery, marked as a retry, to delay_exchange with delay_key (the shared delay level of its
+    wait), confirmed, then ack it; ack the copy when it comes back. probe: nack a probe three
+    times, timing its tiers as the ricochet handler does, and ack everything else. ack_every > 1
+    acks with multiple=True once per that many deliveries, which is safe here only because this
+    loop settles its deliveries in order and never fails one.
     """
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -89,21 +112,23 @@ async def raw(
             return probe_fails(message.message_id, attempt_of(message, queue))
         return False
 
+    waits = await _waits(channel, delay_exchange, delay_key) if mode == "delay" else None
+    records = await connection.channel(publisher_confirms=False)
+
     async def on_message(message: AbstractIncomingMessage) -> None:
         nonlocal acked, received
+        if waits is not None and RETRIES not in (message.headers or {}):
+            await waits(message)
+            return
         if fails(message):
+            # Recorded with its reason, as the worker records every retry into a tier.
+            await records.default_exchange.publish(
+                retry_record(message, queue), routing_key="ricochet.retries"
+            )
             await message.nack(requeue=False)
             return
         if mode == "fail":
-            copy = aio_pika.Message(
-                message.body,
-                headers={"failed-reason": "benchmark: this job always fails"},
-                message_id=message.message_id,
-                type=message.type,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            )
-            for copy_queue in copies_to:
-                await channel.default_exchange.publish(copy, routing_key=copy_queue, mandatory=True)
+            await _fail(channel, message, copies_to)
         received += 1
         n = received
         if n % ack_every == 0 or n == target:
@@ -122,6 +147,45 @@ async def raw(
     emit("done", **measured, delays_s=observed_delays_s)
     await stop.wait()
     await connection.close()
+
+
+async def _fail(
+    channel: aio_pika.abc.AbstractChannel, message: AbstractIncomingMessage, copies_to: list[str]
+) -> None:
+    """The worker's broker work for a failed job, before its ack: a persistent copy to each
+    queue of copies_to in turn, each confirmed before the next."""
+    copy = aio_pika.Message(
+        message.body,
+        headers={"failed-reason": "benchmark: this job always fails"},
+        message_id=message.message_id,
+        type=message.type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+    for copy_queue in copies_to:
+        await channel.default_exchange.publish(copy, routing_key=copy_queue, mandatory=True)
+
+
+async def _waits(
+    channel: aio_pika.abc.AbstractChannel, exchange_name: str | None, routing_key: str | None
+) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+    """The worker's broker work for a job sent to wait in the delay levels: a persistent copy
+    marked as a retry, published to the level of its wait and confirmed, then the ack."""
+    assert exchange_name is not None
+    assert routing_key is not None
+    exchange = await channel.get_exchange(exchange_name, ensure=False)
+
+    async def wait(message: AbstractIncomingMessage) -> None:
+        copy = aio_pika.Message(
+            message.body,
+            headers={RETRIES: 1},
+            message_id=message.message_id,
+            type=message.type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await exchange.publish(copy, routing_key=routing_key, mandatory=True)
+        await message.ack()
+
+    return wait
 
 
 async def ricochet(outcome: str, target: int, log_stream: TextIO) -> None:
@@ -169,6 +233,8 @@ def main() -> None:
     parser.add_argument(
         "--copy-to", action="append", default=[], help="raw, fail mode: a queue for the copy"
     )
+    parser.add_argument("--delay-exchange", help="raw, delay mode: where a retry waits")
+    parser.add_argument("--delay-key", help="raw, delay mode: the routing key of its wait")
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (an A/B scenario)")
     parser.add_argument("--no-otel", action="store_true", help="opentelemetry not importable")
     args = parser.parse_args()
@@ -190,6 +256,8 @@ def main() -> None:
                 args.mode,
                 args.ack_every,
                 args.copy_to,
+                args.delay_exchange,
+                args.delay_key,
             )
         )
     else:

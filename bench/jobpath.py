@@ -69,7 +69,7 @@ async def run_path(jobs: int, handler: str) -> float:
     from aiormq.abc import DeliveredMessage
     from pamqp import commands, header
     from ricochet.broker.amqp import Delivery
-    from ricochet.broker.topology import plan
+    from ricochet.broker.plan import plan
     from ricochet.handlers.invoker import Invoker, load_handler
     from ricochet.observe.metrics import Metrics
     from ricochet.service.process import Lifecycle
@@ -91,8 +91,9 @@ async def run_path(jobs: int, handler: str) -> float:
     topology = plan(settings)
     invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     worker = Worker(settings, invoker, Metrics(QUEUE), Lifecycle())
-    consumer = worker.consumer(topology)  # with the worker's observers, as its sessions run it
-    observers = worker.observers
+    queue = worker.queues[0]
+    consumer = queue.consumer(topology)  # with the queue's observers, as its sessions run it
+    observers = queue.observers
     settler = Settler(Nowhere(), Nowhere(), topology.names, 131072, observers)  # type: ignore[arg-type]
     # (routing key, exchange, headers) of a first attempt, and of one back from tier 1's lanes.
     attempts = [(QUEUE, "", {}), (f"{QUEUE}.attempt.1", f"{QUEUE}.return", BACK_FROM_A_LANE)]

@@ -7,6 +7,9 @@ PROBE_TYPE = "probe"
 # The wait's probes (bench.wait): run at a time, or RetryLater on the first attempt.
 SCHEDULED_TYPE = "scheduled"
 LATER_TYPE = "later"
+# A type whose own ladder waits D s (SPEC 21) is named "ladder-D"; its probes fail once.
+LADDER_TYPE = "ladder"
+PROBE_DELAYS_S = (1, 10, 60)
 PROBE_FAILURES = 3  # a probe goes through tiers 1, 2 and 3 before it succeeds
 # Tier k's observed delays (seconds); the consumer process reports them when it is done.
 observed_delays_s: dict[int, list[float]] = {}
@@ -49,6 +52,22 @@ def schedule_lateness(
         late = time.monotonic() - _failed_at.pop(message_id) - delay_s
     lateness_s.setdefault(key, []).append(late)
     return None
+
+
+def ladder_type(delay_s: int) -> str:
+    """The job type whose own ladder waits delay_s."""
+    return f"{LADDER_TYPE}-{delay_s}"
+
+
+def ladder_fails(message_id: str | None, attempt: int, delay_s: int) -> bool:
+    """For a probe of a type's ladder: True on its first attempt (it fails, and waits its type's
+    delay), else record how late its retry ran after that failure (monotonic)."""
+    if attempt == 1:
+        _failed_at[message_id] = time.monotonic()
+        return True
+    late = time.monotonic() - _failed_at.pop(message_id) - delay_s
+    lateness_s.setdefault(ladder_type(delay_s), []).append(late)
+    return False
 
 
 def _epoch(iso: str) -> float:

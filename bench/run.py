@@ -8,11 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
-import signal
-import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +16,9 @@ from typing import Any
 import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet.broker.topology import Names, declare
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import Job
+from ricochet.names import SHARED, Names, delay_key
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -31,12 +27,21 @@ from structlog.testing import capture_logs
 
 from bench import wait
 from bench.enqueue import enqueue_throughput
-from bench.report import enqueue_table, evaluate, print_table
+from bench.harness import (
+    MB,
+    ROOT,
+    URL,
+    Child,
+    paced,
+    publish,
+    ricochet_queue,
+    run_name,
+    worker_settings,
+)
+from bench.queues import queues_bench
+from bench.report import enqueue_table, evaluate, evaluate_wait, print_table, queues_table
 from bench.stats import median, paired_ratios, percentile
-
-ROOT = Path(__file__).resolve().parent.parent
-URL = os.environ.get("RICOCHET_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-MB = 1024 * 1024
+from bench.wait_handlers import TYPE_LADDER_MS
 
 # scenario -> (handler, the outcome the worker counts, the raw loop doing the same broker work)
 SCENARIOS: dict[str, tuple[str, str, str]] = {
@@ -46,12 +51,16 @@ SCENARIOS: dict[str, tuple[str, str, str]] = {
     # The retry path through a jittered tier (RICOCHET_RETRY_JITTER=0.5: lanes and a random
     # exchange), against the raw loop nacking into the same lanes.
     "retry-jitter": ("bench.handlers:fail_once", "succeeded", "raw-retry-jitter"),
+    # The retry path on a type's own ladder (SPEC 21): the retry waits in the shared delay levels,
+    # against the raw loop publishing the job into the level of the same delay, then acking.
+    "retry-type-ladder": ("bench.wait_handlers:laddered", "succeeded", "raw-retry-delay"),
 }
 # The raw loops (bench.child raw --mode): consume and ack; nack once then ack; copy then ack.
 RAW = {
     "raw": "ack",
     "raw-retry": "retry",
     "raw-retry-jitter": "retry",
+    "raw-retry-delay": "delay",
     "raw-failure": "fail",
     "raw-multiple": "ack",
 }
@@ -74,10 +83,9 @@ FULL_RUN_SCENARIOS = [
     "retry",
     "failure",
     "retry-jitter",
+    "retry-type-ladder",
 ]
 DELAY_TIERS_MS = (100, 1000, 5000)  # 100 ms * 10^(k-1), capped at 5 s
-PUBLISH_WINDOW = 500  # publishes in flight at once: confirms are pipelined, not awaited one by one
-PACE_S = 0.01  # the delay scenario publishes in steps this long: a steady load, not bursts
 
 
 @dataclass
@@ -94,126 +102,11 @@ class Config:
     queue_types: list[str] = field(default_factory=lambda: ["quorum", "classic"])
     scenarios: list[str] = field(default_factory=lambda: list(FULL_RUN_SCENARIOS))
     parts: list[str] = field(
-        default_factory=lambda: ["delay", "memory", "outage", "enqueue", "wait"]
+        default_factory=lambda: ["delay", "memory", "outage", "enqueue", "wait", "queues"]
     )
     enqueue_jobs: int = 2_000
     base_src: Path | None = None
     out: Path = ROOT / "bench" / "results"
-
-
-class Child:
-    """A consumer process (bench.child) that reports events on stdout."""
-
-    def __init__(self, process: asyncio.subprocess.Process, name: str) -> None:
-        self._process = process
-        self.name = name
-        self.pid = process.pid
-
-    @classmethod
-    async def start(cls, args: list[str], env: dict[str, str]) -> "Child":
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.child",
-            *args,
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(process, args[0])
-
-    async def expect(self, event: str, timeout_s: float) -> dict[str, Any]:
-        assert self._process.stdout is not None
-        line = await asyncio.wait_for(self._process.stdout.readline(), timeout_s)
-        if not line:
-            raise RuntimeError(f"{self.name} consumer exited (code {await self._process.wait()})")
-        report: dict[str, Any] = json.loads(line)
-        if report["event"] != event:
-            raise RuntimeError(f"{self.name} consumer said {report}, expected {event}")
-        return report
-
-    def rss_bytes(self) -> int:
-        return int(psutil.Process(self.pid).memory_info().rss)
-
-    async def stop(self) -> None:
-        if self._process.returncode is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self._process.wait(), 30)
-            except TimeoutError:
-                self._process.kill()
-                await self._process.wait()
-
-
-def worker_settings(queue: str, queue_type: str, prefetch: int, **overrides: Any) -> Settings:
-    """The worker's settings: defaults (INFO JSON logs, one line a job, as users run it), no
-    HTTP server."""
-    values: dict[str, Any] = {
-        "amqp_url": URL,
-        "queue": queue,
-        "queue_type": queue_type,
-        "prefetch": prefetch,
-        "http_port": 0,
-        **overrides,
-    }
-    return Settings(**values)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The same settings as RICOCHET_* variables, the way a deployment passes them: those not at
-    their default, so that an A/B run's older checkout is not given settings it does not know."""
-    defaults = Settings.model_fields
-    return {
-        f"RICOCHET_{key.upper()}": ",".join(map(str, value))
-        if isinstance(value, tuple)
-        else str(value)
-        for key, value in settings.model_dump().items()
-        if value is not None and value != defaults[key].default
-    }
-
-
-@contextlib.asynccontextmanager
-async def ricochet_queue(
-    connection: AbstractConnection, settings: Settings
-) -> AsyncIterator[dict[str, str]]:
-    """Declare ricochet's topology for the settings; delete all of it afterwards."""
-    p = await declare(connection, settings)
-    try:
-        yield settings_env(settings)
-    finally:
-        channel = await connection.channel()
-        for spec in [*p.declared_queues, *p.tiers, *p.lanes]:
-            await channel.queue_delete(spec.name)
-        await channel.queue_delete(p.names.record)  # the settings the worker recorded
-        for name, _, _ in p.exchanges:
-            await channel.exchange_delete(name)
-        await channel.close()
-
-
-def job(queue: str, n: int, job_type: str = "bench") -> aio_pika.Message:
-    return aio_pika.Message(
-        json.dumps({"n": n}).encode(),
-        message_id=f"{queue}.{job_type}.{n}",
-        type=job_type,
-        content_type="application/json",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )
-
-
-async def publish(
-    channel: AbstractChannel, queue: str, first: int, count: int, job_type: str = "bench"
-) -> None:
-    """Publish persistent jobs, confirmed, PUBLISH_WINDOW confirms in flight at a time."""
-    exchange = channel.default_exchange
-    for start in range(first, first + count, PUBLISH_WINDOW):
-        stop = min(start + PUBLISH_WINDOW, first + count)
-        await asyncio.gather(
-            *(exchange.publish(job(queue, n, job_type), queue) for n in range(start, stop))
-        )
-
-
-def run_name(scenario: str, queue_type: str) -> str:
-    return f"bench.{scenario.replace('@', '-')}.{queue_type}.{uuid.uuid4().hex[:8]}"
 
 
 async def throughput(
@@ -285,6 +178,9 @@ def raw_args(settings: Settings, mode: str) -> list[str]:
         # The failure path's broker work: the copy to Q.failed, then the notice to Q.failed.events.
         f"--copy-to={Names(settings.queue).failed}",
         f"--copy-to={Names(settings.queue).events}",
+        # The retry on a type's ladder: the copy into the delay level of its wait.
+        f"--delay-exchange={SHARED.delay_entry}",
+        f"--delay-key={delay_key(TYPE_LADDER_MS, settings.queue)}",
     ]
 
 
@@ -299,21 +195,6 @@ async def run_child(args: list[str], env: dict[str, str], timeout_s: float) -> d
         return await child.expect("done", timeout_s)
     finally:
         await child.stop()
-
-
-async def paced(
-    channel: AbstractChannel, queue: str, streams: dict[str, tuple[float, int]]
-) -> None:
-    """Publish each stream (job type -> rate per second, total) evenly, step by step."""
-    started = time.monotonic()
-    sent = dict.fromkeys(streams, 0)
-    while any(sent[kind] < total for kind, (_, total) in streams.items()):
-        elapsed_s = time.monotonic() - started
-        for kind, (rate, total) in streams.items():
-            due = min(total, int(rate * elapsed_s))
-            await publish(channel, queue, sent[kind], due - sent[kind], kind)
-            sent[kind] = due
-        await asyncio.sleep(PACE_S)
 
 
 async def delay_accuracy(
@@ -615,11 +496,24 @@ async def bench(cfg: Config) -> dict[str, Any]:
                 results["queue_types"][qt]["memory"] = await memory(channel, connection, cfg, qt)
             if "wait" in cfg.parts:
                 results["queue_types"][qt]["wait"] = await waits(connection, channel, cfg, qt)
+            if "queues" in cfg.parts:
+                print(f"  {qt:8} one worker of 5 queues, 5 workers of one queue", flush=True)
+                results["queue_types"][qt]["queues"] = await queues_bench(cfg.repeats, cfg.jobs, qt)
         results["seconds"] = round(time.monotonic() - started)
         results["machine"]["cpu_steal_pct"] = steal_pct(cpu_before, cpu_times())
         return results
     finally:
         await connection.close()
+
+
+# The parts a flag runs alone (--outage, ...), into a folder of their own: part -> the throughput
+# scenarios run with it.
+ALONE: dict[str, tuple[str, ...]] = {
+    "outage": (),
+    "wait": ("retry-jitter", "retry-type-ladder"),
+    "enqueue": (),
+    "queues": (),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -645,9 +539,15 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 2000)")
     parser.add_argument("--base-src", type=Path, help="the checkout whose app/ NAME@base runs")
     parser.add_argument(
+        "--queues",
+        action="store_true",
+        help="only one worker of 5 queues against 5 workers of one queue each",
+    )
+    parser.add_argument(
         "--wait",
         action="store_true",
-        help="only the wait: the herd, the retry path with jitter, schedule lateness",
+        help="only the wait: the herd, the retry paths with jitter and on a type's ladder, "
+        "the lateness of schedules, RetryLater and a type's ladder",
     )
     args = parser.parse_args(argv)
     cfg = Config()
@@ -669,15 +569,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
         cfg.scenarios = args.scenarios.split(",")
         cfg.parts = []
         cfg.out = cfg.out / "ab"
-    if args.outage:
-        cfg.scenarios, cfg.parts = [], ["outage"]
-        cfg.out = cfg.out / "outage"
-    if args.wait:
-        cfg.scenarios, cfg.parts = ["retry-jitter"], ["wait"]
-        cfg.out = cfg.out / "wait"
-    if args.enqueue:
-        cfg.scenarios, cfg.parts = [], ["enqueue"]
-        cfg.out = cfg.out / "enqueue"
+    for part, scenarios in ALONE.items():
+        if getattr(args, part):
+            cfg.scenarios, cfg.parts = list(scenarios), [part]
+            cfg.out = cfg.out / part
     if args.queue_types:
         cfg.queue_types = args.queue_types.split(",")
     return cfg
@@ -689,15 +584,19 @@ def main(argv: list[str] | None = None) -> None:
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     if "wait" in cfg.parts:
-        from bench.chart import draw_herd
+        from bench.chart import draw_herd  # matplotlib: the bench extra, which make bench installs
 
         draw_herd(results, cfg.out / "herd.png")
         for qt, r in results["queue_types"].items():
-            for v in wait.evaluate(qt, r["wait"], r["throughput"]):
+            for v in evaluate_wait(qt, r["wait"], r["throughput"]):
                 print(f"{'met    ' if v['met'] else 'NOT MET'}  {qt:8} {v['target']}: {v['value']}")
     if cfg.parts == ["enqueue"]:
         print()
         print(enqueue_table(results))
+        return
+    if cfg.parts == ["queues"]:
+        print()
+        print(queues_table(results))
         return
     if cfg.parts != Config().parts or cfg.scenarios != FULL_RUN_SCENARIOS:
         print(json.dumps(results["queue_types"], indent=1))
@@ -705,7 +604,7 @@ def main(argv: list[str] | None = None) -> None:
     results["targets"] = evaluate(results["queue_types"])
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
-    from bench.chart import draw
+    from bench.chart import draw  # as draw_herd above
 
     draw(results, cfg.out / "chart.png")
     print(f"\nwritten: {cfg.out / 'results.json'}, {cfg.out / 'chart.png'}")

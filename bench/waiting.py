@@ -1,0 +1,195 @@
+"""`ricochet waiting` over many waiting jobs (SPEC 23): how long a look takes, how much memory it
+uses, and how late it made the jobs that fell due while it looked.
+
+In a vhost of its own, made for it and deleted after:
+
+1. the topology of a queue whose one tier waits SPREAD_S + LEAD_S;
+2. N jobs go into the tier, paced over SPREAD_S, as the worker sends them there: each with the
+   record of its retry in ricochet.retries, and its due time in a header of the bench's own;
+3. right after the last, `ricochet waiting --json` runs as a process: its wall time, its largest
+   RSS (wait4), the jobs it listed; the first jobs fall due LEAD_S after it started, and go on
+   falling due while it reads;
+4. a consumer of the main queue takes every job as it comes back: how late each came, past its
+   due time, for those due while the look ran and for the others.
+
+The same jobs run first with no look, in a vhost made afresh: how late the broker alone brings
+them back, beside what the look adds.
+
+    .venv/bin/python -m bench.waiting                  # 100,000 jobs
+    .venv/bin/python -m bench.waiting --jobs 2000      # a quick look that it runs
+
+The broker is RICOCHET_BENCH_AMQP_URL's host (default 127.0.0.1:5672, guest), its management API
+RICOCHET_BENCH_MANAGEMENT_URL (default http://127.0.0.1:15672/).
+"""
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "app"))
+
+from ricochet.broker.record import declare_recorded  # noqa: E402
+from ricochet.broker.retries import retry_record  # noqa: E402
+from ricochet.headers import RETRIES  # noqa: E402
+from ricochet.names import SHARED, Names  # noqa: E402
+from ricochet.settings import Settings  # noqa: E402
+
+from bench.cancels import fresh_vhost, management  # noqa: E402
+
+QUEUE = "bench-waiting"
+VHOST = "ricochet-bench-waiting"
+DUE = "bench-due-ms"
+LEAD_S = 2.0  # the first job falls due this long after the look starts
+BATCH = 500
+RESULTS = ROOT / "bench" / "results" / "waiting.json"
+REASON = "ConnectionError: payments API: 503 Service Unavailable"
+
+
+async def _fill(url: str, n: int, spread_s: float) -> None:
+    """n jobs into the tier, paced over spread_s, each with the record of its retry."""
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel(publisher_confirms=True)
+    tier = Names(QUEUE).tier(1)
+    wait_ms = int((spread_s + LEAD_S) * 1000)
+    started = time.monotonic()
+    for start in range(0, n, BATCH):
+        ahead = started + spread_s * start / n - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+        now_ms = int(time.time() * 1000)
+        publishes = []
+        for i in range(start, min(n, start + BATCH)):
+            message_id = f"job-{i}"
+            job = aio_pika.Message(
+                b'{"order": 1}',
+                message_id=message_id,
+                type="payment.charge",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={RETRIES: 1, DUE: now_ms + wait_ms},
+            )
+            record = retry_record(QUEUE, message_id, 1, REASON, now_ms)
+            publishes.append(channel.default_exchange.publish(record, SHARED.retries))
+            publishes.append(channel.default_exchange.publish(job, tier))
+        await asyncio.gather(*publishes)
+    await connection.close()
+
+
+async def _arrivals(url: str, n: int) -> list[tuple[float, float]]:
+    """Take every job back from the main queue as it comes: (its due time, when it came) each,
+    in epoch seconds."""
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=1000)
+    came: list[tuple[float, float]] = []
+    done = asyncio.Event()
+
+    async def take(message: AbstractIncomingMessage) -> None:
+        due_ms = (message.headers or {})[DUE]
+        assert isinstance(due_ms, int)
+        came.append((due_ms / 1000, time.time()))
+        await message.ack()
+        if len(came) >= n:
+            done.set()
+
+    await (await channel.get_queue(QUEUE, ensure=False)).consume(take)
+    await done.wait()
+    await connection.close()
+    return came
+
+
+def _look(url: str) -> tuple[float, float, float, int]:
+    """`ricochet waiting --json` as a process: (started, ended, largest RSS in MiB, rows)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
+    env.update(
+        RICOCHET_AMQP_URL=url,
+        RICOCHET_QUEUE=QUEUE,
+        RICOCHET_MANAGEMENT_URL=os.environ.get(
+            "RICOCHET_BENCH_MANAGEMENT_URL", "http://127.0.0.1:15672/"
+        ),
+        PYTHONPATH=f"{ROOT / 'app'}:{ROOT}",
+    )
+    with tempfile.TemporaryFile() as errors:
+        started = time.time()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ricochet", "waiting", "--json"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+        )
+        assert proc.stdout is not None
+        rows = sum(1 for _ in proc.stdout)
+        _, status, usage = os.wait4(proc.pid, 0)
+        ended = time.time()
+        if status:
+            errors.seek(0)
+            said = errors.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(
+                f"ricochet waiting exited with {os.waitstatus_to_exitcode(status)}: {said}"
+            )
+    return started, ended, usage.ru_maxrss / 1024, rows
+
+
+async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, Any]:
+    """One row: the jobs filled, taken back as they come, with a look run meanwhile or not."""
+    connection = await aio_pika.connect(url)
+    wait_ms = int((spread_s + LEAD_S) * 1000)
+    await declare_recorded(
+        connection, Settings(queue=QUEUE, amqp_url=url, retry_delays_ms=str(wait_ms))
+    )
+    await connection.close()
+    await _fill(url, n, spread_s)
+    arrivals = asyncio.ensure_future(_arrivals(url, n))  # taken as they come, during the look
+    if not look:
+        delays = [at - due for due, at in await arrivals]
+        return {"jobs": n, "look": False, "largest_delay_s": round(max(delays), 3)}
+    started, ended, rss_mib, rows = await asyncio.to_thread(_look, url)
+    came = await arrivals
+    during = [at - due for due, at in came if started <= due <= ended]
+    other = [at - due for due, at in came if not started <= due <= ended]
+    return {
+        "jobs": n,
+        "look": True,
+        "listed": rows,
+        "look_s": round(ended - started, 2),
+        "look_rss_mib": round(rss_mib, 1),
+        "due_while_looking": len(during),
+        "largest_delay_due_while_looking_s": round(max(during), 3) if during else None,
+        "largest_delay_other_s": round(max(other), 3) if other else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--spread-s", type=float, default=30.0)
+    args = parser.parse_args()
+    rows = []
+    # The same jobs with no look first: how late the broker alone brings them back.
+    for look in (False, True):
+        url = fresh_vhost(VHOST)
+        try:
+            rows.append(asyncio.run(_measure(url, args.jobs, args.spread_s, look)))
+        finally:
+            management("DELETE", f"api/vhosts/{VHOST}")
+        print(json.dumps(rows[-1], indent=2))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps({"at": dt.datetime.now(dt.UTC).isoformat(), "rows": rows}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
