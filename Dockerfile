@@ -39,5 +39,8 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 # orchestrator's grace period (compose stop_grace_period, Kubernetes
 # terminationGracePeriodSeconds) must be longer, or jobs are killed mid-way and run again.
 STOPSIGNAL SIGTERM
+# One worker process (the worker itself); RICOCHET_PROCESSES=auto runs a parent of one process per
+# CPU of the container's quota, for handlers that burn CPU.
+ENV RICOCHET_PROCESSES=1
 ENTRYPOINT ["ricochet"]
 CMD ["worker"]

@@ -1,4 +1,4 @@
-"""The README's dashboard picture, from a real run: jobs through a worker, Prometheus, a render.
+"""The dashboard picture of docs/observability.md, from a real run: jobs, Prometheus, a render.
 
 Starts Prometheus (Debian's, with the repository's scrape jobs and rules, as the integration
 test does), a worker and a monitor on a queue of its own, publishes the bundled example's jobs

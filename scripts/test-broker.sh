@@ -30,7 +30,7 @@ LEFT_OUT=(tests/faults/test_broker_faults.py tests/faults/test_cluster.py)
 
 if ! docker compose version >/dev/null 2>&1; then
   echo "test-broker: no RabbitMQ answers on $host:$amqp_port, and there is no Docker with" \
-    "Compose v2 to start one: install RabbitMQ (README, On a machine with a local RabbitMQ)" >&2
+    "Compose v2 to start one: install RabbitMQ (docs/getting-started.md, On a machine with a local RabbitMQ)" >&2
   exit 1
 fi
 case $host in 127.0.0.1 | localhost) ;; *)
