@@ -133,4 +133,4 @@ run: install  ## a worker against the local broker (settings from the environmen
 	$(BIN)/ricochet worker
 
 clean:
-	rm -rf $(VENV) .venv-newest .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-newest .pytest_cache .pytest_cache-newest .mypy_cache .ruff_cache
