@@ -109,8 +109,9 @@ async def _arrivals(url: str, n: int) -> list[tuple[float, float]]:
     return came
 
 
-def _look(url: str) -> tuple[float, float, float, int]:
-    """`ricochet waiting --json` as a process: (started, ended, largest RSS in MiB, rows)."""
+def _look(url: str) -> tuple[float, float, float, float, int]:
+    """`ricochet waiting --json` as a process: (started, ended, largest RSS in MiB, CPU seconds,
+    rows)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
     env.update(
         RICOCHET_AMQP_URL=url,
@@ -139,7 +140,7 @@ def _look(url: str) -> tuple[float, float, float, int]:
             raise RuntimeError(
                 f"ricochet waiting exited with {os.waitstatus_to_exitcode(status)}: {said}"
             )
-    return started, ended, usage.ru_maxrss / 1024, rows
+    return started, ended, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, rows
 
 
 async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, Any]:
@@ -155,7 +156,7 @@ async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, A
     if not look:
         delays = [at - due for due, at in await arrivals]
         return {"jobs": n, "look": False, "largest_delay_s": round(max(delays), 3)}
-    started, ended, rss_mib, rows = await asyncio.to_thread(_look, url)
+    started, ended, rss_mib, cpu_s, rows = await asyncio.to_thread(_look, url)
     came = await arrivals
     during = [at - due for due, at in came if started <= due <= ended]
     other = [at - due for due, at in came if not started <= due <= ended]
@@ -165,6 +166,7 @@ async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, A
         "listed": rows,
         "look_s": round(ended - started, 2),
         "look_rss_mib": round(rss_mib, 1),
+        "look_cpu_s": round(cpu_s, 2),
         "due_while_looking": len(during),
         "largest_delay_due_while_looking_s": round(max(during), 3) if during else None,
         "largest_delay_other_s": round(max(other), 3) if other else None,

@@ -9,14 +9,14 @@ vhost at a time (the lock of ricochet.ops.scan, on ricochet.waiting.scan): two s
 would each be handed part of a queue.
 
 A message held unacked does not expire, so a scan must not hold a job past the time it leaves
-its queue. Each queue sends its messages on in the order they came (one TTL each), so the ones
-it reads first leave first. Before the first message it holds would leave (RELEASE_AHEAD_S),
-the scan stops consuming, hands back, by one nack, the messages it holds that leave within the
-next RELEASE_SPAN_S, waits until they have left, and reads on. Where it knows a message's time
-only as a lower bound (no record of ricochet's), the message is handed back as if it left then,
-and when it comes back it is held again for REHOLD_S at most: such a job is late by that much at
-worst. A job that moves down the levels while the scan reads them is read twice: the scan keeps
-one row per job and attempt.
+its queue. It reads on while it holds what it read, and hands each message back just after that
+time (EXPIRY_GRACE_S): the queue, which checks its head for messages past their TTL before it
+sends anything, sends it on at once, as it would have, and never to the scan again. Where it knows
+a message's time only as a lower bound (no record of ricochet's), the message may come back: it
+is held again for REHOLD_S at most, so such a job is late by that much at worst. What the scan
+still holds when it has read the queue goes back before its time, in the order it leaves
+(ricochet.ops.hand_back says why, and in what nacks). A job that moves down the levels while the
+scan reads them is read twice: the scan keeps one row per job and attempt.
 
 Handing a message back counts against a quorum queue's delivery limit (every return on RabbitMQ
 3.10 to 4.2, a return by a closed channel on 4.3). ricochet lifts the limit on the tiers and the
@@ -28,21 +28,23 @@ and refuses (DeliveryLimitRefusal, saying how to lift it) when a limit stands.
 import asyncio
 import collections
 import datetime as dt
+import heapq
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from ricochet.broker.amqp import broker_version, requeue_all
+from ricochet.broker.amqp import broker_version
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan, delivery_limit_policy_command, plan
 from ricochet.broker.record import declared_settings
 from ricochet.broker.retries import read_retries
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import SHOWN_PROPERTIES, body_text, jsonable
+from ricochet.ops.hand_back import nacks, spans
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
     PER_CONSUMER,
@@ -64,31 +66,32 @@ from ricochet.settings import Settings
 
 log = structlog.get_logger("ricochet.waiting")
 
-# A held message goes back this long before it leaves its queue (the broker's own latency, and
-# clocks a little apart).
-RELEASE_AHEAD_S = 0.3
-# ... together with the others held that leave within this much after it: one stop of the
-# consumers for all of them.
-RELEASE_SPAN_S = 0.5
+# A held message goes back this long after it leaves its queue (its time is the worker's record,
+# taken a moment before the broker took the job; clocks a little apart): the broker sends it on.
+EXPIRY_GRACE_S = 0.05
+# What has come due goes back together, once the first of it has waited this long: one nack, one
+# command of the queue's, for many.
+HAND_BACK_EVERY_S = 0.05
 # A message handed back that came back (not yet gone: its time was a lower bound) is held this
 # long at most before it goes back again.
-REHOLD_S = 0.2
-# How long after a job's time the scan waits for the broker to have sent it on.
-EXPIRY_GRACE_S = 0.1
+REHOLD_S = 0.1
+# What the scan holds when it has read its queue goes back this much of it (in time) a nack.
+HAND_BACK_SPAN_S = 0.2
 # Records of retries are read from this much before the longest tier's wait (clocks apart).
 RECORDS_SLACK = dt.timedelta(seconds=60)
 # With no delivery for this long, the scan asks the broker whether the queue holds more.
 IDLE_S = 0.5
 
-# What a scan makes a row from: the place, the message, now.
-RowMaker = Callable[[Place, AbstractIncomingMessage, dt.datetime], Waiting | None]
+# What a scan makes of a message: the waiting job it stands for, and whether the scan lists it
+# (a level holds other queues' jobs too); from the place, the message, now.
+RowMaker = Callable[[Place, AbstractIncomingMessage, dt.datetime], tuple[Waiting, bool]]
 
 
-@dataclass
+@dataclass(order=True)
 class _Held:
+    back_s: float  # when it goes back, epoch seconds
     tag: int
-    leaves_s: float  # epoch seconds
-    key: tuple[object, ...]
+    key: tuple[object, ...] = field(compare=False)
 
 
 def identity(message: AbstractIncomingMessage, attempt: int) -> tuple[object, ...]:
@@ -107,12 +110,15 @@ class PlaceScan:
         self._make = make
         self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._consumers: list[str] = []
-        self._held: collections.deque[_Held] = collections.deque()
+        self._held: list[_Held] = []  # a heap: the soonest to go back first
+        # The delivery tags held, lowest first (a heap; those handed back are dropped lazily).
+        self._tags: list[int] = []
+        self._holding: set[int] = set()
         # Handed back and not seen since: a delivery of one of them is no new job.
         self._released: collections.Counter[tuple[object, ...]] = collections.Counter()
+        self._last_delivery_s = time.time()
         self.rows: list[Waiting] = []
         self.seen = 0  # messages read once (those handed back and seen again not counted)
-        self.latest_release_s = 0.0  # for the figures: how close to leaving a job was handed back
 
     async def read(self) -> list[Waiting]:
         """Its jobs, each read once (fewer if they leave meanwhile); every message goes back."""
@@ -122,12 +128,11 @@ class PlaceScan:
                 await self._room()
                 wait_s = IDLE_S
                 if self._held:
-                    wait_s = max(0.0, min(wait_s, self._release_at() - time.time()))
+                    wait_s = max(0.0, min(wait_s, self._next_hand_back_s() - time.time()))
                 try:
                     message = await asyncio.wait_for(self._inbox.get(), wait_s)
                 except TimeoutError:
-                    if self._held and time.time() >= self._release_at():
-                        await self._release()
+                    if await self._hand_back_due() or self._delivered_within(IDLE_S):
                         continue
                     left = await read_depth(self._channel, self._place.name)
                     if left is None or left.messages == 0:
@@ -135,50 +140,65 @@ class PlaceScan:
                     await self._subscribe()  # the broker holds back: more room
                     continue
                 self._take(message)
-                if time.time() >= self._release_at():
-                    await self._release()
+                while not self._inbox.empty():  # all that came meanwhile, for one look at the time
+                    self._take(self._inbox.get_nowait())
+                await self._hand_back_due()
         finally:
-            await self._stop_consuming()
-            await requeue_all(self._channel)
+            if not self._channel.is_closed:
+                await self._stop_consuming()
+                while not self._inbox.empty():
+                    self._take(self._inbox.get_nowait())
+                for run in spans(self._held, lambda held: held.back_s, HAND_BACK_SPAN_S):
+                    await self._hand_back(run)
+                self._held = []
         return self.rows
 
-    def _release_at(self) -> float:
-        return self._held[0].leaves_s - RELEASE_AHEAD_S
+    def _delivered_within(self, seconds: float) -> bool:
+        return time.time() - self._last_delivery_s < seconds
 
     def _take(self, message: AbstractIncomingMessage) -> None:
-        now = time.time()
-        row = self._make(self._place, message, dt.datetime.fromtimestamp(now, dt.UTC))
-        attempt = row.attempt if row is not None else 0
-        key = identity(message, attempt)
+        now = self._last_delivery_s = time.time()
+        row, listed = self._make(self._place, message, dt.datetime.fromtimestamp(now, dt.UTC))
+        key = identity(message, row.attempt)
         if self._released[key]:
             self._released[key] -= 1
-            leaves_s = now + REHOLD_S  # back again: it had not left, so it leaves any moment
+            back_s = now + REHOLD_S  # back again: it had not left, so it leaves any moment
         else:
             self.seen += 1
-            if row is not None:
+            if listed:
                 self.rows.append(row)
-            leaves_s = row.leaves_at.timestamp() if row is not None else now + REHOLD_S
+            back_s = row.leaves_at.timestamp() + EXPIRY_GRACE_S
         assert message.delivery_tag is not None
-        self._held.append(_Held(message.delivery_tag, leaves_s, key))
+        heapq.heappush(self._held, _Held(back_s, message.delivery_tag, key))
+        heapq.heappush(self._tags, message.delivery_tag)
+        self._holding.add(message.delivery_tag)
 
-    async def _release(self) -> None:
-        """Hand back, in one nack, the held messages that leave soon; wait until they have
-        left (what arrived meanwhile is read first: it is held too)."""
-        await self._stop_consuming()
-        while not self._inbox.empty():
-            self._take(self._inbox.get_nowait())
-        cut = time.time() + RELEASE_AHEAD_S + RELEASE_SPAN_S
-        last: _Held | None = None
-        while self._held and self._held[0].leaves_s <= cut:
-            last = self._held.popleft()
-            self._released[last.key] += 1
-        if last is None:
-            return
+    def _next_hand_back_s(self) -> float:
+        return self._held[0].back_s + HAND_BACK_EVERY_S
+
+    async def _hand_back_due(self) -> bool:
+        """Hand back the held messages whose time has come, once the first has waited
+        HAND_BACK_EVERY_S; whether there were any."""
+        now = time.time()
+        if not self._held or now < self._next_hand_back_s():
+            return False
+        due = []
+        while self._held and self._held[0].back_s <= now:
+            due.append(heapq.heappop(self._held))
+        if due:
+            await self._hand_back(due)
+        return bool(due)
+
+    async def _hand_back(self, held: list[_Held]) -> None:
+        for one in held:
+            self._holding.discard(one.tag)
+            self._released[one.key] += 1
+        while self._tags and self._tags[0] not in self._holding:
+            heapq.heappop(self._tags)
         underlay = await self._channel.get_underlay_channel()
-        await underlay.basic_nack(delivery_tag=last.tag, multiple=True, requeue=True)
-        self.latest_release_s = max(self.latest_release_s, time.time() - last.leaves_s)
-        await asyncio.sleep(max(0.0, last.leaves_s - time.time()) + EXPIRY_GRACE_S)
-        await self._subscribe()
+        kept_below = self._tags[0] if self._tags else None
+        for tag, multiple in nacks((one.tag for one in held), kept_below):
+            await underlay.basic_nack(delivery_tag=tag, multiple=multiple, requeue=True)
 
     async def _subscribe(self) -> None:
         queue = await self._channel.get_queue(self._place.name, ensure=False)
@@ -193,11 +213,12 @@ class PlaceScan:
             await self._subscribe()
 
     async def _stop_consuming(self) -> None:
-        if not self._consumers or self._channel.is_closed:
-            return
+        """Cancel the consumers, handing back what falls due meanwhile (a cancel is a round trip
+        through the queue's log)."""
         queue = await self._channel.get_queue(self._place.name, ensure=False)
         for tag in self._consumers:
             await queue.cancel(tag)
+            await self._hand_back_due()
         self._consumers = []
 
 
@@ -293,15 +314,15 @@ def row_maker(
     records: Records,
     found: Callable[[Waiting, AbstractIncomingMessage], None],
 ) -> RowMaker:
-    """Rows of queue's jobs (a level's jobs of other queues are left out), of one message_id
-    when given: a tier's job with the record of its retry, a level's with what its copy says."""
+    """The job of each message, listed when it is queue's (a level holds other queues' jobs
+    too), of message_id when given: a tier's job with the record of its retry, a level's with
+    what its copy says. Jobs not listed are made all the same: the scan hands them back too."""
 
-    def make(place: Place, message: AbstractIncomingMessage, now: dt.datetime) -> Waiting | None:
+    def make(
+        place: Place, message: AbstractIncomingMessage, now: dt.datetime
+    ) -> tuple[Waiting, bool]:
         routing_key = message.routing_key or ""
-        if place.level is not None and destination(routing_key) != queue:
-            return None
-        if message_id is not None and message.message_id != message_id:
-            return None
+        own = queue if place.level is None else destination(routing_key) or ""
         headers = dict(message.headers or {})
         came_at = due_at = reason = None
         if place.level is None:
@@ -310,7 +331,7 @@ def row_maker(
             due_at, reason = copy_says(headers, routing_key)
         row = read_waiting(
             place,
-            queue,
+            own,
             message_id=message.message_id,
             amqp_type=message.type,
             body=message.body,
@@ -322,8 +343,10 @@ def row_maker(
             reason=reason,
             now=now,
         )
-        found(row, message)
-        return row
+        listed = own == queue and message_id in (None, message.message_id)
+        if listed:
+            found(row, message)
+        return row, listed
 
     return make
 
