@@ -80,21 +80,21 @@ class CopyDetails:
         }
 
 
-def details_of(message: AbstractMessage, failure: FailureInfo) -> CopyDetails:
-    """A copy's details, every value made printable (pure)."""
+def printable(message: AbstractMessage) -> tuple[dict[str, Any], dict[str, Any], str, str]:
+    """A message's shown properties, its headers, its body and the body's encoding, every value
+    made printable (pure)."""
     properties = {
         name: jsonable(getattr(message, name))
         for name in SHOWN_PROPERTIES
         if getattr(message, name, None) is not None
     }
     body, encoding = body_text(message.body)
-    return CopyDetails(
-        failure=failure,
-        properties=properties,
-        headers=jsonable(dict(message.headers or {})),
-        body=body,
-        body_encoding=encoding,
-    )
+    return properties, jsonable(dict(message.headers or {})), body, encoding
+
+
+def details_of(message: AbstractMessage, failure: FailureInfo) -> CopyDetails:
+    """A copy's details, every value made printable (pure)."""
+    return CopyDetails(failure, *printable(message))
 
 
 async def list_failed(

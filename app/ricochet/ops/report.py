@@ -1,6 +1,6 @@
 """What the commands print: the rows of their tables, and the tables as plain text."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -298,6 +298,18 @@ def failed_list_table(failures: Sequence[FailureInfo]) -> str:
     )
 
 
+def _properties_and_headers(properties: Mapping[str, Any], headers: Mapping[str, Any]) -> list[str]:
+    """A shown message's properties, then its headers, a line each after a blank line."""
+    return [
+        "",
+        "properties:",
+        *(f"  {k}: {cell(v)}" for k, v in properties.items()),
+        "",
+        "headers:",
+        *(f"  {cell(k)}: {cell(v)}" for k, v in headers.items()),
+    ]
+
+
 def copy_text(details: CopyDetails) -> str:
     """failed show: one copy, its failure first, then properties, headers, traceback and body.
     Every line but the body's is one line of plain text (see cell)."""
@@ -309,12 +321,7 @@ def copy_text(details: CopyDetails) -> str:
         f"retry_count: {f.retry_count}",
         f"failed_at:   {cell(f.failed_at)}",
         f"reason:      {cell(f.reason)}",
-        "",
-        "properties:",
-        *(f"  {k}: {cell(v)}" for k, v in details.properties.items()),
-        "",
-        "headers:",
-        *(f"  {cell(k)}: {cell(v)}" for k, v in details.other_headers.items()),
+        *_properties_and_headers(details.properties, details.other_headers),
     ]
     if details.traceback is not None:
         lines += ["", "traceback:", *(f"  {cell(line)}" for line in details.traceback.splitlines())]
@@ -353,12 +360,7 @@ def waiting_text(shown: Shown) -> str:
         f"due_at:     {iso(w.due_at)}",
         f"reason:     {cell(w.reason)}",
         f"waits in:   {cell(w.place)}",
-        "",
-        "properties:",
-        *(f"  {k}: {cell(v)}" for k, v in shown.properties.items()),
-        "",
-        "headers:",
-        *(f"  {cell(k)}: {cell(v)}" for k, v in shown.headers.items()),
+        *_properties_and_headers(shown.properties, shown.headers),
         "",
         f"body ({shown.body_encoding}):",
         shown.body,

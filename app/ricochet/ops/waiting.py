@@ -43,7 +43,7 @@ from ricochet.broker.plan import Plan, delivery_limit_policy_command, plan
 from ricochet.broker.record import declared_settings
 from ricochet.broker.retries import read_retries
 from ricochet.names import DELAY_LEVELS, SHARED, Names
-from ricochet.ops.failed_queue import SHOWN_PROPERTIES, body_text, jsonable
+from ricochet.ops.failed_queue import printable
 from ricochet.ops.hand_back import nacks, spans
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
@@ -398,14 +398,6 @@ async def show_waiting(
     rows = await scan_waiting(
         connection, declared, message_id, management_url=settings.management_url, found=keep
     )
-    return [_shown(row, messages[row.queue, row.message_id, row.attempt]) for row in rows]
-
-
-def _shown(row: Waiting, message: AbstractIncomingMessage) -> Shown:
-    properties = {
-        name: jsonable(getattr(message, name))
-        for name in SHOWN_PROPERTIES
-        if getattr(message, name, None) is not None
-    }
-    body, encoding = body_text(message.body)
-    return Shown(row, properties, jsonable(dict(message.headers or {})), body, encoding)
+    return [
+        Shown(row, *printable(messages[row.queue, row.message_id, row.attempt])) for row in rows
+    ]
