@@ -171,8 +171,8 @@ async def test_a_cancel_racing_the_end_of_a_running_job_ends_it_once(
 ) -> None:
     """Jobs cancelled while they run, each finishing (by a success, or a failure whose retry
     succeeds) a few milliseconds before or after its cancel is read: each ends once, cancelled
-    or as it finished (a failed one's retry is cancelled when it comes due if its wait was
-    recorded before the cancel, and runs if after), never twice, never in the failed queue."""
+    or as it finished (a failed one's retry is cancelled when it comes due), never twice, never
+    in the failed queue."""
     ids = [f"{ending}-{i:02d}" for i in range(40)]
     # Finishing from 0.5 s to 2.06 s after they start, while the cancels go out from 0.6 s on
     # (on a busy machine the 40 cancels take a second or more to go out and be read).

@@ -127,6 +127,31 @@ async def test_a_running_job_ends_cancelled(
     assert await depth(channel, f"{queue_name}.failed") == 0
 
 
+async def test_a_job_that_fails_after_its_cancel_is_not_retried(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A handler that never looks at job.cancelled fails once its cancel has returned: the
+    failure goes to its tier as any other, and its retry is dropped as cancelled when it comes
+    due, never run; the worker records nothing at that failure that could spare it."""
+    attempts: list[int] = []
+    cancel_returned = asyncio.Event()
+
+    async def handle(job: Job) -> None:
+        attempts.append(job.attempt)
+        await asyncio.wait_for(cancel_returned.wait(), 10)
+        raise ConnectionError("a failure that ignores the cancel")
+
+    worker = await start_worker(handle, retry_delays_ms="100")
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("job", {}, message_id="ignores")
+        await wait_for(lambda: attempts == [1], 10, "the job to start")
+        await client.cancel("ignores")
+        cancel_returned.set()
+    await wait_for(lambda: worker.count("cancelled") == 1, 10, "its retry dropped as cancelled")
+    assert (attempts, worker.count("retried"), worker.count("succeeded")) == ([1], 1, 0)
+    assert await depth(channel, f"{queue_name}.failed") == 0
+
+
 async def test_a_cancel_after_the_job_ended_changes_nothing(
     start_worker: StartWorker, queue_name: str
 ) -> None:

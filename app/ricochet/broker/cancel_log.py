@@ -3,11 +3,12 @@
 A cancel names its queue and its message_id. Which jobs of that id it covers is decided by the
 cancel store's own order (its stream offsets), not by comparing two clocks:
 
-- A job the client enqueued carries an incarnation token (headers.INCARNATION). Every time such
-  a job starts to wait (a schedule, a retry tier, a RetryLater), a wait record naming its token
-  is written to the store first. A cancel covers the job unless the job's newest wait record
-  comes after the cancel in the store: a job waiting when the cancel was made is covered, and a
-  job enqueued again after the cancel returned (whose wait is recorded after it) runs.
+- A job the client enqueued carries an incarnation token (headers.INCARNATION), and a wait
+  record naming that token is written to the store as it is enqueued, before the job. A cancel
+  covers the job unless its wait record comes after the cancel in the store: a job enqueued
+  before the cancel is covered, whether it waits, runs or retries then (a retry records
+  nothing: a cancel made while its job ran covers the retry), and a job enqueued again after
+  the cancel returned (whose wait is recorded after it) runs.
 - A job whose id the client made up (FRESH_ID) is covered by any cancel of that id: no cancel
   can have come before it.
 - A job of another producer (no token) keeps the timestamp rule: covered when its AMQP
@@ -88,7 +89,7 @@ class CancelLog:
         self._cancels[key] = _pack(offset, at_s)
 
     def add_wait(self, queue: str, message_id: str, token: str, *, offset: int) -> None:
-        """Record that the job with this token started to wait at offset of the store. Kept
+        """Record that the job with this token was enqueued at offset of the store. Kept
         only when a cancel of its id is known: before any cancel, it changes nothing."""
         key = _key(queue, message_id)
         if key in self._cancels:

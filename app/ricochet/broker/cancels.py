@@ -77,8 +77,8 @@ def cancel_record(queue: str, message_id: str) -> aio_pika.Message:
 
 
 def wait_record(queue: str, message_id: str, token: str) -> aio_pika.Message:
-    """The record that the client's job (queue, message_id, token) starts to wait: written
-    before it waits, so that a cancel made while it waits comes after it in the store."""
+    """The record that the client's job (queue, message_id, token) is enqueued: written
+    before it, so that a cancel made once the enqueue returned comes after it in the store."""
     return record(WAIT, message_id, {RECORD_QUEUE: queue, INCARNATION: token})
 
 
@@ -215,13 +215,6 @@ class CancelReader:
             raise ChannelInvalidStateError("the cancel store is not being read")
         if not await self._caught_up(channel, SHARED.cancels, self._markers):
             raise ChannelInvalidStateError("the cancel store did not answer")
-
-    async def note_wait(self, queue: str, message_id: str, token: str) -> None:
-        """Record, confirmed, that the client's job starts to wait (before it does)."""
-        channel = self._channel
-        if channel is None or channel.is_closed:
-            raise ChannelInvalidStateError("the cancel store is not being read")
-        await publish_to_queue(channel, SHARED.cancels, wait_record(queue, message_id, token))
 
     async def _caught_up(
         self, channel: AbstractChannel, store: str, markers: dict[str, asyncio.Future[None]]

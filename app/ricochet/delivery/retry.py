@@ -114,8 +114,6 @@ class Fail:
 # What the settler carries out: every action but running the handler.
 Settlement = Ack | Cancel | Sanitize | Retry | RetryByCopy | Delay | Fail
 Decision = Run | Settlement
-# The endings of an attempt that leave the job waiting for another.
-WAITS = (Retry, RetryByCopy, Delay)
 
 
 class Facts(NamedTuple):

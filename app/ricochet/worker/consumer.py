@@ -22,7 +22,6 @@ from ricochet.broker.cancels import CancelReader
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import (
-    WAITS,
     Cancel,
     Facts,
     Outcome,
@@ -150,8 +149,8 @@ class Consumer:
 
     async def _cancel_running(self, message_id: str) -> None:
         """Cancel the running jobs of message_id that a cancel in the store covers. A job of the
-        client is judged once the store is read up to now: its wait (recorded before it was
-        enqueued, or before it last waited) may come after the cancel just read."""
+        client is judged once the store is read up to now: its wait (recorded as it was enqueued)
+        may come after the cancel just read."""
         running = self._running.get(message_id, [])
         if any(_explicit_token(delivery) is not None for _, delivery in running):
             try:
@@ -206,8 +205,8 @@ class Consumer:
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
         if isinstance(decision, Cancel) and _explicit_token(delivery) is not None:
-            # Dropped only once the store is read up to now: a wait this job recorded after the
-            # cancel (on another worker, or at its enqueue) spares it.
+            # Dropped only once the store is read up to now: a wait recorded at its enqueue
+            # after the cancel (by a client this worker has not read yet) spares it.
             await self._cancels.current()
             if not self._covered(delivery):
                 facts = facts._replace(cancelled=False)
@@ -234,8 +233,5 @@ class Consumer:
             decision = decide(facts, outcome, later_ms)
             failure = None if error is None or outcome is Outcome.CANCELLED else Failure(error)
             record_outcome(span, decision, failure)
-            if isinstance(decision, WAITS) and (token := _explicit_token(delivery)) is not None:
-                # Recorded before it waits: a cancel made while it waits comes after it.
-                await self._cancels.note_wait(self._queue, str(delivery.message_id), token)
             with settle_span(self._queue, span, decision):
                 await settler.settle(delivery, facts, decision, failure)
