@@ -247,6 +247,18 @@ class FaultRun:
                 return
             seen = now
 
+    def logged(self, event: str) -> set[str]:
+        """The message_ids of the lines of this event in every worker's output so far."""
+        found = set()
+        for worker in self.workers:
+            text = worker.output.read_text() if worker.output.exists() else ""
+            for line in text.splitlines():
+                if line.startswith("{"):
+                    fields = json.loads(line)
+                    if fields.get("event") == event:
+                        found.add(str(fields.get("message_id")))
+        return found
+
     def done(self) -> Counter[str]:
         """How often each id's handler completed (more than once: a duplicate)."""
         return Counter(m for event, m, _ in journal(self.journal_path) if event == "done")

@@ -3,13 +3,17 @@ old levels still come due and run, and the old levels are retired only once they
 no worker of the earlier version is connected."""
 
 import datetime as dt
+from urllib.parse import quote
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
+from ricochet.broker.legacy import older_workers
+from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import TTL, delay_bindings
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, Names, delay_key
 
+from tests.broker import BROKER
 from tests.support import AMQP_URL, StartWorker, api_queue, exists, wait_for
 
 
@@ -81,7 +85,14 @@ async def test_jobs_in_the_old_levels_run_and_the_levels_go_once_empty(
         figures = [await api_queue(n.delay(k), "messages,messages_dlx") for k in range(5)]
         return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
 
+    async def no_older_worker_by_the_api() -> bool:  # its list of connections lags too
+        async with open_api(BROKER.management_url, BROKER.amqp_url) as api:
+            where = quote(vhost(BROKER.amqp_url), safe="")
+            listed = await api.get(f"vhosts/{where}/connections", columns="client_properties")
+        return not older_workers(listed or [], queue_name)
+
     await wait_for(empty_by_the_api, 20, "the API to show the old levels empty")
+    await wait_for(no_older_worker_by_the_api, 20, "the API to show the older worker gone")
     await start_worker(handler)
     for k in range(DELAY_LEVELS):
         assert not await exists(connection, n.delay(k))
