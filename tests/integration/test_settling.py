@@ -12,7 +12,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq import spec
 from aiormq.exceptions import ChannelPreconditionFailed
 from ricochet import Job
-from ricochet.broker.amqp import Frames
+from ricochet.broker.amqp import CONNECTION_ERRORS, Frames
 from ricochet.errors import PermanentError
 from ricochet.names import Names
 
@@ -66,12 +66,13 @@ async def test_job_stays_in_its_queue_while_the_failed_queue_is_gone(
     assert await depth(channel, n.events) == 0
 
 
-async def test_one_write_dead_letters_and_acks_in_order(
+async def test_a_loop_turn_s_settling_dead_letters_and_acks_in_order(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
-    """The settler's one write per loop turn, on the broker: the nacks written ahead of a
-    multiple ack that reaches past their tags are dead-lettered, not acked; every other
-    delivery is acked, none comes back."""
+    """The settler's frames of a loop turn, on the broker: the nacks sent ahead of a multiple
+    ack that reaches past their tags are dead-lettered, not acked; every other delivery is
+    acked, none comes back; settling on the closed channel then raises what the settler reads
+    as the channel gone."""
     n = Names(queue_name)
     await channel.declare_queue(n.failed, durable=True)
     await channel.declare_queue(
@@ -92,6 +93,8 @@ async def test_one_write_dead_letters_and_acks_in_order(
     assert sorted(m.message_id or "" for m in await take(channel, n.failed, 2)) == ["m2", "m5"]
     await asyncio.sleep(0.5)
     assert (await depth(channel, queue_name), await depth(channel, n.failed)) == (0, 0)
+    with pytest.raises(CONNECTION_ERRORS):
+        await frames.settle([], None, [tags["m1"]])
 
 
 class Unprintable(Exception):

@@ -3,7 +3,7 @@
 import asyncio
 from typing import Any
 
-from aiormq.abc import ChannelFrame, DeliveredMessage
+from aiormq.abc import DeliveredMessage
 from aiormq.connection import FrameReceiver
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
@@ -28,18 +28,23 @@ PROPERTIES = commands.Basic.Properties(
 )
 
 
-class WritingChannel:
-    """aiormq's channel as Frames uses it to settle deliveries: its frames queue for the
-    connection's writer, which sets a write's future once it has written it."""
+class SettlingChannel:
+    """aiormq's channel as Frames settles deliveries on it: each basic_nack and basic_ack noted
+    as (kind, tag, multiple, requeue, wait), in the order sent."""
 
     number = 1
+    is_closed = False
 
-    def __init__(self, closed: bool = False) -> None:
-        self.is_closed = closed
-        self.write_queue: asyncio.Queue[ChannelFrame] = asyncio.Queue()
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, bool, bool | None, bool]] = []
 
-    def create_future(self) -> asyncio.Future[None]:
-        return asyncio.get_running_loop().create_future()
+    async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
+        self.sent.append(("ack", delivery_tag, multiple, None, wait))
+
+    async def basic_nack(
+        self, delivery_tag: int, multiple: bool = False, requeue: bool = True, wait: bool = True
+    ) -> None:
+        self.sent.append(("nack", delivery_tag, multiple, requeue, wait))
 
 
 def through_the_wire(*frames: Any) -> list[Any]:
@@ -48,11 +53,11 @@ def through_the_wire(*frames: Any) -> list[Any]:
 
 
 def delivered(method: Any, body: bytes = b'{"a": 1}') -> DeliveredMessage:
-    """A message with PROPERTIES as the client reads it off the wire, on a WritingChannel."""
+    """A message with PROPERTIES as the client reads it off the wire, on a SettlingChannel."""
     read_method, read_header, read_body = through_the_wire(
         method, header.ContentHeader(body_size=len(body), properties=PROPERTIES), ContentBody(body)
     )
-    return DeliveredMessage(read_method, read_header, read_body.value, WritingChannel())  # type: ignore[arg-type]
+    return DeliveredMessage(read_method, read_header, read_body.value, SettlingChannel())  # type: ignore[arg-type]
 
 
 async def read_by_aiormq(*frames: Any) -> list[Any]:
@@ -76,4 +81,4 @@ async def read_leniently(properties: commands.Basic.Properties, body: bytes) -> 
         header.ContentHeader(body_size=len(body), properties=properties),
         ContentBody(body),
     )
-    return Delivery(DeliveredMessage(method, read_header, read_body.value, WritingChannel()))  # type: ignore[arg-type]
+    return Delivery(DeliveredMessage(method, read_header, read_body.value, SettlingChannel()))  # type: ignore[arg-type]

@@ -17,11 +17,11 @@ the next worker, whose connection dies the same way. read_properties_leniently()
 delivery: see there.
 """
 
-import asyncio
 import datetime as dt
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from importlib import metadata
 from typing import Any
 
@@ -31,8 +31,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
-from aiormq.abc import ChannelFrame, DeliveredMessage, FrameType
-from aiormq.exceptions import ChannelInvalidStateError, ConnectionCommandInvalid
+from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
@@ -119,7 +119,6 @@ PRIVATE_NAMES: tuple[tuple[str, object, str], ...] = (
     ("pamqp", spec.Basic.Properties, "flags"),
     ("pamqp", spec.Basic.Properties, "amqp_type"),
     ("pamqp", decode, "by_type"),
-    ("aiormq", ChannelFrame, "marshall"),
     ("aiormq", DeliveredMessage, "header"),
     ("aiormq", DeliveredMessage, "delivery"),
     ("aiormq", DeliveredMessage, "channel"),
@@ -345,8 +344,6 @@ class Frames:
 
     def __init__(self, channel: FramesChannel) -> None:
         self._channel = channel
-        # Where aiormq's channel queues its frames for the connection's writer.
-        self._write_queue: asyncio.Queue[ChannelFrame] = channel.write_queue  # type: ignore[attr-defined]
 
     @classmethod
     async def under(cls, channel: AbstractChannel) -> "Frames":
@@ -372,27 +369,23 @@ class Frames:
     async def settle(
         self, dead_letter: Sequence[int], multiple: int | None, acks: Sequence[int]
     ) -> None:
-        """Settle deliveries of this channel in one write, returning once it is written: a nack
+        """Settle deliveries of this channel, returning once the last frame is written: a nack
         without requeue for each tag of dead_letter (the broker dead-letters them), then an ack
         with multiple=True up to the tag multiple (if any), then an ack for each tag of acks.
 
         The broker reads a channel's frames in order, so a multiple ack written after a nack
-        never settles that delivery as a success. aiormq writes each basic_ack or basic_nack on
-        its own, a write(2) and a turn of the writer task each; these frames share one.
+        never settles that delivery as a success. Only the last frame waits to be written: the
+        others go into the channel's queue behind one another, as aiormq's wait=False puts them.
         """
         channel = self._channel
-        if channel.is_closed:
-            raise ChannelInvalidStateError(f"{channel!r} closed")
-        frames: list[FrameType] = [
-            spec.Basic.Nack(delivery_tag=tag, requeue=False) for tag in dead_letter
-        ]
+        sends = [partial(channel.basic_nack, tag, requeue=False) for tag in dead_letter]
         if multiple is not None:
-            frames.append(spec.Basic.Ack(delivery_tag=multiple, multiple=True))
-        frames += [spec.Basic.Ack(delivery_tag=tag) for tag in acks]
-        # The channel's own future: a channel that closes first fails it, as it fails its acks.
-        written = channel.create_future()
-        await self._write_queue.put(ChannelFrame.marshall(channel.number, frames, written))
-        await written
+            sends.append(partial(channel.basic_ack, multiple, multiple=True))
+        sends += [partial(channel.basic_ack, tag) for tag in acks]
+        for send in sends[:-1]:
+            await send(wait=False)
+        if sends:
+            await sends[-1]()
 
     async def cancel(self, consumer_tag: str) -> None:
         await self._channel.basic_cancel(consumer_tag)

@@ -3,7 +3,7 @@ Settler.settle, and its observers are told.
 
 A settler is made anew on every channel, so nothing of a lost one (its delivery tags, acks
 still pending) reaches the next. Acks and dead-lettering nacks are coalesced: those settled in
-one turn of the event loop go out in one write, the nacks first, then one ack with
+one turn of the event loop go out together, the nacks first, then one ack with
 multiple=True for the finished deliveries below the oldest one still running, then a single ack
 for each finished one above it.
 """
