@@ -80,6 +80,11 @@ class WorkerProcess:
         self.proc.kill()
         self.proc.wait(10)
 
+    def events(self) -> list[dict[str, Any]]:
+        """Its JSON log lines so far, in order."""
+        text = self.output.read_text() if self.output.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
     async def terminate(self, timeout_s: float = 30) -> int:
         """SIGTERM, then the exit code once the worker has drained."""
         assert self.proc is not None
@@ -249,15 +254,12 @@ class FaultRun:
 
     def logged(self, event: str) -> set[str]:
         """The message_ids of the lines of this event in every worker's output so far."""
-        found = set()
-        for worker in self.workers:
-            text = worker.output.read_text() if worker.output.exists() else ""
-            for line in text.splitlines():
-                if line.startswith("{"):
-                    fields = json.loads(line)
-                    if fields.get("event") == event:
-                        found.add(str(fields.get("message_id")))
-        return found
+        return {
+            str(line.get("message_id"))
+            for worker in self.workers
+            for line in worker.events()
+            if line.get("event") == event
+        }
 
     def done(self) -> Counter[str]:
         """How often each id's handler completed (more than once: a duplicate)."""

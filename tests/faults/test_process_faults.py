@@ -4,7 +4,6 @@ crashes its process on import or at every job."""
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -136,8 +135,7 @@ def worker_processes(parent: WorkerProcess) -> list[psutil.Process]:
 
 def restarts_logged(worker: WorkerProcess) -> list[dict[str, Any]]:
     """The parent's lines about a worker process that died, in order."""
-    lines = [json.loads(x) for x in worker.output.read_text().splitlines() if x.startswith("{")]
-    return [line for line in lines if line["event"] == "worker process died, starting another"]
+    return [e for e in worker.events() if e["event"] == "worker process died, starting another"]
 
 
 @contextlib.asynccontextmanager

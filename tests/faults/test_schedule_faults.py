@@ -56,14 +56,9 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def events(worker: WorkerProcess) -> list[dict[str, object]]:
-    text = worker.output.read_text() if worker.output.exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
 def leads(run: FaultRun) -> int:
     """How many times the run's worker processes took the lead of its schedules."""
-    return sum(e["event"] == "leading schedules" for w in run.workers for e in events(w))
+    return sum(e["event"] == "leading schedules" for w in run.workers for e in w.events())
 
 
 def ran(run: FaultRun) -> list[tuple[str, int]]:
@@ -109,12 +104,7 @@ async def account_occurrences(run: FaultRun, fault_ms: int, back_ms: int) -> Tal
     await channel.close()
     runs = ran(run)
     done = Counter(message_id for message_id, _ in runs)
-    enqueued = {
-        str(e["message_id"])
-        for w in run.workers
-        for e in events(w)
-        if e["event"] == "schedule occurrence enqueued"
-    }
+    enqueued = run.logged("schedule occurrence enqueued")
     ids = set(done) | set(queued)
     assert all(i.startswith("tick@") for i in ids), sorted(ids)[:5]
     assert_unbroken(list(ids), PERIOD_MS)  # on the period's grid, no gap

@@ -3,12 +3,11 @@ old levels still come due and run, and the old levels are retired only once they
 no worker of the earlier version is connected."""
 
 import datetime as dt
-from urllib.parse import quote
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.legacy import older_workers
+from ricochet.broker.legacy import older_workers_connected
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import TTL, delay_bindings
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, Names, delay_key
@@ -87,9 +86,7 @@ async def test_jobs_in_the_old_levels_run_and_the_levels_go_once_empty(
 
     async def no_older_worker_by_the_api() -> bool:  # its list of connections lags too
         async with open_api(BROKER.management_url, BROKER.amqp_url) as api:
-            where = quote(vhost(BROKER.amqp_url), safe="")
-            listed = await api.get(f"vhosts/{where}/connections", columns="client_properties")
-        return not older_workers(listed or [], queue_name)
+            return not await older_workers_connected(api, vhost(BROKER.amqp_url), queue_name)
 
     await wait_for(empty_by_the_api, 20, "the API to show the old levels empty")
     await wait_for(no_older_worker_by_the_api, 20, "the API to show the older worker gone")

@@ -32,9 +32,6 @@ class SettlingChannel:
     """aiormq's channel as Frames settles deliveries on it: each basic_nack and basic_ack noted
     as (kind, tag, multiple, requeue, wait), in the order sent."""
 
-    number = 1
-    is_closed = False
-
     def __init__(self) -> None:
         self.sent: list[tuple[str, int, bool, bool | None, bool]] = []
 

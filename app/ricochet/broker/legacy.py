@@ -76,13 +76,19 @@ async def retire_legacy_delays(connection: AbstractConnection, settings: Setting
         await channel.close()
 
 
-async def _why_kept(
-    api: Api, channel: KeptChannel, n: Names, vh: str, levels: list[str]
-) -> str | None:
+async def older_workers_connected(api: Api, vh: str, queue: str) -> int:
+    """How many workers of an earlier version the management API lists as connected for
+    queue."""
     connections = await api.get(
         f"vhosts/{quote(vh, safe='')}/connections", columns="client_properties"
     )
-    older = older_workers(connections or [], n.queue)
+    return older_workers(connections or [], queue)
+
+
+async def _why_kept(
+    api: Api, channel: KeptChannel, n: Names, vh: str, levels: list[str]
+) -> str | None:
+    older = await older_workers_connected(api, vh, n.queue)
     if older:
         return f"{older} worker(s) of an earlier version still connected for {n.queue}"
     ready = []
