@@ -13,10 +13,13 @@ In a vhost of its own, made for it and deleted after:
    due time, for those due while the look ran and for the others.
 
 The same jobs run first with no look, in a vhost made afresh: how late the broker alone brings
-them back, beside what the look adds.
+them back, beside what the look adds. With --unreached-limit, the vhost's tiers and levels get
+the policy docs/operations.md gives for RabbitMQ 3.10 (a delivery limit no job reaches, so that
+a job handed back goes to the head of its queue).
 
     .venv/bin/python -m bench.waiting                  # 100,000 jobs
     .venv/bin/python -m bench.waiting --jobs 2000      # a quick look that it runs
+    .venv/bin/python -m bench.waiting --unreached-limit
 
 The broker is RICOCHET_BENCH_AMQP_URL's host (default 127.0.0.1:5672, guest), its management API
 RICOCHET_BENCH_MANAGEMENT_URL (default http://127.0.0.1:15672/).
@@ -55,6 +58,13 @@ LEAD_S = 2.0  # the first job falls due this long after the look starts
 BATCH = 500
 RESULTS = ROOT / "bench" / "results" / "waiting.json"
 REASON = "ConnectionError: payments API: 503 Service Unavailable"
+# docs/operations.md's policy for RabbitMQ 3.10, on the bench's tiers and the vhost's levels.
+UNREACHED_LIMIT_POLICY = {
+    "pattern": r"^(ricochet\.delay\.[0-9]+|.+\.retry\.[0-9]+(\.lane\.[0-9]+)?)$",
+    "definition": {"delivery-limit": 1_000_000_000},
+    "apply-to": "queues",
+    "priority": 10,
+}
 
 
 async def _fill(url: str, n: int, spread_s: float) -> None:
@@ -177,13 +187,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--spread-s", type=float, default=30.0)
+    parser.add_argument("--unreached-limit", action="store_true")
     args = parser.parse_args()
     rows = []
     # The same jobs with no look first: how late the broker alone brings them back.
     for look in (False, True):
         url = fresh_vhost(VHOST)
         try:
-            rows.append(asyncio.run(_measure(url, args.jobs, args.spread_s, look)))
+            if args.unreached_limit:
+                management("PUT", f"api/policies/{VHOST}/returns-at-head", UNREACHED_LIMIT_POLICY)
+            row = asyncio.run(_measure(url, args.jobs, args.spread_s, look))
+            rows.append(row | {"unreached_limit": args.unreached_limit})
         finally:
             management("DELETE", f"api/vhosts/{VHOST}")
         print(json.dumps(rows[-1], indent=2))

@@ -4,6 +4,7 @@ wait; looking loses, duplicates and delays nothing, and never counts against a d
 import asyncio
 import datetime as dt
 import json
+import re
 import shlex
 import time
 from typing import Any
@@ -239,7 +240,7 @@ async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it
     assert program == "rabbitmqctl"
     BROKER.rabbitmqctl(*args)
     try:
-        await wait_for(lambda: _lifted(names.tier(1)), 20, "the policy to apply to the tier")
+        await wait_for(lambda: _limit_is(names.tier(1), -1), 20, "the policy to apply to the tier")
         rows = await asyncio.to_thread(waiting, env)
         assert [row["message_id"] for row in rows] == ["held"]
     finally:
@@ -247,10 +248,35 @@ async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it
     assert await depth(channel, names.tier(1)) == 1
 
 
-async def _lifted(queue: str) -> bool:
+async def test_a_tier_under_a_delivery_limit_no_job_reaches_is_read(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """The policy docs/operations.md gives RabbitMQ 3.10 (a delivery limit of a billion on the
+    tiers, so that a job handed back goes to its queue's head) is no limit a look must refuse,
+    on any broker: the look lists the tier's job and leaves it there."""
+    names = Names(queue_name)
+    await declare(connection, make_settings(queue_name, retry_delays_ms="60000"))
+    await publish(channel, names.tier(1), "{}", message_id="held", type="job")
+    policy = f"{queue_name}.returns-at-head"
+    pattern = f"^{re.escape(names.tier(1))}$"
+    BROKER.rabbitmqctl(
+        "set_policy", "--apply-to", "queues", policy, pattern, '{"delivery-limit": 1000000000}'
+    )
+    try:
+        await wait_for(
+            lambda: _limit_is(names.tier(1), 1_000_000_000), 20, "the policy to apply to the tier"
+        )
+        rows = await asyncio.to_thread(waiting, ricochet_env(make_settings(queue_name)))
+        assert [row["message_id"] for row in rows] == ["held"]
+    finally:
+        BROKER.rabbitmqctl("clear_policy", policy, check=False)
+    assert await depth(channel, names.tier(1)) == 1
+
+
+async def _limit_is(queue: str, limit: int) -> bool:
     found = await api_queue(queue, "effective_policy_definition")
     definition = found.get("effective_policy_definition")
-    return isinstance(definition, dict) and definition.get("delivery-limit") == -1
+    return isinstance(definition, dict) and definition.get("delivery-limit") == limit
 
 
 async def test_retries_read_only_in_part_leave_the_connection_usable(

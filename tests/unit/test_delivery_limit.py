@@ -35,6 +35,8 @@ def queue(
         (queue({"x-delivery-limit": 5}, policy=2), V43, DeliveryLimit(2, "policy", "x")),
         (queue(policy=3, kind="classic"), V3, None),  # classic queues have no limit
         (queue(kind="classic"), V43, None),
+        (queue(policy=1_000_000_000), V3, None),  # no job reaches it: none, on 3 too
+        (queue({"x-delivery-limit": 999_999}), V3, DeliveryLimit(999_999, "argument", "x")),
     ],
 )
 def test_delivery_limit(
@@ -42,7 +44,7 @@ def test_delivery_limit(
 ) -> None:
     """A policy's limit where it takes effect over the argument (the lower; the higher when one
     is negative on 4), else the argument, else RabbitMQ 4's default of 20; none on a classic
-    queue, on 3 without one, or negative on 4."""
+    queue, on 3 without one, negative on 4, or a million and more."""
     got = delivery_limit(found, version)
     assert (got and (got.value, got.set_by)) == (limit and (limit.value, limit.set_by))
 

@@ -286,7 +286,7 @@ def test_delivery_limit_lifted_by_a_policy() -> None:
     assert found["queue jobs.failed"].status == "ok"
     assert found["queue jobs.failed"].detail == "quorum, its delivery limit lifted by a policy"
     assert found["policies"].status == "ok"
-    assert "no delivery limit, as ricochet declares" in found["policies"].detail
+    assert "no delivery limit a job reaches" in found["policies"].detail
     found = on_rabbitmq_4({"delivery-limit": 20})
     assert found["queue jobs.failed"].status == "fail"
     assert found["policies"].status == "fail"

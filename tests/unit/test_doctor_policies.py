@@ -44,6 +44,8 @@ def test_takes_effect(
         ("jobs", {"overflow": "drop-head"}, "fail", "no longer at-least-once"),
         ("jobs", {"queue-leader-locator": "balanced"}, "warn", "not a setting ricochet relies"),
         ("jobs.failed", {"delivery-limit": 20}, "fail", "handed back this many times"),
+        ("jobs.retry.1", {"delivery-limit": 10**9}, "ok", "no delivery limit a job reaches"),
+        ("jobs.retry.1", {"delivery-limit": -1}, "fail", "handed back this many times"),  # 3: 0
     ],
 )
 def test_policy_check(queue: str, definition: dict[str, Any], status: str, says: str) -> None:

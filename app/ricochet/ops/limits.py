@@ -25,6 +25,16 @@ POLICY_KINDS = (
 )
 # What RabbitMQ 4 gives a quorum queue declared without x-delivery-limit.
 DEFAULT_DELIVERY_LIMIT = 20
+# A limit no job reaches: it would have to be looked at a million times. RabbitMQ 3 has no value
+# that means none, and under any limit its quorum queue hands a returned message back at its
+# head, where it expires on time (without one, 3.x appends it behind the rest).
+UNREACHED_DELIVERY_LIMIT = 1_000_000
+
+
+def reached(limit: int, rabbitmq_4: bool) -> bool:
+    """Whether a delivery limit can drop or send on a job: not a negative one on RabbitMQ 4
+    (none; 3.x reads it as 0), nor one of UNREACHED_DELIVERY_LIMIT or more."""
+    return not ((limit < 0 and rabbitmq_4) or limit >= UNREACHED_DELIVERY_LIMIT)
 
 
 def takes_effect(key: str, value: Any, arguments: JSON, queue_type: str) -> bool:
@@ -62,8 +72,8 @@ class DeliveryLimit:
 
 def delivery_limit(queue: JSON, version: tuple[int, ...] | None) -> DeliveryLimit | None:
     """The delivery limit in effect on a queue; None when there is none: a classic queue,
-    RabbitMQ 3 without one, or a negative limit on RabbitMQ 4 (an unknown version counts as 4,
-    whose default is the stricter)."""
+    RabbitMQ 3 without one, a negative limit on RabbitMQ 4 (an unknown version counts as 4,
+    whose default is the stricter), or a limit no job reaches."""
     if queue.get("type") != "quorum":
         return None
     arguments = queue.get("arguments") or {}
@@ -81,4 +91,4 @@ def delivery_limit(queue: JSON, version: tuple[int, ...] | None) -> DeliveryLimi
         found = DeliveryLimit(DEFAULT_DELIVERY_LIMIT, "default", default)
     else:
         return None
-    return None if found.value < 0 and rabbitmq_4 else found
+    return found if reached(found.value, rabbitmq_4) else None

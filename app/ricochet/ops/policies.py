@@ -6,7 +6,7 @@ from typing import Any
 
 from ricochet.broker.plan import Plan
 from ricochet.ops.checks import JSON, BrokerState, Check, Status, vhost_option, worst
-from ricochet.ops.limits import applied_policies, policy_names
+from ricochet.ops.limits import applied_policies, policy_names, reached
 from ricochet.ops.limits import takes_effect as takes_effect  # doctor's, and its tests'
 
 # What a key that takes effect does to ricochet's jobs. Any other key is not one ricochet relies on.
@@ -25,9 +25,9 @@ CONSEQUENCES = {
 
 def _rating(key: str, value: Any, broker_version: tuple[int, ...] | None) -> tuple[Status, str]:
     """How a key that takes effect bears on ricochet's jobs, in words."""
-    unlimited = isinstance(value, int) and value < 0 and key == "delivery-limit"
-    if unlimited and broker_version is not None and broker_version >= (4, 0):
-        return "ok", "no delivery limit, as ricochet declares where it consumes"
+    rabbitmq_4 = broker_version is not None and broker_version >= (4, 0)
+    if key == "delivery-limit" and isinstance(value, int) and not reached(value, rabbitmq_4):
+        return "ok", "no delivery limit a job reaches"
     if key in CONSEQUENCES:
         return "fail", CONSEQUENCES[key]
     return "warn", "not a setting ricochet relies on"

@@ -22,7 +22,9 @@ Handing a message back counts against a quorum queue's delivery limit (every ret
 3.10 to 4.2, a return by a closed channel on 4.3). ricochet lifts the limit on the tiers and the
 levels it declares on RabbitMQ 4 (x-delivery-limit=-1); a scan reads the limit of each queue that
 holds jobs through the management API before it reads it, as a scan of the failed queue does,
-and refuses (DeliveryLimitRefusal, saying how to lift it) when a limit stands.
+and refuses (DeliveryLimitRefusal, saying how to lift it) when a limit stands that a job could
+reach (ricochet.ops.limits: a million or more is none, which is what RabbitMQ 3 needs to hand
+a job back at its queue's head).
 """
 
 import asyncio
