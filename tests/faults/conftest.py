@@ -69,10 +69,12 @@ async def connection(fault_broker: Broker, queue_name: str) -> AsyncIterator[Abs
 
 
 @pytest.fixture
-def fault_run(
+async def fault_run(
     fault_broker: Broker, connection: AbstractConnection, queue_name: str, tmp_path: Path
-) -> Iterator[Callable[..., FaultRun]]:
-    """`fault_run(name, **settings)`: a run on the test's queue; its workers are killed after."""
+) -> AsyncIterator[Callable[..., FaultRun]]:
+    """`fault_run(name, **settings)`: a run on the test's queue; its workers are killed after,
+    and the connection a run opened again after a fault is closed (left open, aio-pika would
+    close it once the test's loop had closed)."""
     runs: list[FaultRun] = []
 
     def make(name: str, **overrides: Any) -> FaultRun:
@@ -90,6 +92,8 @@ def fault_run(
         for worker in run.workers:
             if worker.alive:
                 worker.kill()
+        if run.connection is not connection:
+            await close_quietly(run.connection)
 
 
 @pytest.fixture
