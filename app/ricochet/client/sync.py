@@ -1,9 +1,11 @@
 """SyncClient: the Client for sync code (Django, Flask, scripts), shared by threads, safe to fork.
 
 The async Client runs on an event loop in a daemon thread of its own, one per process: each
-call hands its coroutine to that loop (asyncio.run_coroutine_threadsafe, which runs it in a
-copy of the caller's context, so a current span is the publish's parent) and waits for the
-outcome. Threads share one connection, and their publishes pipeline on its channel. The loop
+call queues its coroutine for that loop, to run in a copy of the caller's context (so a current
+span is the publish's parent), and waits for the outcome. The loop is woken once
+(call_soon_threadsafe) for all the calls queued while it was busy, and wakes each caller by
+releasing a lock the caller waits on: with many threads enqueueing, one wake-up starts many
+publishes. Threads share one connection, and their publishes pipeline on its channel. The loop
 runs while nobody calls, so the connection's heartbeats go out and a close by the broker is
 read when it comes. A forked child (gunicorn, uWSGI) never touches the parent's loop or
 socket: it finds its pid changed and makes a loop and a connection of its own.
@@ -11,13 +13,14 @@ socket: it finds its pid changed and makes a loop and a connection of its own.
 
 import asyncio
 import atexit
+import collections
+import contextvars
 import datetime as dt
 import functools
 import os
 import threading
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
-from queue import SimpleQueue
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -39,6 +42,47 @@ _OPEN: "weakref.WeakSet[SyncClient]" = weakref.WeakSet()
 _INHERITED: list["_LoopThread"] = []
 
 
+class _Call:
+    """A coroutine handed to the loop thread, with its caller's context, and the caller's wait
+    for its outcome: a lock taken when the call is made, which the loop thread releases when the
+    coroutine is done. The loop thread never waits on a lock of a caller's: an interrupted
+    caller (KeyboardInterrupt) leaves its call to run to its end, and its lock taken."""
+
+    __slots__ = ("_context", "_coroutine", "_done", "_error", "_outcome")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self._coroutine = coroutine
+        self._context = contextvars.copy_context()
+        self._outcome: Any = None
+        self._error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the loop thread."""
+        task = loop.create_task(self._coroutine, context=self._context)
+        task.add_done_callback(self._settle)
+
+    def _settle(self, task: "asyncio.Task[Any]") -> None:
+        if task.cancelled():  # the loop stopped under it
+            self._error = ClientClosed("the client closed before the call ended")
+        else:
+            self._error = task.exception()
+            self._outcome = None if self._error else task.result()
+        self._done.release()
+
+    def outcome(self) -> Any:
+        """In the caller's thread: waits until the coroutine is done."""
+        self._done.acquire()
+        error, self._error = self._error, None
+        if error is None:
+            return self._outcome
+        try:
+            raise error
+        finally:
+            del error  # the traceback holds this frame: no cycle through it
+
+
 class _LoopThread:
     """An event loop running in a daemon thread, with one Client on it."""
 
@@ -48,6 +92,8 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self._lock = threading.Lock()
         self._stopping = False
+        self._queued: collections.deque[_Call] = collections.deque()
+        self._woken = False  # a _start_queued is due on the loop
         self._thread = threading.Thread(target=self._run, name="ricochet-client", daemon=True)
         self._thread.start()
 
@@ -63,22 +109,31 @@ class _LoopThread:
         self.loop.close()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """The coroutine's outcome, run on the loop; ClientClosed once stop() began."""
+        """The coroutine's outcome, run on the loop; ClientClosed once stop() began.
+
+        An interrupted caller (KeyboardInterrupt) leaves its call to run to its end on the loop:
+        other calls may wait on its outcome inside the Client (an enqueue of the same message_id
+        waits for its lock, close() for the enqueues in flight)."""
+        call = _Call(coroutine)
         with self._lock:
             if self._stopping:
                 coroutine.close()
                 raise ClientClosed("the client is closed")
-            future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        # An interrupted caller (KeyboardInterrupt) leaves its call to run to its end on the
-        # loop: other calls may wait on its outcome inside the Client (an enqueue of the same
-        # message_id waits for its lock, close() for the enqueues in flight). The caller waits
-        # on a queue the loop's thread puts into without a lock of the caller's: waiting in
-        # future.result() instead, an interrupt landing as the caller takes the future's lock
-        # back could leave it taken, and the loop's thread blocked on it for ever.
-        ended: SimpleQueue[object] = SimpleQueue()
-        future.add_done_callback(ended.put)
-        ended.get()
-        return future.result()
+            self._queued.append(call)
+            # Woken under the lock: a stop() after this call's queueing schedules the close
+            # after this call's start.
+            if not self._woken:
+                self._woken = True
+                self.loop.call_soon_threadsafe(self._start_queued)
+        outcome: T = call.outcome()
+        return outcome
+
+    def _start_queued(self) -> None:
+        """In the loop thread: start every call queued. The flag goes down first, so a call
+        queued after it wakes the loop again, and one queued before is started here."""
+        self._woken = False
+        while self._queued:
+            self._queued.popleft().start(self.loop)
 
     def stop(self) -> None:
         """Close the client (its enqueues in flight settle first), then the loop and its
