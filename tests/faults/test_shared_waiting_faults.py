@@ -135,8 +135,8 @@ async def lateness(
 
 async def start_workers(runs: list[FaultRun]) -> None:
     """A worker on each run's queue, each consuming before the next starts: workers that start
-    at the same moment may find the cancel store's snapshot held by another one's read and then
-    read the whole store, which takes tens of seconds on a broker that keeps 200,000 cancels."""
+    at the same moment take turns at the cancel store's snapshot (each holds it for a get and
+    a requeue), and on a busy machine wait for it (up to 2 s) beside the broker's restart."""
     for run in runs:
         await run.start_worker()
 

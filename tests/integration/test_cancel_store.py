@@ -5,22 +5,25 @@ The store ricochet.cancels is shared by every test: none deletes it, and each na
 queues, so other tests' records in it change nothing here."""
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
+from ricochet.broker import cancels
 from ricochet.broker.cancels import cancel_record, read_snapshot
 from ricochet.broker.declare import declare
-from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
 from ricochet.names import SHARED
 
+from tests.broker import BROKER
 from tests.support import (
     AMQP_URL,
     InProcessWorker,
@@ -147,16 +150,23 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     assert "told" not in runs.runs
 
 
-async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
-    """n cancels of queue's ids in the store, published with their confirms awaited together.
+@contextlib.asynccontextmanager
+async def own_vhost(name: str) -> AsyncIterator[str]:
+    """A vhost of the test's own, for the AMQP URL's user; its URL. Deleted with all it holds."""
+    url = urlsplit(AMQP_URL)
+    BROKER.rabbitmqctl("add_vhost", name)
+    try:
+        BROKER.rabbitmqctl("set_permissions", "-p", name, str(url.username), ".*", ".*", ".*")
+        yield url._replace(path=f"/{name}").geturl()
+    finally:
+        BROKER.rabbitmqctl("delete_vhost", name, check=False)
 
-    They were made (their timestamp says) 10 minutes short of the kept time: kept through the
-    test, then forgotten, so that the workers of later tests do not carry them for 31 days."""
-    made = time.time() - CANCELS_MAX_AGE_S + 600
+
+async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
+    """n cancels of queue's ids in the store, published with their confirms awaited together."""
     batch: list[asyncio.Future[Any]] = []
     for i in range(n):
         message = cancel_record(queue, f"filler-{i:08d}")
-        message.timestamp = dt.datetime.fromtimestamp(made, dt.UTC)
         batch.append(
             asyncio.ensure_future(channel.default_exchange.publish(message, SHARED.cancels))
         )
@@ -176,37 +186,79 @@ async def first_job_after(
 
 
 async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
-    start_worker: StartWorker,
-    connection: AbstractConnection,
-    channel: AbstractChannel,
-    queue_name: str,
+    start_worker: StartWorker, queue_name: str
 ) -> None:
     """50,000 cancels kept: a worker that has read them leaves a snapshot, and the next worker
     takes its first job within a few seconds (reading them all takes about ten), honouring
-    a cancel among them."""
-    await declare(connection, make_settings(queue_name))  # the store, with the rest
-    await fill(channel, f"{queue_name}-filler", 50_000)
-    runs = Runs()
-    first = await start_worker(runs, ready=False)
-    # Reading them all is what the first worker is for: slow on a loaded machine (27 s seen).
-    await wait_for(lambda: first.lifecycle.ready, 90, "the first worker to read them all")
-    await wait_for(lambda: not first.worker.cancels.snapshot_pending, 60, "the snapshot")
-    await first.stop()
-    # Workers starting together (a deploy, a broker restart) each find it: a reader hands the
-    # one message back at once, and one that finds the queue empty looks again.
-    readers = [await connection.channel() for _ in range(8)]
-    found = await asyncio.gather(*(read_snapshot(reader) for reader in readers))
-    assert all(snapshot is not None for snapshot in found)
-    for reader in readers:
+    a cancel among them. On a vhost of its own: every worker starting on the shared one while
+    they were kept would read them too (the other suites' on this broker among them)."""
+    async with own_vhost(queue_name) as url:
+        async with await aio_pika.connect(url) as connection:
+            await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
+            await fill(await connection.channel(), f"{queue_name}-filler", 50_000)
+            runs = Runs()
+            first = await start_worker(runs, ready=False, amqp_url=url)
+            # Reading them all is what the first worker is for: slow on a loaded machine (27 s
+            # seen).
+            await wait_for(lambda: first.lifecycle.ready, 90, "the first worker to read them all")
+            await wait_for(lambda: not first.worker.cancels.snapshot_pending, 60, "the snapshot")
+            await first.stop()
+            # Workers starting together (a deploy, a broker restart) each find it: a reader
+            # hands the one message back at once, and one that finds the queue empty looks again.
+            readers = [await connection.channel() for _ in range(8)]
+            found = await asyncio.gather(*(read_snapshot(reader) for reader in readers))
+            assert all(snapshot is not None for snapshot in found)
+        async with Client(url, queue_name) as client:
+            await client.enqueue("job", {}, message_id="old", delay=1)
+            await client.cancel("old")
+            await client.enqueue("job", {}, message_id="first")
+        second, took_s = await first_job_after(
+            lambda: start_worker(runs, amqp_url=url), runs, "first"
+        )
+        try:
+            assert took_s < 5.0, f"first job {took_s:.1f} s after start"
+            await wait_for(lambda: second.count("cancelled") == 1, 10, "the cancelled job")
+            assert "old" not in runs.runs
+        finally:
+            await second.stop()  # before its vhost goes (the fixture's stop is then a no-op)
+
+
+async def test_a_snapshot_another_reader_holds_is_waited_for(
+    start_worker: StartWorker, connection: AbstractConnection
+) -> None:
+    """A start that finds the snapshot's queue empty because another reader holds it (a get,
+    slow to hand it back on a loaded machine) looks again rather than read the whole store."""
+    worker = await start_worker(Runs())  # the snapshot exists once a worker has started
+    await wait_for(lambda: not worker.worker.cancels.snapshot_pending, 60, "the snapshot")
+    holder, reader = await connection.channel(), await connection.channel()
+    try:
+        store = await holder.get_queue(SHARED.cancels_snapshot, ensure=False)
+        held = await store.get(no_ack=False)
+        reading = asyncio.ensure_future(read_snapshot(reader))
+        await asyncio.sleep(cancels.SNAPSHOT_PATIENCE_S / 2)
+        assert not reading.done(), "the reader gave up while the snapshot was held"
+        await held.nack(requeue=True)
+        assert await reading is not None
+    finally:
+        await holder.close()
         await reader.close()
-    async with Client(AMQP_URL, queue_name) as client:
-        await client.enqueue("job", {}, message_id="old", delay=1)
-        await client.cancel("old")
-        await client.enqueue("job", {}, message_id="first")
-    second, took_s = await first_job_after(lambda: start_worker(runs), runs, "first")
-    assert took_s < 5.0, f"first job {took_s:.1f} s after start"
-    await wait_for(lambda: second.count("cancelled") == 1, 10, "the cancelled job")
-    assert "old" not in runs.runs
+
+
+async def test_a_start_that_finds_no_snapshot_leaves_one(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """On a new vhost (a store of a few records, no snapshot) a worker's start writes one, so
+    that the next start does not wait for it; it holds no cancel."""
+    async with own_vhost(queue_name) as url:
+        worker = await start_worker(Runs(), amqp_url=url)
+        try:
+            await wait_for(lambda: not worker.worker.cancels.snapshot_pending, 20, "the snapshot")
+            async with await aio_pika.connect(url) as connection:
+                snapshot = await read_snapshot(await connection.channel())
+        finally:
+            await worker.stop()
+    assert snapshot is not None
+    assert (snapshot.entries, snapshot.waits) == ([], [])
 
 
 async def test_an_old_per_queue_store_is_read_without_being_declared(

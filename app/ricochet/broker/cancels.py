@@ -42,9 +42,12 @@ CANCEL = "cancel"
 WAIT = "wait"
 MARKER = "marker"
 # The newest snapshot of the live cancels: a queue that keeps one message (the last written).
-# A snapshot another reader holds for a moment is looked for again this often, this far apart.
-SNAPSHOT_TRIES = 10
-SNAPSHOT_RETRY_S = 0.05
+# Another reader holds it for a round trip (a get, then a requeue), longer on a loaded broker
+# or client: a reader that finds the queue empty looks again this often, for this long, before
+# it reads the whole store (seconds to hours). Every start that found none writes one, so only
+# the first start on a vhost waits it out.
+SNAPSHOT_LOOK_EVERY_S = 0.05
+SNAPSHOT_PATIENCE_S = 2.0
 # Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
 READ_PREFETCH = 1000
 # A worker takes no job until it has read the store up to its own marker; past this, it
@@ -196,8 +199,10 @@ class CancelReader:
             snapshot=None if snapshot is None else snapshot.next_offset,
             read=self._since_snapshot,
         )
-        if self._since_snapshot >= SNAPSHOT_AFTER_START:
-            # After the one being written, if any: the next start reads from here.
+        if snapshot is None or self._since_snapshot >= SNAPSHOT_AFTER_START:
+            # After the one being written, if any: the next start reads from here. A start that
+            # found none (a new vhost, or one ahead of the stream) writes one however little it
+            # read, so that the next does not wait for it.
             pending = self._writing
             self._writing = asyncio.get_running_loop().create_task(self._after(pending))
 
@@ -347,15 +352,15 @@ async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
     """The newest snapshot, left in its queue; None when there is none or it cannot be read.
 
     A get takes the one message from every other reader until it is handed back, so it goes
-    back at once, before it is decoded, and a reader that finds the queue empty looks again a
-    few times: workers started together (a deploy, a broker restart) all find it.
+    back at once, before it is decoded, and a reader that finds the queue empty looks again for
+    SNAPSHOT_PATIENCE_S: workers started together (a deploy, a broker restart) all find it.
     """
     queue = await channel.get_queue(SHARED.cancels_snapshot, ensure=False)
-    for _ in range(SNAPSHOT_TRIES):
-        message = await queue.get(no_ack=False, fail=False)
-        if message is not None:
-            body = message.body
-            await message.nack(requeue=True)
-            return await asyncio.to_thread(decode_snapshot, body)
-        await asyncio.sleep(SNAPSHOT_RETRY_S)
-    return None
+    give_up = time.monotonic() + SNAPSHOT_PATIENCE_S
+    while (message := await queue.get(no_ack=False, fail=False)) is None:
+        if time.monotonic() >= give_up:
+            return None
+        await asyncio.sleep(SNAPSHOT_LOOK_EVERY_S)
+    body = message.body
+    await message.nack(requeue=True)
+    return await asyncio.to_thread(decode_snapshot, body)
