@@ -9,14 +9,15 @@ vhost at a time (the lock of ricochet.ops.scan, on ricochet.waiting.scan): two s
 would each be handed part of a queue.
 
 A message held unacked does not expire, so a scan must not hold a job past the time it leaves
-its queue. It reads on while it holds what it read, and hands each message back just after that
-time (EXPIRY_GRACE_S): the queue, which checks its head for messages past their TTL before it
-sends anything, sends it on at once, as it would have, and never to the scan again. Where it knows
-a message's time only as a lower bound (no record of ricochet's), the message may come back: it
-is held again for REHOLD_S at most, so such a job is late by that much at worst. What the scan
-still holds when it has read the queue goes back before its time, in the order it leaves
-(ricochet.ops.hand_back says why, and in what nacks). A job that moves down the levels while the
-scan reads them is read twice: the scan keeps one row per job and attempt.
+its queue. It reads on while it holds what it read (of the jobs that leave soon, no more than
+the queue has time to hand out beside sending them on: SOON_MOST), and hands each message back
+just after that time (EXPIRY_GRACE_S): the queue, which checks its head for messages past their
+TTL before it sends anything, sends it on at once, as it would have, and never to the scan
+again. Where it knows a message's time only as a lower bound (no record of ricochet's), the
+message may come back: it is held again for REHOLD_S at most, so such a job is late by that much
+at worst. What the scan still holds when it has read the queue goes back before its time, in
+the order it leaves (ricochet.ops.hand_back says why, and in what nacks). A job that moves down
+the levels while the scan reads them is read twice: the scan keeps one row per job and attempt.
 
 Handing a message back counts against a quorum queue's delivery limit (every return on RabbitMQ
 3.10 to 4.2, a return by a closed channel on 4.3). ricochet lifts the limit on the tiers and the
@@ -81,8 +82,16 @@ REHOLD_S = 0.1
 HAND_BACK_SPAN_S = 0.2
 # Records of retries are read from this much before the longest tier's wait (clocks apart).
 RECORDS_SLACK = dt.timedelta(seconds=60)
-# With no delivery for this long, the scan asks the broker whether the queue holds more.
+# With no delivery for this long, the scan asks the broker whether the queue holds more (at most
+# once in as long).
 IDLE_S = 0.5
+# A queue process that sends jobs on by the thousand a second, and hands a scan each job it
+# holds, falls behind with both (RabbitMQ 3.10: 2 s late at 3,300 jobs a second, a scan holding
+# 37,000): the scan holds no more than SOON_MOST of those that leave within SOON_S, and reads on
+# as they leave. Jobs that wait longer it reads as fast as the queue hands them
+# (docs/performance.md, `ricochet waiting` over 100,000 jobs, for the figures of each cap).
+SOON_S = 10.0
+SOON_MOST = 6_000
 
 # What a scan makes of a message: the waiting job it stands for, and whether the scan lists it
 # (a level holds other queues' jobs too); from the place, the message, now.
@@ -94,6 +103,15 @@ class _Held:
     back_s: float  # when it goes back, epoch seconds
     tag: int
     key: tuple[object, ...] = field(compare=False)
+
+
+def may_add_consumer(consumers: int, newest_back_s: float, now: float) -> bool:
+    """Whether a scan with this many consumers may take another (pure): not while they may
+    already hold SOON_MOST (another consumer's room beside it) of jobs that all leave within
+    SOON_S (the newest read, which goes back at newest_back_s, leaves last). It counts what they
+    may hold, not what they hold: a queue slow to deliver (a loaded broker) adds no consumer past
+    the cap."""
+    return consumers * PER_CONSUMER <= SOON_MOST or newest_back_s > now + SOON_S
 
 
 def identity(message: AbstractIncomingMessage, attempt: int) -> tuple[object, ...]:
@@ -119,6 +137,8 @@ class PlaceScan:
         # Handed back and not seen since: a delivery of one of them is no new job.
         self._released: collections.Counter[tuple[object, ...]] = collections.Counter()
         self._last_delivery_s = time.time()
+        self._asked_s = 0.0  # when the scan last asked the broker what the queue holds
+        self._newest_back_s = 0.0  # when the job read last goes back (a queue's are in order)
         self.rows: list[Waiting] = []
         self.seen = 0  # messages read once (those handed back and seen again not counted)
 
@@ -134,12 +154,8 @@ class PlaceScan:
                 try:
                     message = await asyncio.wait_for(self._inbox.get(), wait_s)
                 except TimeoutError:
-                    if await self._hand_back_due() or self._delivered_within(IDLE_S):
-                        continue
-                    left = await read_depth(self._channel, self._place.name)
-                    if left is None or left.messages == 0:
+                    if await self._read_all():
                         break
-                    await self._subscribe()  # the broker holds back: more room
                     continue
                 self._take(message)
                 while not self._inbox.empty():  # all that came meanwhile, for one look at the time
@@ -155,8 +171,20 @@ class PlaceScan:
                 self._held = []
         return self.rows
 
-    def _delivered_within(self, seconds: float) -> bool:
-        return time.time() - self._last_delivery_s < seconds
+    async def _read_all(self) -> bool:
+        """With no delivery for a while: whether the queue holds no more to read (but what this
+        scan holds, and hands back as it leaves); if it does, the broker holds back for room."""
+        await self._hand_back_due()
+        now = time.time()
+        if now - self._last_delivery_s < IDLE_S or now - self._asked_s < IDLE_S:
+            return False
+        left = await read_depth(self._channel, self._place.name)
+        self._asked_s = time.time()
+        if left is None or left.messages == 0:
+            return True
+        if self._may_grow():
+            await self._subscribe()
+        return False
 
     def _take(self, message: AbstractIncomingMessage) -> None:
         now = self._last_delivery_s = time.time()
@@ -169,7 +197,7 @@ class PlaceScan:
             self.seen += 1
             if listed:
                 self.rows.append(row)
-            back_s = row.leaves_at.timestamp() + EXPIRY_GRACE_S
+            back_s = self._newest_back_s = row.leaves_at.timestamp() + EXPIRY_GRACE_S
         assert message.delivery_tag is not None
         heapq.heappush(self._held, _Held(back_s, message.delivery_tag, key))
         heapq.heappush(self._tags, message.delivery_tag)
@@ -209,10 +237,15 @@ class PlaceScan:
     async def _room(self) -> None:
         """Another consumer once the messages held come within one consumer's worth of what the
         consumers may hold (a quorum queue hands one consumer PER_CONSUMER at most)."""
-        while self._consumers and len(self._held) + PER_CONSUMER > (
-            len(self._consumers) * PER_CONSUMER
+        while (
+            self._consumers
+            and len(self._held) + PER_CONSUMER > len(self._consumers) * PER_CONSUMER
+            and self._may_grow()
         ):
             await self._subscribe()
+
+    def _may_grow(self) -> bool:
+        return may_add_consumer(len(self._consumers), self._newest_back_s, time.time())
 
     async def _stop_consuming(self) -> None:
         """Cancel the consumers, handing back what falls due meanwhile (a cancel is a round trip
