@@ -79,8 +79,9 @@ async def leaky(job: Job) -> None:
 
 
 # SPEC 21's fault rows: a type that waits on a ladder of its own, and one that does not (whose
-# jobs may bring their own, the retry-delays-ms header); both journal as fault does.
-LADDER_MS = 3_000
+# jobs may bring their own, the retry-delays-ms header); both journal as fault does. Long enough
+# that a loaded machine starts 300 first attempts and sends 150 cancels before the first come due.
+LADDER_MS = 6_000
 ladders = Router()
 ladders.handler("laddered", retry_delays_ms=(LADDER_MS,))(fault)
 ladders.handler("plain")(fault)

@@ -22,9 +22,11 @@ from aiohttp import web
 from pydantic import SecretStr
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import LANES, MAX_TIERS
+from ricochet.broker.retries import retry_record
 from ricochet.errors import RicochetError
 from ricochet.handlers.invoker import Invoker
-from ricochet.names import DELAY_LEVELS, Names
+from ricochet.headers import RETRIES
+from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -120,6 +122,34 @@ async def publish(
         ),
         routing_key=queue,
     )
+
+
+async def in_tier(
+    channel: AbstractChannel,
+    queue: str,
+    ids: list[str],
+    *,
+    at_ms: int = 0,
+    reason: str = "ValueError: down",
+) -> None:
+    """Jobs of queue in its first tier, as the worker sends them there: each a failed first
+    attempt, with the record of its retry (its reason, and when it was sent, at_ms)."""
+    tier = Names(queue).tier(1)
+    publishes = []
+    for message_id in ids:
+        job = aio_pika.Message(
+            b"{}",
+            message_id=message_id,
+            type="job",
+            headers={RETRIES: 1},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        record = retry_record(queue, message_id, 1, reason, at_ms)
+        publishes += [
+            channel.default_exchange.publish(job, tier),
+            channel.default_exchange.publish(record, SHARED.retries),
+        ]
+    await asyncio.gather(*publishes)
 
 
 async def depth(channel: AbstractChannel, queue: str) -> int:

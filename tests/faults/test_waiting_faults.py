@@ -9,15 +9,12 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet import Client, Job, Router
 from ricochet.broker.record import declare_recorded
-from ricochet.broker.retries import retry_record
-from ricochet.headers import RETRIES
 from ricochet.log import merge_job_fields
-from ricochet.names import SHARED, Names
+from ricochet.names import Names
 from structlog.testing import capture_logs
 
 from tests.broker import Broker
@@ -27,6 +24,7 @@ from tests.support import (
     close_connections,
     consumers,
     depth,
+    in_tier,
     make_settings,
     ricochet_env,
     spawn,
@@ -43,19 +41,8 @@ TIER_MS = 3_600_000
 async def waiting_jobs(channel: AbstractChannel, queue: str) -> list[str]:
     """JOBS jobs in tier 1, as the worker sends them there (with the record of the retry)."""
     ids = [f"w{i:05d}" for i in range(JOBS)]
-    tier = Names(queue).tier(1)
     for start in range(0, JOBS, PUBLISH_BATCH):
-        publishes = []
-        for message_id in ids[start : start + PUBLISH_BATCH]:
-            job = aio_pika.Message(
-                b"{}", message_id=message_id, type="job", headers={RETRIES: 1}, delivery_mode=2
-            )
-            record = retry_record(queue, message_id, 1, "ValueError: down", 0)
-            publishes += [
-                channel.default_exchange.publish(job, tier),
-                channel.default_exchange.publish(record, SHARED.retries),
-            ]
-        await asyncio.gather(*publishes)
+        await in_tier(channel, queue, ids[start : start + PUBLISH_BATCH])
     return ids
 
 

@@ -7,7 +7,7 @@ import datetime as dt
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.legacy import older_workers_connected
+from ricochet.broker.legacy import LEVEL_FIGURES, older_workers_connected
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import TTL, delay_bindings
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, Names, delay_key
@@ -81,7 +81,8 @@ async def test_jobs_in_the_old_levels_run_and_the_levels_go_once_empty(
         await older.close()
 
     async def empty_by_the_api() -> bool:  # its figures lag a few seconds behind
-        figures = [await api_queue(n.delay(k), "messages,messages_dlx") for k in range(5)]
+        levels = [n.delay(k) for k in range(DELAY_LEVELS)]  # all the worker reads, not a few
+        figures = [await api_queue(level, LEVEL_FIGURES) for level in levels]
         return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
 
     async def no_older_worker_by_the_api() -> bool:  # its list of connections lags too

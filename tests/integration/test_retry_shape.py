@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractChannel
 from ricochet import Client, Job, Router, SyncClient
 from ricochet.headers import WAITING_SINCE
 from ricochet.names import Names
+from structlog.testing import capture_logs
 
 from tests.support import (
     AMQP_URL,
@@ -197,30 +198,38 @@ async def test_jitter_spreads_the_waits_of_a_type_s_ladder(
     start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
 ) -> None:
     """200 jobs of a type with a 2 s ladder failing at once, with RICOCHET_RETRY_JITTER=0.5:
-    each waits 1-2 s in the delays (plus the lateness bound), from when its copy began waiting,
-    and the 10th to 90th percentile of their waits covers at least half of the 1 s spread."""
+    each is given a wait of 1-2 s, the 10th to 90th percentile of them covering at least half of
+    the 1 s spread, and waits it out in the delays, from when its copy began waiting."""
     runs = Runs()
     router = router_of(runs, email={"retry_delays_ms": (2_000,)})
-    await start_worker(
-        router,
-        queue_type=queue_type,
-        retry_delay_ms=WORKER_DELAY_MS,
-        retry_jitter=0.5,
-        prefetch=200,
-    )
     ids = [f"herd-{i}" for i in range(200)]
-    body = json.dumps({"fail": 1})
-    for message_id in ids:
-        await publish(channel, queue_name, body, message_id=message_id, type="email")
-    await wait_for(
-        lambda: all(len(runs.seen[m]) == 2 for m in ids), 30, "every job's second attempt"
-    )
+    with capture_logs() as logs:
+        await start_worker(
+            router,
+            queue_type=queue_type,
+            retry_delay_ms=WORKER_DELAY_MS,
+            retry_jitter=0.5,
+            prefetch=200,
+        )
+        body = json.dumps({"fail": 1})
+        for message_id in ids:
+            await publish(channel, queue_name, body, message_id=message_id, type="email")
+        await wait_for(
+            lambda: all(len(runs.seen[m]) == 2 for m in ids), 30, "every job's second attempt"
+        )
+    given = sorted(e["delay_ms"] / 1000 for e in logs if e["event"] == "job failed, retrying")
+    assert len(given) == len(ids)
+    assert given[0] >= 1.0
+    assert given[-1] <= 2.0
+    deciles = statistics.quantiles(given, n=10)
+    assert deciles[-1] - deciles[0] >= 0.5 * 2.0 * 0.5, deciles
     waits = sorted(runs.waited)
     assert len(waits) == len(ids)
     assert waits[0] >= 1.0
-    assert waits[-1] <= 2.0 + LATE_S
-    deciles = statistics.quantiles(waits, n=10)
-    assert deciles[-1] - deciles[0] >= 0.5 * 2.0 * 0.5, deciles
+    # 200 jobs due within one second are no idle worker's (LATE_S), least of all on a machine
+    # shared with other suites (1.5 s late seen): the bound left is that no wait came from the
+    # worker's own ladder.
+    assert waits[-1] < 2.0 + WORKER_DELAY_MS / 1000 / 10
 
 
 async def test_a_type_s_timeout_replaces_the_worker_s(
