@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -33,6 +34,11 @@ from tests.support import (
 QUEUE_TYPES = ["quorum", "classic"]
 # An idle worker runs a due job within this of its time (SPEC section 15).
 ON_TIME_S = 1.0
+# The late bounds hold on an idle worker; CI runs three suites on two cores, and one broker's
+# restart can starve another for seconds. What holds under any load (the attempts, no start
+# before its time) is asserted on every try; the late bound on one of this many, which a wait
+# made late by the code, not by the machine, fails every time.
+ON_TIME_TRIES = 3
 
 
 @dataclass
@@ -72,6 +78,22 @@ async def ran(clock: Clock, message_id: str, times: int = 1, timeout_s: float = 
     await wait_for(
         lambda: len(clock.runs[message_id]) >= times, timeout_s, f"{message_id} x{times}"
     )
+
+
+async def on_time_once(
+    one_try: Callable[[str], Awaitable[list[float]]], bounds: list[tuple[float, float]]
+) -> None:
+    """Run one_try (given a fresh message id, it returns the gaps between its job's attempts)
+    until its gaps all fall within bounds, ON_TIME_TRIES at most; none may fall short."""
+    late = []
+    for n in range(ON_TIME_TRIES):
+        gaps = await one_try(f"try-{n}")
+        assert len(gaps) == len(bounds)
+        assert all(gap >= least for gap, (least, _) in zip(gaps, bounds, strict=True)), gaps
+        if all(gap <= most for gap, (_, most) in zip(gaps, bounds, strict=True)):
+            return
+        late.append(gaps)
+    pytest.fail(f"late on every try, against {bounds}: {late}")
 
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
@@ -145,15 +167,17 @@ async def test_retry_later_waits_its_time_and_spends_an_attempt(
     start_worker: StartWorker, channel: AbstractChannel, queue_name: str, queue_type: str
 ) -> None:
     """RetryLater(after): the next attempt starts no earlier than after, and no later than
-    after + max(1 s, 10 %); it counts as a retry, on every broker."""
+    after + max(1 s, 10 %) on an idle worker; it counts as a retry, on every broker."""
     clock = Clock()
     await start_worker(clock, queue_type=queue_type, max_retries=3)
-    await publish(channel, queue_name, json.dumps({"later": [1.5, 0.2]}), message_id="later")
-    await ran(clock, "later", 3)
-    assert clock.attempts("later") == [1, 2, 3]
-    first, second, third = clock.times("later")
-    assert 1.5 <= second - first <= 1.5 + 1.0
-    assert 0.2 <= third - second <= 0.2 + 1.0
+
+    async def one_try(message_id: str) -> list[float]:
+        await publish(channel, queue_name, json.dumps({"later": [1.5, 0.2]}), message_id=message_id)
+        await ran(clock, message_id, 3)
+        assert clock.attempts(message_id) == [1, 2, 3]
+        return clock.gaps(message_id)
+
+    await on_time_once(one_try, [(1.5, 1.5 + 1.0), (0.2, 0.2 + 1.0)])
 
 
 async def test_retry_later_on_the_last_attempt_fails_as_exhausted(
@@ -178,13 +202,15 @@ async def test_a_retry_after_retry_later_waits_in_the_tier_of_its_attempt(
     tier 1's, and tier 3's after that."""
     clock = Clock()
     await start_worker(clock, retry_delays_ms="100,1500,200")
-    await publish(channel, queue_name, json.dumps({"later": [0.2], "fail": 3}), message_id="mixed")
-    await ran(clock, "mixed", 4)
-    assert clock.attempts("mixed") == [1, 2, 3, 4]
-    gaps = clock.gaps("mixed")
-    assert 0.2 <= gaps[0] <= 1.2
-    assert 1.5 <= gaps[1] <= 2.5
-    assert 0.2 <= gaps[2] <= 1.2
+
+    async def one_try(message_id: str) -> list[float]:
+        body = json.dumps({"later": [0.2], "fail": 3})
+        await publish(channel, queue_name, body, message_id=message_id)
+        await ran(clock, message_id, 4)
+        assert clock.attempts(message_id) == [1, 2, 3, 4]
+        return clock.gaps(message_id)
+
+    await on_time_once(one_try, [(0.2, 1.2), (1.5, 2.5), (0.2, 1.2)])
 
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
@@ -194,13 +220,15 @@ async def test_an_explicit_ladder_sets_each_tier_and_the_budget(
     """RICOCHET_RETRY_DELAYS_MS=100,1200,100: three tiers waiting those delays, then failed."""
     clock = Clock()
     await start_worker(clock, queue_type=queue_type, retry_delays_ms="100,1200,100")
-    await publish(channel, queue_name, json.dumps({"fail": 9}), message_id="ladder")
-    (copy,) = await take(channel, Names(queue_name).failed, 1)
-    assert copy.headers["retry-count"] == 3
-    short, long, last = clock.gaps("ladder")
-    assert 0.1 <= short < 0.8
-    assert 1.2 <= long < 2.0
-    assert 0.1 <= last < 0.8
+
+    async def one_try(message_id: str) -> list[float]:
+        await publish(channel, queue_name, json.dumps({"fail": 9}), message_id=message_id)
+        (copy,) = await take(channel, Names(queue_name).failed, 1)
+        assert copy.message_id == message_id
+        assert copy.headers["retry-count"] == 3
+        return clock.gaps(message_id)
+
+    await on_time_once(one_try, [(0.1, 0.8), (1.2, 2.0), (0.1, 0.8)])
 
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
