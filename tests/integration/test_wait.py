@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -78,6 +79,21 @@ async def ran(clock: Clock, message_id: str, times: int = 1, timeout_s: float = 
     await wait_for(
         lambda: len(clock.runs[message_id]) >= times, timeout_s, f"{message_id} x{times}"
     )
+
+
+def gaps_of(
+    clock: Clock, channel: AbstractChannel, queue: str, payload: dict[str, Any], attempts: int
+) -> Callable[[str], Awaitable[list[float]]]:
+    """A try for on_time_once: a job of this payload, run attempts times (numbered 1, 2, ...);
+    the gaps between its attempts."""
+
+    async def one_try(message_id: str) -> list[float]:
+        await publish(channel, queue, json.dumps(payload), message_id=message_id)
+        await ran(clock, message_id, attempts)
+        assert clock.attempts(message_id) == list(range(1, attempts + 1))
+        return clock.gaps(message_id)
+
+    return one_try
 
 
 async def on_time_once(
@@ -174,13 +190,7 @@ async def test_retry_later_waits_its_time_and_spends_an_attempt(
     after + max(1 s, 10 %) on an idle worker; it counts as a retry, on every broker."""
     clock = Clock()
     await start_worker(clock, queue_type=queue_type, max_retries=3)
-
-    async def one_try(message_id: str) -> list[float]:
-        await publish(channel, queue_name, json.dumps({"later": [1.5, 0.2]}), message_id=message_id)
-        await ran(clock, message_id, 3)
-        assert clock.attempts(message_id) == [1, 2, 3]
-        return clock.gaps(message_id)
-
+    one_try = gaps_of(clock, channel, queue_name, {"later": [1.5, 0.2]}, attempts=3)
     await on_time_once(one_try, [(1.5, 1.5 + 1.0), (0.2, 0.2 + 1.0)])
 
 
@@ -206,14 +216,7 @@ async def test_a_retry_after_retry_later_waits_in_the_tier_of_its_attempt(
     tier 1's, and tier 3's after that."""
     clock = Clock()
     await start_worker(clock, retry_delays_ms="100,1500,200")
-
-    async def one_try(message_id: str) -> list[float]:
-        body = json.dumps({"later": [0.2], "fail": 3})
-        await publish(channel, queue_name, body, message_id=message_id)
-        await ran(clock, message_id, 4)
-        assert clock.attempts(message_id) == [1, 2, 3, 4]
-        return clock.gaps(message_id)
-
+    one_try = gaps_of(clock, channel, queue_name, {"later": [0.2], "fail": 3}, attempts=4)
     await on_time_once(one_try, [(0.2, 1.2), (1.5, 2.5), (0.2, 1.2)])
 
 
