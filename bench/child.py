@@ -69,6 +69,8 @@ def retry_record(message: AbstractIncomingMessage, queue: str) -> aio_pika.Messa
             "ricochet-queue": queue,
             "ricochet-attempt": attempt_of(message, queue),
             "ricochet-at-ms": int(time.time() * 1000),
+            "ricochet-tier": attempt_of(message, queue),
+            "ricochet-type": message.type or "",
         },
     )
 

@@ -89,7 +89,7 @@ async def _fill(url: str, n: int, spread_s: float) -> None:
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={RETRIES: 1, DUE: now_ms + wait_ms},
             )
-            record = retry_record(QUEUE, message_id, 1, REASON, now_ms)
+            record = retry_record(QUEUE, message_id, 1, REASON, now_ms, 1, "payment.charge")
             publishes.append(channel.default_exchange.publish(record, SHARED.retries))
             publishes.append(channel.default_exchange.publish(job, tier))
         await asyncio.gather(*publishes)

@@ -144,7 +144,7 @@ async def in_tier(
             headers={RETRIES: 1},
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        record = retry_record(queue, message_id, 1, reason, at_ms)
+        record = retry_record(queue, message_id, 1, reason, at_ms, tier=1, job_type="job")
         publishes += [
             channel.default_exchange.publish(job, tier),
             channel.default_exchange.publish(record, SHARED.retries),

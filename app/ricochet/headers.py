@@ -59,10 +59,13 @@ FAILURE_HEADERS = (
     FAILED_DROPPED_HEADERS,
 )
 # ricochet's, on a record in one of the vhost's stores (cancels, retries, schedules): the queue
-# it concerns; and on a retry's record, the attempt that failed and when (epoch milliseconds).
+# it concerns; and on a retry's record, the attempt that failed and when (epoch milliseconds),
+# the tier it went to and the job's type.
 RECORD_QUEUE = "ricochet-queue"
 RECORD_ATTEMPT = "ricochet-attempt"
 RECORD_AT_MS = "ricochet-at-ms"
+RECORD_TIER = "ricochet-tier"
+RECORD_TYPE = "ricochet-type"
 
 RESERVED_NAMES = frozenset(
     {

@@ -6,7 +6,9 @@ its delivery tag: the tier holds the job, never why it failed, and x-death keeps
 time it died, in whole seconds. So the worker appends a record beside the nack, on a channel of
 its own without confirms (a record lost with a connection costs `ricochet waiting` a reason,
 never a job), and `ricochet waiting` reads the records of the jobs it finds in the tiers: by
-(queue, message_id, failed attempt), the reason, and to the millisecond when the job came in.
+(queue, message_id, failed attempt), the reason, to the millisecond when the job came in, the
+tier it went to and the job's type (so that a tier whose records account for every job it holds
+is listed from them, without a read: ricochet.ops.recorded).
 
 The stream keeps RETRIES_MAX_AGE (longer than the longest tier, a day) and RETRIES_MAX_BYTES at
 most, in small segments so that retention drops old ones on time: a record older than its job's
@@ -17,16 +19,29 @@ import asyncio
 import datetime as dt
 import time
 import uuid
+from typing import Any, NamedTuple
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractMessage,
+)
 from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.publish import publish_to_queue
 from ricochet.errors import MissingQueue
-from ricochet.headers import RECORD_AT_MS, RECORD_ATTEMPT, RECORD_QUEUE, STREAM_OFFSET
+from ricochet.headers import (
+    RECORD_AT_MS,
+    RECORD_ATTEMPT,
+    RECORD_QUEUE,
+    RECORD_TIER,
+    RECORD_TYPE,
+    STREAM_OFFSET,
+)
 from ricochet.names import SHARED
 
 log = structlog.get_logger("ricochet.retries")
@@ -42,17 +57,66 @@ ACK_EVERY = READ_PREFETCH // 4
 READ_TIMEOUT_S = 30.0
 
 
+# A job's type longer than this is not recorded (an AMQP type property is at most 255 bytes; a
+# JSON body's "type" field may be anything): its record then gives no tier either, and a look
+# reads that tier to list it.
+RECORD_TYPE_MOST = 255
+
+
+class Retried(NamedTuple):
+    """What the record of one retry says: the reason, when the job went to its tier (epoch ms),
+    the tier (None: a record of an earlier ricochet, or of a job whose type it could not hold)
+    and the job's type."""
+
+    reason: str
+    at_ms: int
+    tier: int | None = None
+    type: str | None = None
+
+
 def retry_record(
-    queue: str, message_id: str, attempt: int, reason: str, at_ms: int
+    queue: str,
+    message_id: str,
+    attempt: int,
+    reason: str,
+    at_ms: int,
+    tier: int | None = None,
+    job_type: str | None = None,
 ) -> aio_pika.Message:
     """The record of a failed attempt of queue's job sent to a tier: its reason as the body."""
+    headers: dict[str, Any] = {RECORD_QUEUE: queue, RECORD_ATTEMPT: attempt, RECORD_AT_MS: at_ms}
+    if tier is not None and (job_type is None or len(job_type) <= RECORD_TYPE_MOST):
+        headers[RECORD_TIER] = tier
+        if job_type is not None:
+            headers[RECORD_TYPE] = job_type
     return aio_pika.Message(
         reason.encode(),
         message_id=message_id,
         type=RETRY,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={RECORD_QUEUE: queue, RECORD_ATTEMPT: attempt, RECORD_AT_MS: at_ms},
+        headers=headers,
     )
+
+
+def read_record(entry: AbstractMessage, queue: str) -> tuple[str, int, Retried] | None:
+    """(message_id, the failed attempt, what the record says) of the record of a retry of
+    queue's job; None for what is not one (the store takes what anyone the vhost lets in
+    writes)."""
+    headers = entry.headers or {}
+    attempt, at_ms = headers.get(RECORD_ATTEMPT), headers.get(RECORD_AT_MS)
+    if (
+        entry.type != RETRY
+        or entry.message_id is None
+        or headers.get(RECORD_QUEUE) != queue
+        or not isinstance(attempt, int)
+        or not isinstance(at_ms, int)
+    ):
+        return None
+    tier, job_type = headers.get(RECORD_TIER), headers.get(RECORD_TYPE)
+    if not isinstance(tier, int) or not (job_type is None or isinstance(job_type, str)):
+        tier = job_type = None
+    retried = Retried(entry.body.decode("utf-8", "replace"), at_ms, tier, job_type)
+    return entry.message_id, attempt, retried
 
 
 class RetryLog:
@@ -64,12 +128,21 @@ class RetryLog:
         self._channel: AbstractChannel | None = None
         self._opening = asyncio.Lock()
 
-    async def record(self, queue: str, message_id: str | None, attempt: int, reason: str) -> None:
+    async def record(
+        self,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        reason: str,
+        tier: int,
+        job_type: str | None,
+    ) -> None:
         """Append the record of a failed attempt of queue's job that goes to a tier; a job
         without an id has none (`ricochet waiting` could not find it by one)."""
         if message_id is None:
             return
-        record = retry_record(queue, message_id, attempt, reason, int(time.time() * 1000))
+        at_ms = int(time.time() * 1000)
+        record = retry_record(queue, message_id, attempt, reason, at_ms, tier, job_type)
         try:
             channel = await self._open()
             # Without confirms: published once written, and the nack beside it waits for nothing.
@@ -88,10 +161,11 @@ class RetryLog:
 
 async def read_retries(
     connection: AbstractConnection, since: dt.datetime, queue: str
-) -> dict[tuple[str, int], tuple[str, int]]:
-    """(reason, at_ms) by (message_id, failed attempt) of queue's retries recorded since then
-    (the newest of one recorded twice); the stream is read up to a marker of the reader's own."""
-    found: dict[tuple[str, int], tuple[str, int]] = {}
+) -> dict[tuple[str, int], Retried]:
+    """What the records say by (message_id, failed attempt) of queue's retries recorded since
+    then (the newest of one recorded twice); the stream is read up to a marker of the reader's
+    own."""
+    found: dict[tuple[str, int], Retried] = {}
     channel = await connection.channel(publisher_confirms=True)
     marker = uuid.uuid4().hex
     seen = asyncio.get_running_loop().create_future()
@@ -99,16 +173,10 @@ async def read_retries(
     async def read(entry: AbstractIncomingMessage) -> None:
         if seen.done():  # read to the end, or given up: no frame may follow the channel's close
             return
-        headers = entry.headers or {}
-        attempt, at_ms = headers.get(RECORD_ATTEMPT), headers.get(RECORD_AT_MS)
-        if (
-            entry.type == RETRY
-            and entry.message_id is not None
-            and headers.get(RECORD_QUEUE) == queue
-            and isinstance(attempt, int)
-            and isinstance(at_ms, int)
-        ):
-            found[entry.message_id, attempt] = (entry.body.decode("utf-8", "replace"), at_ms)
+        record = read_record(entry, queue)
+        if record is not None:
+            message_id, attempt, retried = record
+            found[message_id, attempt] = retried
         elif entry.type == MARKER and entry.message_id == marker:
             seen.set_result(None)
             return

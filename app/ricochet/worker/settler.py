@@ -42,6 +42,7 @@ from ricochet.delivery.retry import (
     RetryByCopy,
     Sanitize,
     Settlement,
+    job_type,
 )
 from ricochet.errors import CopyTooLarge
 from ricochet.names import SHARED, Names, delay_key
@@ -115,12 +116,12 @@ class Settler:
         match decision:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
-            case Retry():
-                await self._record(delivery, facts, failure)
+            case Retry(tier):
+                await self._record(delivery, facts, failure, tier)
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
             case Sanitize() | RetryByCopy() | Delay():
                 if isinstance(decision, RetryByCopy):
-                    await self._record(delivery, facts, failure)
+                    await self._record(delivery, facts, failure, decision.tier)
                 copy, key, exchange = self._copy(delivery, decision, failure)
                 size = header_frame_bytes(copy)
                 if size > self._frame_max and isinstance(decision, Delay) and failure:
@@ -166,11 +167,18 @@ class Settler:
         if await self.copy_then_ack(delivery, failed.message, names.failed, notify=names.events):
             self._tell(Settled(delivery.message_id, facts, decision, failure, failed.log_fields))
 
-    async def _record(self, delivery: Delivery, facts: Facts, failure: Failure | None) -> None:
-        """Record a retry into a tier with its reason (ricochet.broker.retries)."""
+    async def _record(
+        self, delivery: Delivery, facts: Facts, failure: Failure | None, tier: int
+    ) -> None:
+        """Record a retry into tier `tier` with its reason (ricochet.broker.retries)."""
         if self._retries is not None and failure is not None:
             await self._retries.record(
-                self._names.queue, delivery.message_id, facts.attempt, failure.reason
+                self._names.queue,
+                delivery.message_id,
+                facts.attempt,
+                failure.reason,
+                tier,
+                job_type(delivery.type, delivery.body),
             )
 
     def _copy(
