@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
@@ -19,6 +20,7 @@ from ricochet.broker.amqp import broker_version
 from ricochet.broker.declare import declare
 from ricochet.broker.plan import delivery_limit_policy_command, plan
 from ricochet.errors import RetryLater
+from ricochet.headers import RETRIES
 from ricochet.monitor.console import Console
 from ricochet.names import SHARED, Names
 from ricochet.ops import waiting as waiting_scan
@@ -218,6 +220,46 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
     assert attempts.attempts("flaky-0") == [1]
 
 
+async def test_a_tier_its_records_account_for_is_listed_without_being_read(
+    connection: AbstractConnection, channel: AbstractChannel, queue_name: str
+) -> None:
+    """A tier holding as many jobs as the records of their retries say is listed from those
+    records: its queue never delivers them (none comes out marked redelivered). With one job
+    more than the records say (its record lost), the look reads the tier and lists it too."""
+    names = Names(queue_name)
+    settings = make_settings(queue_name, retry_delays_ms="60000")
+    await declare(connection, settings)
+    at_ms = int(time.time() * 1000)
+    recorded = [f"recorded-{i}" for i in range(5)]
+    await in_tier(channel, queue_name, recorded, at_ms=at_ms, reason="503 from the bank")
+    rows = await list_waiting(connection, settings)
+    assert [(r.message_id, r.type, r.attempt, r.reason) for r in rows] == [
+        (message_id, "job", 2, "503 from the bank") for message_id in recorded
+    ]
+    assert all(r.due_at.timestamp() == (at_ms + 60_000) / 1000 for r in rows)
+    assert await _redelivered(channel, names.tier(1)) == dict.fromkeys(recorded, False)
+
+    await in_tier(channel, queue_name, recorded, at_ms=at_ms, reason="503 from the bank")
+    lost = aio_pika.Message(b"{}", message_id="record-lost", type="job", headers={RETRIES: 1})
+    await channel.default_exchange.publish(lost, names.tier(1))
+    rows = await list_waiting(connection, settings)
+    assert {(r.message_id, r.reason) for r in rows} == {
+        *((message_id, "503 from the bank") for message_id in recorded),
+        ("record-lost", None),
+    }
+    read = await _redelivered(channel, names.tier(1))
+    assert read == dict.fromkeys([*recorded, "record-lost"], True)
+
+
+async def _redelivered(channel: AbstractChannel, queue: str) -> dict[str, bool]:
+    """Every message of queue, taken: whether the queue had delivered it before."""
+    source = await channel.get_queue(queue, ensure=False)
+    taken = {}
+    while (message := await source.get(no_ack=True, fail=False)) is not None:
+        taken[str(message.message_id)] = message.redelivered
+    return taken
+
+
 async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
@@ -358,11 +400,17 @@ async def test_a_tier_whose_jobs_leave_by_the_hundred_is_read_as_they_leave(
             await in_tier(channel, unread, unread_ids, at_ms=at_ms)
             batches.append(((at_ms + delay_ms) / 1000, read_ids, unread_ids))
             await asyncio.sleep(0.2)
+        # One job whose record was lost: the records no longer account for the tier, so the
+        # look reads it (and, with it, every job of the tier).
+        lost = aio_pika.Message(
+            b"{}", message_id="record-lost", type="job", headers={RETRIES: 1}, timestamp=time.time()
+        )
+        await channel.default_exchange.publish(lost, tier)
         with Watch(lambda: consumers(connection, tier)) as most_consumers:
             rows = await list_waiting(connection, settings)
     assert 1 <= most_consumers.most <= 60 // 20 + 1
     assert len(rows) > 60 + 20, len(rows)
-    jobs = sum(len(read_ids) + len(unread_ids) for _, read_ids, unread_ids in batches)
+    jobs = 1 + sum(len(read_ids) + len(unread_ids) for _, read_ids, unread_ids in batches)
     await wait_for(lambda: len(came) == jobs, 15, "every job to leave its tier")
     await asyncio.sleep(0.5)
     assert all(len(times) == 1 for times in came.values()), came

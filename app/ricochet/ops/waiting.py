@@ -6,7 +6,8 @@ on a channel of its own, holding every message it reads unacked, and hands them 
 one basic.nack(requeue=true) before it reads the next queue. It takes nothing: a scan killed or
 cut off midway hands back what it held when the broker closes its channel. One scan reads a
 vhost at a time (the lock of ricochet.ops.scan, on ricochet.waiting.scan): two side by side
-would each be handed part of a queue.
+would each be handed part of a queue. A tier whose jobs the records of their retries account
+for is not read at all: they list it (ricochet.ops.recorded).
 
 A message held unacked does not expire, so a scan must not hold a job past the time it leaves
 its queue. It reads on while it holds what it read (of the jobs that leave soon, no more than
@@ -35,7 +36,7 @@ import heapq
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -44,10 +45,11 @@ from ricochet.broker.amqp import broker_version
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan, delivery_limit_policy_command, plan
 from ricochet.broker.record import declared_settings
-from ricochet.broker.retries import read_retries
+from ricochet.broker.retries import Retried, read_retries
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import printable
 from ricochet.ops.hand_back import nacks, spans
+from ricochet.ops.recorded import listed_from_records
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
     PER_CONSUMER,
@@ -266,7 +268,20 @@ def places(plan: Plan) -> list[Place]:
     return [*levels, *tiers]
 
 
-async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, int]:
+def recorded_tiers(plan: Plan) -> dict[str, int]:
+    """The tiers whose jobs the records of their retries can account for, by name: those
+    without lanes (a jittered tier's lane is the broker's choice, which no record knows)."""
+    return {spec.name: k for k, spec in enumerate(plan.tiers, start=1) if not plan.lanes_of(k)}
+
+
+class Counted(NamedTuple):
+    """How many messages a place held, and when the broker said so (epoch ms)."""
+
+    messages: int
+    at_ms: int
+
+
+async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, Counted]:
     """The places that hold messages now, with how many (a missing one holds none)."""
     kept = KeptChannel(connection)
     try:
@@ -274,10 +289,19 @@ async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[P
         for place in where:
             depth = await read_depth(await kept.get(), place.name)
             if depth is not None and depth.messages:
-                depths[place] = depth.messages
+                depths[place] = Counted(depth.messages, int(time.time() * 1000))
         return depths
     finally:
         await kept.close()
+
+
+def by_tier(records: "Records") -> dict[int, list[tuple[str, int, Retried]]]:
+    """The records that name their tier, tier by tier."""
+    tiers: dict[int, list[tuple[str, int, Retried]]] = {}
+    for (message_id, attempt), record in records.items():
+        if record.tier is not None:
+            tiers.setdefault(record.tier, []).append((message_id, attempt, record))
+    return tiers
 
 
 async def _check_limits(
@@ -309,10 +333,11 @@ async def scan_waiting(
     message_id: str | None = None,
     *,
     management_url: str | None = None,
-    found: Callable[[Waiting, AbstractIncomingMessage], None] = lambda *_: None,
+    found: Callable[[Waiting, AbstractIncomingMessage], None] | None = None,
 ) -> list[Waiting]:
-    """The waiting jobs of the plan's queue (of one message_id, when given), soonest due first;
-    found(row, message) is told of each as it is read."""
+    """The waiting jobs of the plan's queue (of one message_id, when given), soonest due first.
+    found(row, message), when given, is told of each as it is read: every queue is read then,
+    tiers whose records account for their jobs too."""
     deadline = asyncio.get_running_loop().time() + OTHER_READER_WAIT_S
     held_by = "another `ricochet waiting` (or a console page)"
     async with scan_lock(connection, SHARED.waiting_scan, "the waiting jobs", held_by, deadline):
@@ -325,22 +350,35 @@ async def scan_waiting(
             longest = dt.timedelta(milliseconds=max(place.ttl_ms for place in tiers))
             since = dt.datetime.now(dt.UTC) - longest - RECORDS_SLACK
             records = await read_retries(connection, since, plan.names.queue)
-        make = row_maker(plan.names.queue, message_id, records, found)
+        make = row_maker(plan.names.queue, message_id, records, found or (lambda *_: None))
+        unread = {} if found else recorded_tiers(plan)
+        recorded = by_tier(records)
         rows: dict[tuple[object, ...], Waiting] = {}
         channel = await connection.channel(publisher_confirms=False)
         try:
             await channel.set_qos(prefetch_count=PER_CONSUMER)
             for place, depth in depths.items():
-                for row in await PlaceScan(channel, place, depth, make).read():
-                    rows.setdefault((row.queue, row.message_id, row.attempt), row)
+                listed = None
+                if place.name in unread:
+                    now = dt.datetime.now(dt.UTC)
+                    of_tier = recorded.get(unread[place.name], [])
+                    listed = listed_from_records(
+                        place, plan.names.queue, depth.messages, depth.at_ms, of_tier, now
+                    )
+                    log.debug("tier from its records", queue=place.name, read=listed is None)
+                if listed is None:
+                    listed = await PlaceScan(channel, place, depth.messages, make).read()
+                for row in listed:
+                    if message_id in (None, row.message_id):
+                        rows.setdefault((row.queue, row.message_id, row.attempt), row)
         finally:
             if not channel.is_closed:
                 await channel.close()
     return sorted(rows.values(), key=lambda row: row.due_at)
 
 
-# (message_id, failed attempt) -> (reason, when it was sent to its tier, epoch ms)
-Records = Mapping[tuple[str, int], tuple[str, int]]
+# (message_id, failed attempt) -> what the record of that retry says
+Records = Mapping[tuple[str, int], Retried]
 
 
 def row_maker(
@@ -395,8 +433,7 @@ def _recorded(
     record = records.get((message_id, next_attempt(headers, queue) - 1))
     if record is None:
         return None, None
-    reason, at_ms = record
-    return dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC), reason
+    return dt.datetime.fromtimestamp(record.at_ms / 1000, dt.UTC), record.reason
 
 
 def _selected(rows: list[Waiting], job_type: str | None, limit: int | None) -> list[Waiting]:

@@ -1,0 +1,92 @@
+"""A tier listed from the records of its retries when they account for its depth
+(ricochet.ops.recorded), and what a retry's record holds (ricochet.broker.retries)."""
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from ricochet.broker.retries import RECORD_TYPE_MOST, Retried, read_record, retry_record
+from ricochet.ops.recorded import COUNT_SLACK_MS, listed_from_records
+from ricochet.ops.waits import Place
+
+TTL_MS = 60_000
+TIER = Place("orders.retry.1", TTL_MS)
+COUNTED_MS = 1_800_000_000_000
+NOW = dt.datetime.fromtimestamp(COUNTED_MS / 1000, dt.UTC)
+
+
+def records(*came_ms: int) -> list[tuple[str, int, Retried]]:
+    return [
+        (f"j{i}", 1, Retried("ValueError: down", at, 1, "charge")) for i, at in enumerate(came_ms)
+    ]
+
+
+def listed(depth: int, recorded: list[tuple[str, int, Retried]], now: dt.datetime = NOW) -> Any:
+    return listed_from_records(TIER, "orders", depth, COUNTED_MS, recorded, now)
+
+
+def test_records_that_account_for_the_depth_list_the_tier() -> None:
+    came = [COUNTED_MS - 30_000, COUNTED_MS - 10_000]
+    rows = listed(2, records(*came))
+    assert rows is not None
+    assert [(r.message_id, r.type, r.queue, r.attempt, r.reason, r.place) for r in rows] == [
+        ("j0", "charge", "orders", 2, "ValueError: down", "orders.retry.1"),
+        ("j1", "charge", "orders", 2, "ValueError: down", "orders.retry.1"),
+    ]
+    assert [r.due_at.timestamp() * 1000 for r in rows] == [at + TTL_MS for at in came]
+    assert all(r.exact and r.leaves_at == r.due_at for r in rows)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_job_more_or_less_than_the_records_say_sends_the_look_to_read(depth: int) -> None:
+    """A record lost with its connection (a job more), or one whose job never reached the tier
+    (a job less): the records cannot say which, so the tier is read."""
+    assert listed(depth, records(COUNTED_MS - 30_000, COUNTED_MS - 10_000)) is None
+
+
+def test_jobs_gone_before_the_count_or_come_after_it_are_not_counted() -> None:
+    gone = COUNTED_MS - TTL_MS - COUNT_SLACK_MS - 1
+    later = COUNTED_MS + COUNT_SLACK_MS + 1
+    assert listed(1, records(gone, COUNTED_MS - 30_000, later)) is not None
+    assert listed(2, records(gone, COUNTED_MS - 30_000, later)) is None
+
+
+@pytest.mark.parametrize(
+    "came_ms",
+    [COUNTED_MS - TTL_MS + COUNT_SLACK_MS // 2, COUNTED_MS - COUNT_SLACK_MS // 2],
+)
+def test_a_job_leaving_or_coming_as_the_tier_was_counted_may_be_counted_or_not(
+    came_ms: int,
+) -> None:
+    assert listed(1, records(COUNTED_MS - 30_000, came_ms)) is not None
+    assert listed(2, records(COUNTED_MS - 30_000, came_ms)) is not None
+    assert listed(0, records(COUNTED_MS - 30_000, came_ms)) is None
+
+
+def test_a_job_that_has_left_since_the_count_is_counted_and_not_listed() -> None:
+    later = NOW + dt.timedelta(seconds=40)
+    rows = listed(2, records(COUNTED_MS - 30_000, COUNTED_MS - 10_000), later)
+    assert rows is not None
+    assert [r.message_id for r in rows] == ["j1"]
+
+
+def test_an_empty_tier_with_no_records_lists_nothing() -> None:
+    assert listed(0, []) == []
+
+
+def test_a_record_names_its_tier_and_type() -> None:
+    record = retry_record("orders", "j1", 2, "ValueError: down", 5, tier=2, job_type="charge")
+    assert read_record(record, "orders") == ("j1", 2, Retried("ValueError: down", 5, 2, "charge"))
+    assert read_record(record, "invoices") is None
+
+
+def test_a_type_too_long_to_record_leaves_the_tier_unnamed() -> None:
+    """Such a job's tier is read, never listed from a record that lacks its type."""
+    long_type = "t" * (RECORD_TYPE_MOST + 1)
+    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1, job_type=long_type)
+    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+
+
+def test_a_record_of_an_earlier_ricochet_gives_its_reason_and_no_tier() -> None:
+    record = retry_record("orders", "j1", 1, "ValueError: down", 5)
+    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
