@@ -6,15 +6,18 @@ none doubled, none sent on to its queue early); a job cancelled while it runs en
 
 import asyncio
 import signal
+import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.exceptions import ChannelClosed, ChannelNotFoundEntity
 from ricochet import Client, Job, Router
 from ricochet.broker.record import declare_recorded
 from ricochet.log import merge_job_fields
-from ricochet.names import Names
+from ricochet.names import SHARED, Names
 from structlog.testing import capture_logs
 
 from tests.broker import Broker
@@ -36,13 +39,16 @@ JOBS = 20_000  # enough that a scan still holds the tier when the fault hits it
 # main queue while the row read the tier back with four suites on two cores): one found there
 # came early.
 TIER_MS = 3_600_000
+# Enough records that a look is still at work when the fault hits it (a second's read of them).
+RECORDED_JOBS = 10_000
 
 
-async def waiting_jobs(channel: AbstractChannel, queue: str) -> list[str]:
-    """JOBS jobs in tier 1, as the worker sends them there (with the record of the retry)."""
-    ids = [f"w{i:05d}" for i in range(JOBS)]
-    for start in range(0, JOBS, PUBLISH_BATCH):
-        await in_tier(channel, queue, ids[start : start + PUBLISH_BATCH])
+async def waiting_jobs(channel: AbstractChannel, queue: str, jobs: int, at_ms: int) -> list[str]:
+    """Jobs in tier 1, as the worker sends them there, with the record of the retry (at_ms: when,
+    by the record; at 0 the records account for none of them, and a look reads the tier)."""
+    ids = [f"w{i:05d}" for i in range(jobs)]
+    for start in range(0, jobs, PUBLISH_BATCH):
+        await in_tier(channel, queue, ids[start : start + PUBLISH_BATCH], at_ms=at_ms)
     return ids
 
 
@@ -74,7 +80,10 @@ async def _all_of(channel: AbstractChannel, queue: str) -> Counter[str]:
     return taken
 
 
-@pytest.mark.parametrize("fault", ["kill -9", "dropped connection"])
+@pytest.mark.parametrize(
+    ("fault", "reads"),
+    [("kill -9", "the tier"), ("dropped connection", "the tier"), ("kill -9", "the records")],
+)
 @pytest.mark.timeout(360)  # 20,000 jobs in, a scan, 20,000 back out: minutes when busy
 async def test_a_look_cut_off_midway_leaves_every_job_waiting(
     fault_broker: Broker,
@@ -82,17 +91,24 @@ async def test_a_look_cut_off_midway_leaves_every_job_waiting(
     queue_name: str,
     tmp_path: Path,
     fault: str,
+    reads: str,
 ) -> None:
     """What the scan held goes back to the tier: every job waits there once, none is lost, none
-    doubled, none in the main queue before its time."""
+    doubled, none in the main queue before its time. A look that lists the tier from the
+    records of its retries, cut off while it reads them, has taken nothing to give back."""
     names = Names(queue_name)
     settings = make_settings(queue_name, amqp_url=fault_broker.amqp_url, log_format="json")
     await declare_recorded(connection, settings.model_copy(update={"retry_delays_ms": (TIER_MS,)}))
     channel = await connection.channel(publisher_confirms=True)
-    ids = await waiting_jobs(channel, queue_name)
+    if reads == "the tier":
+        ids = await waiting_jobs(channel, queue_name, JOBS, at_ms=0)
+        looking = partial(_reading, connection, names.tier(1))
+    else:  # records that account for the tier: the look reads them, and none of the tier
+        ids = await waiting_jobs(channel, queue_name, RECORDED_JOBS, int(time.time() * 1000))
+        looking = partial(_looking, connection)
     # The command reads the tier's delay from the broker: its own settings say nothing of it.
     proc = spawn(["waiting", "--json"], ricochet_env(settings), tmp_path / "waiting.log")
-    await wait_for(lambda: _reading(connection, names.tier(1)), 60, "the look to hold the tier")
+    await wait_for(looking, 60, f"the look to read {reads}")
     proc.send_signal(signal.SIGSTOP)  # held in the middle of its read, whatever the fault
     if fault == "kill -9":
         proc.kill()
@@ -111,7 +127,7 @@ async def test_a_look_cut_off_midway_leaves_every_job_waiting(
     duplicates = sum(n - 1 for n in everywhere.values())
     TALLIES.append(
         Tally(
-            fault=f"ricochet waiting, {fault}",
+            fault=f"ricochet waiting reading {reads[4:]}, {fault}",
             published=len(ids),
             completed=0,
             failed=0,
@@ -128,6 +144,20 @@ async def test_a_look_cut_off_midway_leaves_every_job_waiting(
 
 async def _reading(connection: AbstractConnection, queue: str) -> bool:
     return await consumers(connection, queue) > 0
+
+
+async def _looking(connection: AbstractConnection) -> bool:
+    """Whether a look holds the vhost's scan lock: an exclusive queue, which the broker refuses
+    to show another connection (RESOURCE_LOCKED)."""
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(SHARED.waiting_scan, passive=True)
+    except ChannelNotFoundEntity:
+        return False
+    except ChannelClosed:
+        return True
+    await channel.close()
+    return True
 
 
 async def _no_consumer(connection: AbstractConnection, queue: str) -> bool:
