@@ -5,9 +5,12 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from ricochet.broker.plan import plan
 from ricochet.broker.retries import RECORD_TYPE_MOST, Retried, read_record, retry_record
 from ricochet.ops.recorded import COUNT_SLACK_MS, listed_from_records
+from ricochet.ops.waiting import recorded_tiers
 from ricochet.ops.waits import Place
+from ricochet.settings import Settings
 
 TTL_MS = 60_000
 TIER = Place("orders.retry.1", TTL_MS)
@@ -90,3 +93,11 @@ def test_a_type_too_long_to_record_leaves_the_tier_unnamed() -> None:
 def test_a_record_of_an_earlier_ricochet_gives_its_reason_and_no_tier() -> None:
     record = retry_record("orders", "j1", 1, "ValueError: down", 5)
     assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+
+
+def test_only_tiers_without_lanes_are_listed_from_records() -> None:
+    """A jittered tier's lane is the broker's choice, which no record knows."""
+    plain = plan(Settings(queue="orders", retry_delays_ms="1000,5000"))
+    assert recorded_tiers(plain) == {"orders.retry.1": 1, "orders.retry.2": 2}
+    jittered = plan(Settings(queue="orders", retry_delays_ms="1000,5000", retry_jitter=0.5))
+    assert recorded_tiers(jittered) == {}
