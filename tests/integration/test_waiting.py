@@ -256,7 +256,7 @@ async def _redelivered(channel: AbstractChannel, queue: str) -> dict[str, bool]:
     source = await channel.get_queue(queue, ensure=False)
     taken = {}
     while (message := await source.get(no_ack=True, fail=False)) is not None:
-        taken[str(message.message_id)] = message.redelivered
+        taken[str(message.message_id)] = bool(message.redelivered)
     return taken
 
 
