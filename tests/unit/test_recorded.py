@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from ricochet.broker.plan import plan
 from ricochet.broker.retries import RECORD_TYPE_MOST, Retried, read_record, retry_record
-from ricochet.ops.recorded import COUNT_SLACK_MS, listed_from_records
-from ricochet.ops.waiting import recorded_tiers
+from ricochet.ops.recorded import ARRIVING_MS, LEAVING_MS, SKEW_MS, listed_from_records
+from ricochet.ops.waiting import by_tier, recorded_tiers
 from ricochet.ops.waits import Place
 from ricochet.settings import Settings
 
@@ -47,23 +47,36 @@ def test_a_job_more_or_less_than_the_records_say_sends_the_look_to_read(depth: i
     assert listed(depth, records(COUNTED_MS - 30_000, COUNTED_MS - 10_000)) is None
 
 
-def test_jobs_gone_before_the_count_or_come_after_it_are_not_counted() -> None:
-    gone = COUNTED_MS - TTL_MS - COUNT_SLACK_MS - 1
-    later = COUNTED_MS + COUNT_SLACK_MS + 1
+def test_jobs_gone_well_before_the_count_or_come_well_after_it_are_not_counted() -> None:
+    gone = COUNTED_MS - TTL_MS - LEAVING_MS
+    later = COUNTED_MS + SKEW_MS + 1
     assert listed(1, records(gone, COUNTED_MS - 30_000, later)) is not None
     assert listed(2, records(gone, COUNTED_MS - 30_000, later)) is None
 
 
 @pytest.mark.parametrize(
     "came_ms",
-    [COUNTED_MS - TTL_MS + COUNT_SLACK_MS // 2, COUNTED_MS - COUNT_SLACK_MS // 2],
+    [
+        COUNTED_MS - TTL_MS - LEAVING_MS + 1,  # left a moment before the count: maybe still there
+        COUNTED_MS - TTL_MS + SKEW_MS,  # leaving as it was counted
+        COUNTED_MS - ARRIVING_MS + 1,  # its nack maybe not yet in the tier
+        COUNTED_MS + SKEW_MS,  # clocks apart
+    ],
 )
-def test_a_job_leaving_or_coming_as_the_tier_was_counted_may_be_counted_or_not(
+def test_a_job_coming_or_leaving_as_the_tier_was_counted_may_be_counted_or_not(
     came_ms: int,
 ) -> None:
     assert listed(1, records(COUNTED_MS - 30_000, came_ms)) is not None
     assert listed(2, records(COUNTED_MS - 30_000, came_ms)) is not None
     assert listed(0, records(COUNTED_MS - 30_000, came_ms)) is None
+    assert listed(3, records(COUNTED_MS - 30_000, came_ms)) is None
+
+
+def test_a_short_tier_is_listed_when_nothing_comes_or_leaves_near_the_count() -> None:
+    short = Place("orders.retry.1", 3_000)
+    far = records(COUNTED_MS - 1_500)
+    assert listed_from_records(short, "orders", 1, COUNTED_MS, far, NOW) is not None
+    assert listed_from_records(short, "orders", 2, COUNTED_MS, far, NOW) is None
 
 
 def test_a_job_that_has_left_since_the_count_is_counted_and_not_listed() -> None:
@@ -90,9 +103,41 @@ def test_a_type_too_long_to_record_leaves_the_tier_unnamed() -> None:
     assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
 
 
+def test_a_record_of_a_job_without_an_id_names_no_tier() -> None:
+    """Such a job cannot be listed from a record: its tier is read."""
+    record = retry_record("orders", None, 1, "ValueError: down", 5, tier=1, job_type="charge")
+    assert read_record(record, "orders") == ("", 1, Retried("ValueError: down", 5))
+
+
 def test_a_record_of_an_earlier_ricochet_gives_its_reason_and_no_tier() -> None:
     record = retry_record("orders", "j1", 1, "ValueError: down", 5)
     assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"ricochet-at-ms": 10**18},  # no date holds it
+        {"ricochet-at-ms": True},
+        {"ricochet-attempt": "1"},
+    ],
+)
+def test_a_forged_record_is_none(headers: dict[str, Any]) -> None:
+    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1)
+    record.headers.update(headers)
+    assert read_record(record, "orders") is None
+
+
+def test_a_forged_tier_names_none() -> None:
+    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1)
+    record.headers["ricochet-tier"] = True
+    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+
+
+def test_a_record_that_names_no_tier_leaves_every_tier_to_be_read() -> None:
+    named = Retried("ValueError: down", 5, 1, "charge")
+    assert by_tier({("j1", 1): named}) == {1: [("j1", 1, named)]}
+    assert by_tier({("j1", 1): named, ("j2", 1): Retried("ValueError: down", 5)}) is None
 
 
 def test_only_tiers_without_lanes_are_listed_from_records() -> None:

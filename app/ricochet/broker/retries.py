@@ -57,6 +57,9 @@ ACK_EVERY = READ_PREFETCH // 4
 READ_TIMEOUT_S = 30.0
 
 
+# A record's time past this (epoch ms, the year 8307) is forged: a date of it plus a tier's wait
+# must stay within what a datetime holds.
+LATEST_AT_MS = 200_000_000_000_000
 # A job's type longer than this is not recorded (an AMQP type property is at most 255 bytes; a
 # JSON body's "type" field may be anything): its record then gives no tier either, and a look
 # reads that tier to list it.
@@ -76,7 +79,7 @@ class Retried(NamedTuple):
 
 def retry_record(
     queue: str,
-    message_id: str,
+    message_id: str | None,
     attempt: int,
     reason: str,
     at_ms: int,
@@ -85,7 +88,8 @@ def retry_record(
 ) -> aio_pika.Message:
     """The record of a failed attempt of queue's job sent to a tier: its reason as the body."""
     headers: dict[str, Any] = {RECORD_QUEUE: queue, RECORD_ATTEMPT: attempt, RECORD_AT_MS: at_ms}
-    if tier is not None and (job_type is None or len(job_type) <= RECORD_TYPE_MOST):
+    listable = message_id is not None and (job_type is None or len(job_type) <= RECORD_TYPE_MOST)
+    if tier is not None and listable:
         headers[RECORD_TIER] = tier
         if job_type is not None:
             headers[RECORD_TYPE] = job_type
@@ -100,23 +104,27 @@ def retry_record(
 
 def read_record(entry: AbstractMessage, queue: str) -> tuple[str, int, Retried] | None:
     """(message_id, the failed attempt, what the record says) of the record of a retry of
-    queue's job; None for what is not one (the store takes what anyone the vhost lets in
-    writes)."""
+    queue's job (a job without an id: "", and no tier); None for what is not one (the store
+    takes what anyone the vhost lets in writes)."""
     headers = entry.headers or {}
     attempt, at_ms = headers.get(RECORD_ATTEMPT), headers.get(RECORD_AT_MS)
     if (
         entry.type != RETRY
-        or entry.message_id is None
         or headers.get(RECORD_QUEUE) != queue
-        or not isinstance(attempt, int)
-        or not isinstance(at_ms, int)
+        or type(attempt) is not int
+        or type(at_ms) is not int
+        or not 0 <= at_ms <= LATEST_AT_MS
     ):
         return None
     tier, job_type = headers.get(RECORD_TIER), headers.get(RECORD_TYPE)
-    if not isinstance(tier, int) or not (job_type is None or isinstance(job_type, str)):
+    if (
+        type(tier) is not int
+        or not (job_type is None or isinstance(job_type, str))
+        or not entry.message_id
+    ):
         tier = job_type = None
     retried = Retried(entry.body.decode("utf-8", "replace"), at_ms, tier, job_type)
-    return entry.message_id, attempt, retried
+    return entry.message_id or "", attempt, retried
 
 
 class RetryLog:
@@ -137,10 +145,8 @@ class RetryLog:
         tier: int,
         job_type: str | None,
     ) -> None:
-        """Append the record of a failed attempt of queue's job that goes to a tier; a job
-        without an id has none (`ricochet waiting` could not find it by one)."""
-        if message_id is None:
-            return
+        """Append the record of a failed attempt of queue's job that goes to a tier (one of a
+        job without an id says only that such a job waits there: a look then reads the tiers)."""
         at_ms = int(time.time() * 1000)
         record = retry_record(queue, message_id, attempt, reason, at_ms, tier, job_type)
         try:

@@ -234,4 +234,4 @@ class Consumer:
             failure = None if error is None or outcome is Outcome.CANCELLED else Failure(error)
             record_outcome(span, decision, failure)
             with settle_span(self._queue, span, decision):
-                await settler.settle(delivery, facts, decision, failure)
+                await settler.settle(delivery, facts, decision, failure, kind)

@@ -42,7 +42,6 @@ from ricochet.delivery.retry import (
     RetryByCopy,
     Sanitize,
     Settlement,
-    job_type,
 )
 from ricochet.errors import CopyTooLarge
 from ricochet.names import SHARED, Names, delay_key
@@ -108,20 +107,20 @@ class Settler:
         facts: Facts,
         decision: Settlement,
         failure: Failure | None = None,
+        kind: str | None = None,
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
         the others of this loop turn, after the observers are told: if the channel closes first,
         the broker hands the delivery back and it runs again. A copy is confirmed before they
-        are told: a channel that closes first settles nothing and tells nothing."""
+        are told: a channel that closes first settles nothing and tells nothing. kind: the job's
+        type, for the record of a retry."""
         match decision:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
             case Retry(tier):
-                await self._record(delivery, facts, failure, tier)
+                await self._record(delivery, facts, failure, tier, kind)
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
             case Sanitize() | RetryByCopy() | Delay():
-                if isinstance(decision, RetryByCopy):
-                    await self._record(delivery, facts, failure, decision.tier)
                 copy, key, exchange = self._copy(delivery, decision, failure)
                 size = header_frame_bytes(copy)
                 if size > self._frame_max and isinstance(decision, Delay) and failure:
@@ -136,6 +135,8 @@ class Settler:
                     )
                     await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large))
                     return
+                if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
+                    await self._record(delivery, facts, failure, decision.tier, kind)
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
@@ -168,17 +169,18 @@ class Settler:
             self._tell(Settled(delivery.message_id, facts, decision, failure, failed.log_fields))
 
     async def _record(
-        self, delivery: Delivery, facts: Facts, failure: Failure | None, tier: int
+        self,
+        delivery: Delivery,
+        facts: Facts,
+        failure: Failure | None,
+        tier: int,
+        kind: str | None,
     ) -> None:
-        """Record a retry into tier `tier` with its reason (ricochet.broker.retries)."""
+        """Record a retry of a job of type kind into tier `tier` with its reason
+        (ricochet.broker.retries)."""
         if self._retries is not None and failure is not None:
             await self._retries.record(
-                self._names.queue,
-                delivery.message_id,
-                facts.attempt,
-                failure.reason,
-                tier,
-                job_type(delivery.type, delivery.body),
+                self._names.queue, delivery.message_id, facts.attempt, failure.reason, tier, kind
             )
 
     def _copy(
