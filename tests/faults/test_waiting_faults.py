@@ -104,12 +104,15 @@ async def test_a_look_cut_off_midway_leaves_every_job_waiting(
         ids = await waiting_jobs(channel, queue_name, JOBS, at_ms=0)
         looking = partial(_reading, connection, names.tier(1))
     else:  # records that account for the tier: the look reads them, and none of the tier
-        ids = await waiting_jobs(channel, queue_name, RECORDED_JOBS, int(time.time() * 1000))
-        looking = partial(_looking, connection)
+        sent_ms = int(time.time() * 1000) - 5_000  # none comes in as the look counts the tier
+        ids = await waiting_jobs(channel, queue_name, RECORDED_JOBS, sent_ms)
+        looking = partial(_looking_not_reading, connection, names.tier(1))
     # The command reads the tier's delay from the broker: its own settings say nothing of it.
     proc = spawn(["waiting", "--json"], ricochet_env(settings), tmp_path / "waiting.log")
     await wait_for(looking, 60, f"the look to read {reads}")
     proc.send_signal(signal.SIGSTOP)  # held in the middle of its read, whatever the fault
+    if reads == "the records":
+        assert await consumers(connection, names.tier(1)) == 0, "the look read the tier"
     if fault == "kill -9":
         proc.kill()
     else:
@@ -146,9 +149,10 @@ async def _reading(connection: AbstractConnection, queue: str) -> bool:
     return await consumers(connection, queue) > 0
 
 
-async def _looking(connection: AbstractConnection) -> bool:
-    """Whether a look holds the vhost's scan lock: an exclusive queue, which the broker refuses
-    to show another connection (RESOURCE_LOCKED)."""
+async def _looking_not_reading(connection: AbstractConnection, tier: str) -> bool:
+    """Whether a look holds the vhost's scan lock (an exclusive queue, which the broker refuses
+    to show another connection: RESOURCE_LOCKED); it must never have consumed the tier."""
+    assert await consumers(connection, tier) == 0, "the look read the tier"
     channel = await connection.channel()
     try:
         await channel.declare_queue(SHARED.waiting_scan, passive=True)

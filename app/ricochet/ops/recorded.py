@@ -9,12 +9,22 @@ stays in a tier for exactly its TTL: so a tier holds, at a moment, the jobs reco
 TTL or less before. When those are as many as the broker says the tier holds, the look lists
 them from their records and reads nothing of it.
 
-The count is checked at the moment the broker gave the depth, with COUNT_SLACK_MS on either side
-for what the clocks cannot settle (a job recorded a moment before its nack reached the tier,
-clocks a little apart, a broker late to expire a job). Any other difference (a record lost with
-its worker's connection, a job of an earlier ricochet, a record whose job never reached the tier,
-a jittered tier, whose lane is the broker's choice) sends the look to read the tier, as it
-always could.
+The count is taken again just before the records are compared with it (the records take a
+while to read). A record near the count's moment may or may not be in it: coming in within
+ARRIVING_MS before it (its nack a moment behind the record), or leaving within LEAVING_MS before
+it (a broker late to expire it), each with SKEW_MS after it for clocks apart. So the records
+account for the tier when the depth is no less than the records surely in it and no more than
+those with the ones near the moment. Any other difference reads the tier: a job without a
+record (a record lost, a job of an earlier ricochet, one published there by hand) or a record
+without its job (its nack lost). A jittered tier (its lane is the broker's choice, which no
+record knows) and every tier of a queue whose records in the window include one that names no
+tier (an earlier ricochet's, a job's without an id or with a type too long to record) are
+always read.
+
+What the count cannot tell: as many jobs without a record as there are records near its moment
+whose jobs had already left (or not yet come). While jobs leave a tier continuously, a job
+published there by hand, or one whose record was lost while its nack went through, can go
+unlisted that way. Neither happens in ricochet's own path but by hand or by a fault.
 """
 
 import datetime as dt
@@ -23,8 +33,12 @@ from collections.abc import Iterable
 from ricochet.broker.retries import Retried
 from ricochet.ops.waits import Place, Waiting
 
-# Either side of the moment a tier's depth was read, a record may or may not be counted in it.
-COUNT_SLACK_MS = 2_000
+# Around the moment a tier's depth was read, what a record cannot settle: a job recorded a
+# moment before its nack reached the tier, clocks apart (the worker's, the look's), a broker
+# late to expire a job.
+ARRIVING_MS = 1_000
+LEAVING_MS = 1_000
+SKEW_MS = 500
 
 # (message_id, the failed attempt, what its record says): the records of one tier's retries.
 TierRecords = Iterable[tuple[str, int, Retried]]
@@ -46,10 +60,10 @@ def listed_from_records(
     now_ms = now.timestamp() * 1000
     for message_id, attempt, record in records:
         came_ms, leaves_ms = record.at_ms, record.at_ms + place.ttl_ms
-        if came_ms > counted_at_ms + COUNT_SLACK_MS or leaves_ms < counted_at_ms - COUNT_SLACK_MS:
-            continue  # not in the tier when it was counted, whatever the clocks
-        if counted_at_ms - COUNT_SLACK_MS < came_ms or leaves_ms <= counted_at_ms + COUNT_SLACK_MS:
-            maybe += 1
+        if came_ms > counted_at_ms + SKEW_MS or leaves_ms <= counted_at_ms - LEAVING_MS:
+            continue  # it came after the count, or had left before it
+        if came_ms > counted_at_ms - ARRIVING_MS or leaves_ms <= counted_at_ms + SKEW_MS:
+            maybe += 1  # coming in or leaving as the broker counted: counted or not
         else:
             surely += 1
         if leaves_ms > now_ms:
@@ -67,6 +81,4 @@ def listed_from_records(
                     exact=True,
                 )
             )
-    if not surely <= depth <= surely + maybe:
-        return None
-    return rows
+    return rows if surely <= depth <= surely + maybe else None

@@ -36,7 +36,7 @@ import heapq
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -49,7 +49,7 @@ from ricochet.broker.retries import Retried, read_retries
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import printable
 from ricochet.ops.hand_back import nacks, spans
-from ricochet.ops.recorded import listed_from_records
+from ricochet.ops.recorded import TierRecords, listed_from_records
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
     PER_CONSUMER,
@@ -274,14 +274,7 @@ def recorded_tiers(plan: Plan) -> dict[str, int]:
     return {spec.name: k for k, spec in enumerate(plan.tiers, start=1) if not plan.lanes_of(k)}
 
 
-class Counted(NamedTuple):
-    """How many messages a place held, and when the broker said so (epoch ms)."""
-
-    messages: int
-    at_ms: int
-
-
-async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, Counted]:
+async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, int]:
     """The places that hold messages now, with how many (a missing one holds none)."""
     kept = KeptChannel(connection)
     try:
@@ -289,18 +282,21 @@ async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[P
         for place in where:
             depth = await read_depth(await kept.get(), place.name)
             if depth is not None and depth.messages:
-                depths[place] = Counted(depth.messages, int(time.time() * 1000))
+                depths[place] = depth.messages
         return depths
     finally:
         await kept.close()
 
 
-def by_tier(records: "Records") -> dict[int, list[tuple[str, int, Retried]]]:
-    """The records that name their tier, tier by tier."""
+def by_tier(records: "Records") -> dict[int, list[tuple[str, int, Retried]]] | None:
+    """The records, tier by tier; None when one names no tier (a record of an earlier ricochet,
+    or of a job whose type it could not hold): its job may wait in any tier, which the records
+    then cannot account for."""
     tiers: dict[int, list[tuple[str, int, Retried]]] = {}
     for (message_id, attempt), record in records.items():
-        if record.tier is not None:
-            tiers.setdefault(record.tier, []).append((message_id, attempt, record))
+        if record.tier is None:
+            return None
+        tiers.setdefault(record.tier, []).append((message_id, attempt, record))
     return tiers
 
 
@@ -351,30 +347,44 @@ async def scan_waiting(
             since = dt.datetime.now(dt.UTC) - longest - RECORDS_SLACK
             records = await read_retries(connection, since, plan.names.queue)
         make = row_maker(plan.names.queue, message_id, records, found or (lambda *_: None))
-        unread = {} if found else recorded_tiers(plan)
-        recorded = by_tier(records)
+        recorded = None if found else by_tier(records)
+        unread = recorded_tiers(plan) if recorded is not None else {}
         rows: dict[tuple[object, ...], Waiting] = {}
         channel = await connection.channel(publisher_confirms=False)
+        kept = KeptChannel(connection)  # for the depths: a missing queue closes its channel
         try:
             await channel.set_qos(prefetch_count=PER_CONSUMER)
             for place, depth in depths.items():
                 listed = None
-                if place.name in unread:
-                    now = dt.datetime.now(dt.UTC)
-                    of_tier = recorded.get(unread[place.name], [])
-                    listed = listed_from_records(
-                        place, plan.names.queue, depth.messages, depth.at_ms, of_tier, now
+                if place.name in unread and recorded is not None:
+                    listed = await _from_records(
+                        kept, place, plan.names.queue, recorded.get(unread[place.name], [])
                     )
-                    log.debug("tier from its records", queue=place.name, read=listed is None)
                 if listed is None:
-                    listed = await PlaceScan(channel, place, depth.messages, make).read()
+                    listed = await PlaceScan(channel, place, depth, make).read()
                 for row in listed:
                     if message_id in (None, row.message_id):
                         rows.setdefault((row.queue, row.message_id, row.attempt), row)
         finally:
+            await kept.close()
             if not channel.is_closed:
                 await channel.close()
     return sorted(rows.values(), key=lambda row: row.due_at)
+
+
+async def _from_records(
+    kept: KeptChannel, place: Place, queue: str, records: TierRecords
+) -> list[Waiting] | None:
+    """A tier's jobs from the records of their retries, counted against its depth now (the
+    records took a while to read); None when they do not account for it."""
+    depth = await read_depth(await kept.get(), place.name)
+    counted_at_ms = int(time.time() * 1000)
+    if depth is None:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    listed = listed_from_records(place, queue, depth.messages, counted_at_ms, records, now)
+    log.debug("tier from its records", queue=place.name, read=listed is None)
+    return listed
 
 
 # (message_id, failed attempt) -> what the record of that retry says
@@ -428,7 +438,7 @@ def _recorded(
     records: Records, message_id: str | None, headers: Mapping[str, Any], queue: str
 ) -> tuple[dt.datetime | None, str | None]:
     """(when it came into its tier, the reason) of a tier's job, from the record of its retry."""
-    if message_id is None:
+    if not message_id:  # a job without an id has a record that says only where it waits
         return None, None
     record = records.get((message_id, next_attempt(headers, queue) - 1))
     if record is None:
