@@ -60,6 +60,7 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
 
 def retry_record(message: AbstractIncomingMessage, queue: str) -> aio_pika.Message:
     """The record of a retry with its reason, as the worker writes it (ricochet.broker.retries)."""
+    attempt = attempt_of(message, queue)
     return aio_pika.Message(
         b"RuntimeError: benchmark: the first attempt fails",
         message_id=message.message_id,
@@ -67,9 +68,9 @@ def retry_record(message: AbstractIncomingMessage, queue: str) -> aio_pika.Messa
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         headers={
             "ricochet-queue": queue,
-            "ricochet-attempt": attempt_of(message, queue),
+            "ricochet-attempt": attempt,
             "ricochet-at-ms": int(time.time() * 1000),
-            "ricochet-tier": attempt_of(message, queue),
+            "ricochet-tier": attempt,
             "ricochet-type": message.type or "",
         },
     )

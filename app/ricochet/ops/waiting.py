@@ -348,7 +348,12 @@ async def scan_waiting(
             records = await read_retries(connection, since, plan.names.queue)
         make = row_maker(plan.names.queue, message_id, records, found or (lambda *_: None))
         recorded = None if found else by_tier(records)
-        unread = recorded_tiers(plan) if recorded is not None else {}
+        # The records of each tier a look may list from them, by the tier's name.
+        of_tier = (
+            {}
+            if recorded is None
+            else {name: recorded.get(k, []) for name, k in recorded_tiers(plan).items()}
+        )
         rows: dict[tuple[object, ...], Waiting] = {}
         channel = await connection.channel(publisher_confirms=False)
         kept = KeptChannel(connection)  # for the depths: a missing queue closes its channel
@@ -356,10 +361,8 @@ async def scan_waiting(
             await channel.set_qos(prefetch_count=PER_CONSUMER)
             for place, depth in depths.items():
                 listed = None
-                if place.name in unread and recorded is not None:
-                    listed = await _from_records(
-                        kept, place, plan.names.queue, recorded.get(unread[place.name], [])
-                    )
+                if place.name in of_tier:
+                    listed = await _from_records(kept, place, plan.names.queue, of_tier[place.name])
                 if listed is None:
                     listed = await PlaceScan(channel, place, depth, make).read()
                 for row in listed:
