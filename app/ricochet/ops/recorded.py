@@ -9,17 +9,17 @@ stays in a tier for exactly its TTL: so a tier holds, at a moment, the jobs reco
 TTL or less before. When those are as many as the broker says the tier holds, the look lists
 them from their records and reads nothing of it.
 
-The count is taken again just before the records are compared with it (the records take a
-while to read). A record near the count's moment may or may not be in it: coming in within
-ARRIVING_MS before it (its nack a moment behind the record), or leaving within LEAVING_MS before
-it (a broker late to expire it), each with SKEW_MS after it for clocks apart. So the records
-account for the tier when the depth is no less than the records surely in it and no more than
-those with the ones near the moment. Any other difference reads the tier: a job without a
-record (a record lost, a job of an earlier ricochet, one published there by hand) or a record
-without its job (its nack lost). A jittered tier (its lane is the broker's choice, which no
-record knows) and every tier of a queue whose records in the window include one that names no
-tier (an earlier ricochet's, a job's without an id or with a type too long to record) are
-always read.
+The count comes first, and the records are read up to a marker sent after it: the records of the
+jobs it took in are all read, however many retries come in while they are (the records of those
+that came after it are read too, and left out). A record near the count's moment may or may not be
+in it: coming in within ARRIVING_MS before it (its nack a moment behind the record), or leaving
+within LEAVING_MS before it (a broker late to expire it), each with SKEW_MS after it for clocks
+apart. So the records account for the tier when the depth is no less than the records surely in it
+and no more than those with the ones near the moment. Any other difference reads the tier: a job
+without a record (a record lost, a job of an earlier ricochet, one published there by hand) or a
+record without its job (its nack lost). A jittered tier (its lane is the broker's choice, which no
+record knows) and every tier of a queue whose records in the window include one that names no tier
+(an earlier ricochet's, a job's without an id or with a type too long to record) are always read.
 
 What the count cannot tell: as many jobs without a record as there are records near its moment
 whose jobs had already left (or not yet come). While jobs leave a tier continuously, a job

@@ -36,7 +36,7 @@ import heapq
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -49,7 +49,7 @@ from ricochet.broker.retries import Retried, read_retries
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import printable
 from ricochet.ops.hand_back import nacks, spans
-from ricochet.ops.recorded import TierRecords, listed_from_records
+from ricochet.ops.recorded import listed_from_records
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
     PER_CONSUMER,
@@ -274,7 +274,14 @@ def recorded_tiers(plan: Plan) -> dict[str, int]:
     return {spec.name: k for k, spec in enumerate(plan.tiers, start=1) if not plan.lanes_of(k)}
 
 
-async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, int]:
+class Counted(NamedTuple):
+    """How many messages a place held, and when the broker said so (epoch ms)."""
+
+    messages: int
+    at_ms: int
+
+
+async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, Counted]:
     """The places that hold messages now, with how many (a missing one holds none)."""
     kept = KeptChannel(connection)
     try:
@@ -282,7 +289,7 @@ async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[P
         for place in where:
             depth = await read_depth(await kept.get(), place.name)
             if depth is not None and depth.messages:
-                depths[place] = depth.messages
+                depths[place] = Counted(depth.messages, int(time.time() * 1000))
         return depths
     finally:
         await kept.close()
@@ -342,7 +349,9 @@ async def scan_waiting(
         tiers = [place for place in depths if place.level is None]
         records: Records = {}
         if tiers:
-            # A job waits in a tier no longer than its TTL: its retry was recorded since.
+            # A job waits in a tier no longer than its TTL: its retry was recorded since. The
+            # records are read up to a marker sent after every count, so that those of the jobs
+            # a count took in are read, however many retries come in meanwhile.
             longest = dt.timedelta(milliseconds=max(place.ttl_ms for place in tiers))
             since = dt.datetime.now(dt.UTC) - longest - RECORDS_SLACK
             records = await read_retries(connection, since, plan.names.queue)
@@ -356,38 +365,29 @@ async def scan_waiting(
         )
         rows: dict[tuple[object, ...], Waiting] = {}
         channel = await connection.channel(publisher_confirms=False)
-        kept = KeptChannel(connection)  # for the depths: a missing queue closes its channel
         try:
             await channel.set_qos(prefetch_count=PER_CONSUMER)
-            for place, depth in depths.items():
+            for place, counted in depths.items():
                 listed = None
                 if place.name in of_tier:
-                    listed = await _from_records(kept, place, plan.names.queue, of_tier[place.name])
+                    listed = listed_from_records(
+                        place,
+                        plan.names.queue,
+                        counted.messages,
+                        counted.at_ms,
+                        of_tier[place.name],
+                        dt.datetime.now(dt.UTC),
+                    )
+                    log.debug("tier from its records", queue=place.name, read=listed is None)
                 if listed is None:
-                    listed = await PlaceScan(channel, place, depth, make).read()
+                    listed = await PlaceScan(channel, place, counted.messages, make).read()
                 for row in listed:
                     if message_id in (None, row.message_id):
                         rows.setdefault((row.queue, row.message_id, row.attempt), row)
         finally:
-            await kept.close()
             if not channel.is_closed:
                 await channel.close()
     return sorted(rows.values(), key=lambda row: row.due_at)
-
-
-async def _from_records(
-    kept: KeptChannel, place: Place, queue: str, records: TierRecords
-) -> list[Waiting] | None:
-    """A tier's jobs from the records of their retries, counted against its depth now (the
-    records took a while to read); None when they do not account for it."""
-    depth = await read_depth(await kept.get(), place.name)
-    counted_at_ms = int(time.time() * 1000)
-    if depth is None:
-        return None
-    now = dt.datetime.now(dt.UTC)
-    listed = listed_from_records(place, queue, depth.messages, counted_at_ms, records, now)
-    log.debug("tier from its records", queue=place.name, read=listed is None)
-    return listed
 
 
 # (message_id, failed attempt) -> what the record of that retry says
