@@ -27,6 +27,10 @@ RAW_MODES = ("ack", "retry", "fail", "probe", "delay")
 RETRIES = "ricochet-retries"
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
 POLL_S = 0.01
+# The raw loop writes the records of its retries this often, one entry of the stream each, as
+# the worker does (ricochet.broker.retries.FLUSH_S).
+RECORDS_EVERY_S = 0.1
+RETRY_REASON = "RuntimeError: benchmark: the first attempt fails"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -58,22 +62,40 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
     return 1 + sum(n for n in counts if isinstance(n, int))
 
 
-def retry_record(message: AbstractIncomingMessage, queue: str) -> aio_pika.Message:
-    """The record of a retry with its reason, as the worker writes it (ricochet.broker.retries)."""
+def retry_record(message: AbstractIncomingMessage, queue: str) -> list[Any]:
+    """The record of a retry with its reason, as the worker writes it in a batch
+    (ricochet.broker.retries)."""
     attempt = attempt_of(message, queue)
-    return aio_pika.Message(
-        b"RuntimeError: benchmark: the first attempt fails",
-        message_id=message.message_id,
-        type="retry",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={
-            "ricochet-queue": queue,
-            "ricochet-attempt": attempt,
-            "ricochet-at-ms": int(time.time() * 1000),
-            "ricochet-tier": attempt,
-            "ricochet-type": message.type or "",
-        },
-    )
+    at_ms = int(time.time() * 1000)
+    return [queue, message.message_id, attempt, at_ms, attempt, message.type, RETRY_REASON]
+
+
+class RetryBatches:
+    """The records of the retries of RECORDS_EVERY_S written as one entry of ricochet.retries,
+    on a channel without confirms, as the worker writes them."""
+
+    def __init__(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        self._channel = channel
+        self._pending: list[list[Any]] = []
+        self._writes: set[asyncio.Future[Any]] = set()
+
+    def add(self, record: list[Any]) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_later(RECORDS_EVERY_S, self._write)
+        self._pending.append(record)
+
+    def _write(self) -> None:
+        entry = aio_pika.Message(
+            json.dumps(self._pending).encode(),
+            type="retries",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        self._pending = []
+        write = asyncio.ensure_future(
+            self._channel.default_exchange.publish(entry, routing_key="ricochet.retries")
+        )
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
 
 
 async def raw(
@@ -90,9 +112,10 @@ async def raw(
     """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
 
     ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
-    ricochet's 10 ms tier and back), after a record of the retry with its reason to the vhost's
-    ricochet.retries on a channel without confirms (as the worker's settler records every retry
-    into a tier, a probe's too), and ack the second. fail: publish a persistent copy to each
+    ricochet's 10 ms tier and back), keeping a record of the retry with its reason for the
+    vhost's ricochet.retries (written RECORDS_EVERY_S later with the others, on a channel without
+    confirms, as the worker records every retry into a tier, a probe's too), and ack the
+    second. fail: publish a persistent copy to each
     queue of copies_to in turn, each confirmed before the next, then ack (the worker's copy to
     Q.failed, then its notice to Q.failed.events). delay: publish a persistent copy of a first
     delivery, marked as a retry, to delay_exchange with delay_key (the shared delay level of its
@@ -116,7 +139,7 @@ async def raw(
         return False
 
     waits = await _waits(channel, delay_exchange, delay_key) if mode == "delay" else None
-    records = await connection.channel(publisher_confirms=False)
+    records = RetryBatches(await connection.channel(publisher_confirms=False))
 
     async def on_message(message: AbstractIncomingMessage) -> None:
         nonlocal acked, received
@@ -125,9 +148,7 @@ async def raw(
             return
         if fails(message):
             # Recorded with its reason, as the worker records every retry into a tier.
-            await records.default_exchange.publish(
-                retry_record(message, queue), routing_key="ricochet.retries"
-            )
+            records.add(retry_record(message, queue))
             await message.nack(requeue=False)
             return
         if mode == "fail":

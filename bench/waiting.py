@@ -6,10 +6,13 @@ In a vhost of its own, made for it and deleted after:
 1. the topology of a queue whose one tier waits SPREAD_S + LEAD_S;
 2. N jobs go into the tier, paced over SPREAD_S, as the worker sends them there: each with the
    record of its retry in ricochet.retries, and its due time in a header of the bench's own;
-3. right after the last, `ricochet waiting --json` runs as a process: its wall time, its largest
+3. right after the Nth, `ricochet waiting --json` runs as a process: its wall time, its largest
    RSS (wait4), the jobs it listed; the first jobs fall due LEAD_S after it started, and go on
    falling due while it reads;
-4. a consumer of the main queue takes every job as it comes back: how late each came, past its
+4. retries go on coming at the same pace for KEEP_S more, as they would on a service whose
+   tiers hold that many jobs: the look must account for a tier that jobs keep entering and
+   leaving while it reads;
+5. a consumer of the main queue takes every job as it comes back: how late each came, past its
    due time, for those due while the look ran and for the others.
 
 The same jobs run first with no look, in a vhost made afresh: how late the broker alone brings
@@ -44,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 from ricochet.broker.record import declare_recorded  # noqa: E402
-from ricochet.broker.retries import retry_record  # noqa: E402
+from ricochet.broker.retries import FLUSH_S, record_of, retry_records  # noqa: E402
 from ricochet.headers import RETRIES  # noqa: E402
 from ricochet.names import SHARED, Names  # noqa: E402
 from ricochet.settings import Settings  # noqa: E402
@@ -55,6 +58,7 @@ QUEUE = "bench-waiting"
 VHOST = "ricochet-bench-waiting"
 DUE = "bench-due-ms"
 LEAD_S = 2.0  # the first job falls due this long after the look starts
+KEEP_S = 20.0  # retries go on coming this long after the look starts
 BATCH = 500
 RESULTS = ROOT / "bench" / "results" / "waiting.json"
 REASON = "ConnectionError: payments API: 503 Service Unavailable"
@@ -67,21 +71,34 @@ UNREACHED_LIMIT_POLICY = {
 }
 
 
-async def _fill(url: str, n: int, spread_s: float) -> None:
-    """n jobs into the tier, paced over spread_s, each with the record of its retry."""
+def _total(n: int, spread_s: float) -> int:
+    """The jobs of a run: n over spread_s, then as many a second for KEEP_S more."""
+    return n + int(n * KEEP_S / spread_s)
+
+
+async def _fill(url: str, n: int, spread_s: float, filled: asyncio.Event) -> None:
+    """The run's jobs into the tier, n a spread_s, each with the record of its retry; filled is
+    set once the nth is in."""
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
     tier = Names(QUEUE).tier(1)
     wait_ms = int((spread_s + LEAD_S) * 1000)
-    started = time.monotonic()
-    for start in range(0, n, BATCH):
+    started, total = time.monotonic(), _total(n, spread_s)
+    per = max(1, int(n / spread_s * FLUSH_S))  # the records a worker writes as one entry
+    for start in range(0, total, BATCH):
+        if start >= n:
+            filled.set()
         ahead = started + spread_s * start / n - time.monotonic()
         if ahead > 0:
             await asyncio.sleep(ahead)
         now_ms = int(time.time() * 1000)
-        publishes = []
-        for i in range(start, min(n, start + BATCH)):
-            message_id = f"job-{i}"
+        ids = [f"job-{i}" for i in range(start, min(total, start + BATCH))]
+        records = [record_of(QUEUE, i, 1, REASON, now_ms, 1, "payment.charge") for i in ids]
+        publishes = [
+            channel.default_exchange.publish(retry_records(records[k : k + per]), SHARED.retries)
+            for k in range(0, len(records), per)
+        ]
+        for message_id in ids:
             job = aio_pika.Message(
                 b'{"order": 1}',
                 message_id=message_id,
@@ -89,10 +106,9 @@ async def _fill(url: str, n: int, spread_s: float) -> None:
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={RETRIES: 1, DUE: now_ms + wait_ms},
             )
-            record = retry_record(QUEUE, message_id, 1, REASON, now_ms, 1, "payment.charge")
-            publishes.append(channel.default_exchange.publish(record, SHARED.retries))
             publishes.append(channel.default_exchange.publish(job, tier))
         await asyncio.gather(*publishes)
+    filled.set()
     await connection.close()
 
 
@@ -161,12 +177,16 @@ async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, A
         connection, Settings(queue=QUEUE, amqp_url=url, retry_delays_ms=str(wait_ms))
     )
     await connection.close()
-    await _fill(url, n, spread_s)
-    arrivals = asyncio.ensure_future(_arrivals(url, n))  # taken as they come, during the look
+    filled = asyncio.Event()
+    filling = asyncio.ensure_future(_fill(url, n, spread_s, filled))
+    await filled.wait()
+    arrivals = asyncio.ensure_future(_arrivals(url, _total(n, spread_s)))  # as they come
     if not look:
+        await filling
         delays = [at - due for due, at in await arrivals]
         return {"jobs": n, "look": False, "largest_delay_s": round(max(delays), 3)}
     started, ended, rss_mib, cpu_s, rows = await asyncio.to_thread(_look, url)
+    await filling
     came = await arrivals
     during = [at - due for due, at in came if started <= due <= ended]
     other = [at - due for due, at in came if not started <= due <= ended]

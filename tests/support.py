@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import SecretStr
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import LANES, MAX_TIERS
-from ricochet.broker.retries import retry_record
+from ricochet.broker.retries import BATCH_MOST, record_of, retry_records
 from ricochet.errors import RicochetError
 from ricochet.handlers.invoker import Invoker
 from ricochet.headers import RETRIES
@@ -135,20 +135,23 @@ async def in_tier(
     """Jobs of queue in its first tier, as the worker sends them there: each a failed first
     attempt, with the record of its retry (its reason, and when it was sent, at_ms)."""
     tier = Names(queue).tier(1)
-    publishes = []
-    for message_id in ids:
-        job = aio_pika.Message(
-            b"{}",
-            message_id=message_id,
-            type="job",
-            headers={RETRIES: 1},
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    publishes = [
+        channel.default_exchange.publish(
+            aio_pika.Message(
+                b"{}",
+                message_id=message_id,
+                type="job",
+                headers={RETRIES: 1},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            tier,
         )
-        record = retry_record(queue, message_id, 1, reason, at_ms, tier=1, job_type="job")
-        publishes += [
-            channel.default_exchange.publish(job, tier),
-            channel.default_exchange.publish(record, SHARED.retries),
-        ]
+        for message_id in ids
+    ]
+    records = [record_of(queue, message_id, 1, reason, at_ms, 1, "job") for message_id in ids]
+    for start in range(0, len(records), BATCH_MOST):
+        batch = retry_records(records[start : start + BATCH_MOST])
+        publishes.append(channel.default_exchange.publish(batch, SHARED.retries))
     await asyncio.gather(*publishes)
 
 

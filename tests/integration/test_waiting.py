@@ -347,7 +347,9 @@ async def test_retries_read_only_in_part_leave_the_connection_usable(
         await asyncio.gather(
             *(
                 channel.default_exchange.publish(
-                    retries.retry_record(queue_name, f"r{i}", 1, "ValueError: down", 0),
+                    retries.retry_records(
+                        [retries.record_of(queue_name, f"r{i}", 1, "ValueError: down", 0)]
+                    ),
                     routing_key=SHARED.retries,
                 )
                 for i in range(start, start + 500)
@@ -355,12 +357,35 @@ async def test_retries_read_only_in_part_leave_the_connection_usable(
         )
     await channel.close()
     monkeypatch.setattr(retries, "READ_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(retries, "WRITTEN_WITHIN_S", 0)
     found = await retries.read_retries(connection, since, queue_name)
     assert len(found) < 5_000, "read to the end: give the reader less time"
     await asyncio.sleep(0.5)  # the broker's answer to a stray frame comes at once
     assert not connection.is_closed
     after = await connection.channel()
     await after.close()
+
+
+async def test_a_stopping_worker_writes_the_records_it_kept(
+    connection: AbstractConnection, queue_name: str
+) -> None:
+    """A worker keeps the records of its retries for 0.1 s, to write them as one entry: one
+    that stops writes what it kept before its connection closes, and a look reads them."""
+    from ricochet.broker import retries
+
+    await declare(connection, make_settings(queue_name))
+    since = dt.datetime.now(dt.UTC)
+    stopping = await aio_pika.connect(BROKER.amqp_url)
+    log = retries.RetryLog(stopping)
+    log.record(queue_name, "kept-1", 1, "ValueError: down", 1, "job")
+    log.record(queue_name, "kept-2", 2, "KeyError: 'sku'", 2, "job")
+    await log.close()
+    await stopping.close()  # at once: a record still kept would be lost with it
+    found = await retries.read_retries(connection, since, queue_name)
+    assert {key: (r.reason, r.tier) for key, r in found.items()} == {
+        ("kept-1", 1): ("ValueError: down", 1),
+        ("kept-2", 2): ("KeyError: 'sku'", 2),
+    }
 
 
 async def test_a_tier_whose_jobs_leave_by_the_hundred_is_read_as_they_leave(

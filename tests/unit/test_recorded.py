@@ -2,11 +2,19 @@
 (ricochet.ops.recorded), and what a retry's record holds (ricochet.broker.retries)."""
 
 import datetime as dt
+import json
 from typing import Any
 
+import aio_pika
 import pytest
 from ricochet.broker.plan import plan
-from ricochet.broker.retries import RECORD_TYPE_MOST, Retried, read_record, retry_record
+from ricochet.broker.retries import (
+    RECORD_TYPE_MOST,
+    Retried,
+    read_records,
+    record_of,
+    retry_records,
+)
 from ricochet.ops.recorded import ARRIVING_MS, LEAVING_MS, SKEW_MS, listed_from_records
 from ricochet.ops.waiting import by_tier, recorded_tiers
 from ricochet.ops.waits import Place
@@ -90,28 +98,63 @@ def test_an_empty_tier_with_no_records_lists_nothing() -> None:
     assert listed(0, []) == []
 
 
+def batch(*rows: Any) -> aio_pika.Message:
+    return retry_records(rows)
+
+
+def earlier(headers: dict[str, Any], message_id: str = "j1") -> aio_pika.Message:
+    """The one record a message of an earlier ricochet."""
+    all_headers: dict[str, Any] = {
+        "ricochet-queue": "orders",
+        "ricochet-attempt": 1,
+        "ricochet-at-ms": 5,
+    }
+    return aio_pika.Message(
+        b"ValueError: down", message_id=message_id, type="retry", headers=all_headers | headers
+    )
+
+
 def test_a_record_names_its_tier_and_type() -> None:
-    record = retry_record("orders", "j1", 2, "ValueError: down", 5, tier=2, job_type="charge")
-    assert read_record(record, "orders") == ("j1", 2, Retried("ValueError: down", 5, 2, "charge"))
-    assert read_record(record, "invoices") is None
+    entry = batch(record_of("orders", "j1", 2, "ValueError: down", 5, tier=2, job_type="charge"))
+    assert read_records(entry, "orders") == [("j1", 2, Retried("ValueError: down", 5, 2, "charge"))]
+    assert read_records(entry, "invoices") == []
+
+
+def test_a_batch_holds_the_records_of_every_queue_in_order() -> None:
+    entry = batch(
+        record_of("orders", "j1", 1, "ValueError: down", 5, tier=1, job_type="charge"),
+        record_of("invoices", "j2", 1, "KeyError: 'x'", 6, tier=1, job_type="send"),
+        record_of("orders", "j3", 3, "TimeoutError", 7, tier=3, job_type="charge"),
+    )
+    assert read_records(entry, "orders") == [
+        ("j1", 1, Retried("ValueError: down", 5, 1, "charge")),
+        ("j3", 3, Retried("TimeoutError", 7, 3, "charge")),
+    ]
 
 
 def test_a_type_too_long_to_record_leaves_the_tier_unnamed() -> None:
     """Such a job's tier is read, never listed from a record that lacks its type."""
     long_type = "t" * (RECORD_TYPE_MOST + 1)
-    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1, job_type=long_type)
-    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+    entry = batch(record_of("orders", "j1", 1, "ValueError: down", 5, tier=1, job_type=long_type))
+    assert read_records(entry, "orders") == [("j1", 1, Retried("ValueError: down", 5))]
 
 
 def test_a_record_of_a_job_without_an_id_names_no_tier() -> None:
     """Such a job cannot be listed from a record: its tier is read."""
-    record = retry_record("orders", None, 1, "ValueError: down", 5, tier=1, job_type="charge")
-    assert read_record(record, "orders") == ("", 1, Retried("ValueError: down", 5))
+    entry = batch(record_of("orders", None, 1, "ValueError: down", 5, tier=1, job_type="charge"))
+    assert read_records(entry, "orders") == [("", 1, Retried("ValueError: down", 5))]
 
 
-def test_a_record_of_an_earlier_ricochet_gives_its_reason_and_no_tier() -> None:
-    record = retry_record("orders", "j1", 1, "ValueError: down", 5)
-    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+def test_the_one_record_of_an_earlier_ricochet_is_read() -> None:
+    named = {"ricochet-tier": 2, "ricochet-type": "charge"}
+    assert read_records(earlier({}), "orders") == [("j1", 1, Retried("ValueError: down", 5))]
+    assert read_records(earlier(named), "orders") == [
+        ("j1", 1, Retried("ValueError: down", 5, 2, "charge"))
+    ]
+    assert read_records(earlier(named, message_id=""), "orders") == [
+        ("", 1, Retried("ValueError: down", 5))
+    ]
+    assert read_records(earlier({}), "invoices") == []
 
 
 @pytest.mark.parametrize(
@@ -122,16 +165,45 @@ def test_a_record_of_an_earlier_ricochet_gives_its_reason_and_no_tier() -> None:
         {"ricochet-attempt": "1"},
     ],
 )
-def test_a_forged_record_is_none(headers: dict[str, Any]) -> None:
-    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1)
-    record.headers.update(headers)
-    assert read_record(record, "orders") is None
+def test_a_forged_record_of_an_earlier_kind_is_none(headers: dict[str, Any]) -> None:
+    assert read_records(earlier(headers), "orders") == []
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ["orders", "j9", 1, 10**18, 1, "charge", "x"],  # no date holds it
+        ["orders", "j9", 1, True, 1, "charge", "x"],
+        ["orders", "j9", "1", 5, 1, "charge", "x"],
+        ["orders", "j9", 1, 5, 1, "charge", None],  # a reason that is not text
+        ["orders", 9, 1, 5, 1, "charge", "x"],  # an id that is not text
+        ["orders", "j9", 1, 5, 1, "charge"],  # a field short
+        {"queue": "orders"},
+    ],
+)
+def test_a_forged_row_of_a_batch_is_left_out_and_the_others_read(row: Any) -> None:
+    good = record_of("orders", "j1", 1, "ValueError: down", 5, tier=1, job_type="charge")
+    entry = aio_pika.Message(json.dumps([row, good]).encode(), type="retries")
+    assert read_records(entry, "orders") == [("j1", 1, Retried("ValueError: down", 5, 1, "charge"))]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[" * 100_000 + b"]" * 100_000, b'{"a": 1}', b"\xff\xfe", b""],
+)
+def test_an_entry_that_is_no_batch_holds_no_record(body: bytes) -> None:
+    """The store takes what anyone the vhost lets in writes: a body nested past what a parser
+    takes, or not JSON at all, is no record, and the reader goes on."""
+    assert read_records(aio_pika.Message(body, type="retries"), "orders") == []
 
 
 def test_a_forged_tier_names_none() -> None:
-    record = retry_record("orders", "j1", 1, "ValueError: down", 5, tier=1)
-    record.headers["ricochet-tier"] = True
-    assert read_record(record, "orders") == ("j1", 1, Retried("ValueError: down", 5))
+    row = ["orders", "j1", 1, 5, True, "charge", "ValueError: down"]
+    entry = aio_pika.Message(json.dumps([row]).encode(), type="retries")
+    assert read_records(entry, "orders") == [("j1", 1, Retried("ValueError: down", 5))]
+    assert read_records(earlier({"ricochet-tier": True}), "orders") == [
+        ("j1", 1, Retried("ValueError: down", 5))
+    ]
 
 
 def test_a_record_that_names_no_tier_leaves_every_tier_to_be_read() -> None:

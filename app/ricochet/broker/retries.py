@@ -3,9 +3,12 @@ time of each failed attempt that a worker sends to a retry tier (SPEC 23).
 
 A job goes to its tier by a nack (or a copy to the tier's route), and a nack carries nothing but
 its delivery tag: the tier holds the job, never why it failed, and x-death keeps only the first
-time it died, in whole seconds. So the worker appends a record beside the nack, on a channel of
-its own without confirms (a record lost with a connection costs `ricochet waiting` a reason,
-never a job), and `ricochet waiting` reads the records of the jobs it finds in the tiers: by
+time it died, in whole seconds. So the worker keeps a record beside the nack, and writes the
+records of the next FLUSH_S as one entry of the stream, on a channel of its own without confirms
+(a record lost with a connection, or with a worker killed, costs `ricochet waiting` a reason,
+never a job): a look reads a few entries, not one a retry, and the broker hands them out at
+little cost beside the tiers it runs. `ricochet waiting` reads the records of the jobs it finds
+in the tiers: by
 (queue, message_id, failed attempt), the reason, to the millisecond when the job came in, the
 tier it went to and the job's type (so that a tier whose records account for every job it holds
 is listed from them, without a read: ricochet.ops.recorded).
@@ -17,9 +20,11 @@ wait, or pushed out by a flood of retries, leaves that job's reason unknown (nul
 
 import asyncio
 import datetime as dt
+import json
 import time
 import uuid
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import aio_pika
 import structlog
@@ -46,8 +51,17 @@ from ricochet.names import SHARED
 
 log = structlog.get_logger("ricochet.retries")
 
-RETRY = "retry"
+RETRIES = "retries"  # a batch of records
+RETRY = "retry"  # the one record of an earlier ricochet
 MARKER = "marker"
+# A record waits this long at most for the others of its batch, and a batch holds this many at
+# most: a thousand retries a second make ten entries of the stream, not a thousand.
+FLUSH_S = 0.1
+BATCH_MOST = 500
+# A reader sends its marker this long after it was asked to read: the records of the retries made
+# before that are in the stream ahead of it (a worker whose loop lags more leaves a look to read
+# the tier instead).
+WRITTEN_WITHIN_S = 3 * FLUSH_S
 # Records a reader has in flight (a stream consumer needs a prefetch); it acks them this many
 # at a time (one basic.ack with multiple), not one frame a record.
 READ_PREFETCH = 1000
@@ -77,7 +91,20 @@ class Retried(NamedTuple):
     type: str | None = None
 
 
-def retry_record(
+class Record(NamedTuple):
+    """The record of a failed attempt of queue's job sent to a tier, as a batch carries it (a
+    JSON array of these, in this order)."""
+
+    queue: str
+    message_id: str | None
+    attempt: int
+    at_ms: int
+    tier: int | None
+    type: str | None
+    reason: str
+
+
+def record_of(
     queue: str,
     message_id: str | None,
     attempt: int,
@@ -85,58 +112,93 @@ def retry_record(
     at_ms: int,
     tier: int | None = None,
     job_type: str | None = None,
-) -> aio_pika.Message:
-    """The record of a failed attempt of queue's job sent to a tier: its reason as the body."""
-    headers: dict[str, Any] = {RECORD_QUEUE: queue, RECORD_ATTEMPT: attempt, RECORD_AT_MS: at_ms}
+) -> Record:
+    """The record of a failed attempt of queue's job sent to a tier; one of a job without an id,
+    or of a type too long to hold, names no tier: it says only that such a job waits."""
     listable = message_id is not None and (job_type is None or len(job_type) <= RECORD_TYPE_MOST)
-    if tier is not None and listable:
-        headers[RECORD_TIER] = tier
-        if job_type is not None:
-            headers[RECORD_TYPE] = job_type
-    return aio_pika.Message(
-        reason.encode(),
-        message_id=message_id,
-        type=RETRY,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers=headers,
-    )
+    if tier is None or not listable:
+        tier = job_type = None
+    return Record(queue, message_id, attempt, at_ms, tier, job_type, reason)
 
 
-def read_record(entry: AbstractMessage, queue: str) -> tuple[str, int, Retried] | None:
-    """(message_id, the failed attempt, what the record says) of the record of a retry of
-    queue's job (a job without an id: "", and no tier); None for what is not one (the store
-    takes what anyone the vhost lets in writes)."""
-    headers = entry.headers or {}
-    attempt, at_ms = headers.get(RECORD_ATTEMPT), headers.get(RECORD_AT_MS)
+def retry_records(records: Sequence[Record]) -> aio_pika.Message:
+    """One entry of the stream holding a batch of records."""
+    body = json.dumps(records, separators=(",", ":")).encode()
+    return aio_pika.Message(body, type=RETRIES, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+
+
+def read_records(entry: AbstractMessage, queue: str) -> list[tuple[str, int, Retried]]:
+    """(message_id, the failed attempt, what the record says) of each record of a retry of
+    queue's job an entry of the stream holds (a job without an id: "", and no tier): a batch,
+    or the one record of an earlier ricochet. What is not one is left out: the store takes what
+    anyone the vhost lets in writes."""
+    if entry.type == RETRY:
+        headers = entry.headers or {}
+        if headers.get(RECORD_QUEUE) != queue:
+            return []
+        one = _retried(
+            entry.message_id,
+            headers.get(RECORD_ATTEMPT),
+            headers.get(RECORD_AT_MS),
+            headers.get(RECORD_TIER),
+            headers.get(RECORD_TYPE),
+            entry.body.decode("utf-8", "replace"),
+        )
+        return [one] if one is not None else []
+    if entry.type != RETRIES:
+        return []
+    try:
+        rows = json.loads(entry.body)
+    except (ValueError, RecursionError):  # not JSON, or nested past what a parser takes
+        return []
+    if not isinstance(rows, list):
+        return []
+    read = []
+    for row in rows:
+        if isinstance(row, list) and len(row) == len(Record._fields) and row[0] == queue:
+            one = _retried(row[1], row[2], row[3], row[4], row[5], row[6])
+            if one is not None:
+                read.append(one)
+    return read
+
+
+def _retried(
+    message_id: object,
+    attempt: object,
+    at_ms: object,
+    tier: object,
+    job_type: object,
+    reason: object,
+) -> tuple[str, int, Retried] | None:
+    """One record's fields, as read: None for a forged id, attempt, time or reason; a tier and
+    type only for a job with an id, as written."""
     if (
-        entry.type != RETRY
-        or headers.get(RECORD_QUEUE) != queue
+        not (message_id is None or isinstance(message_id, str))
         or type(attempt) is not int
         or type(at_ms) is not int
         or not 0 <= at_ms <= LATEST_AT_MS
+        or not isinstance(reason, str)
     ):
         return None
-    tier, job_type = headers.get(RECORD_TIER), headers.get(RECORD_TYPE)
-    if (
-        type(tier) is not int
-        or not (job_type is None or isinstance(job_type, str))
-        or not entry.message_id
-    ):
-        tier = job_type = None
-    retried = Retried(entry.body.decode("utf-8", "replace"), at_ms, tier, job_type)
-    return entry.message_id or "", attempt, retried
+    if not isinstance(message_id, str) or not message_id:
+        return "", attempt, Retried(reason, at_ms)
+    if type(tier) is not int or not (job_type is None or isinstance(job_type, str)):
+        return message_id, attempt, Retried(reason, at_ms)
+    return message_id, attempt, Retried(reason, at_ms, tier, job_type)
 
 
 class RetryLog:
-    """Where a worker's settlers record their retries: one channel of the connection, without
-    confirms, opened at its first record and again after it was lost."""
+    """Where a worker's settlers record their retries: batches written FLUSH_S after the first
+    of each, on one channel of the connection without confirms, opened at its first batch and
+    again after it was lost."""
 
     def __init__(self, connection: AbstractConnection) -> None:
         self._connection = connection
         self._channel: AbstractChannel | None = None
-        self._opening = asyncio.Lock()
+        self._pending: list[Record] = []
+        self._writing: asyncio.Task[None] | None = None
 
-    async def record(
+    def record(
         self,
         queue: str,
         message_id: str | None,
@@ -145,24 +207,41 @@ class RetryLog:
         tier: int,
         job_type: str | None,
     ) -> None:
-        """Append the record of a failed attempt of queue's job that goes to a tier (one of a
-        job without an id says only that such a job waits there: a look then reads the tiers)."""
+        """Keep the record of a failed attempt of queue's job that goes to a tier, to write with
+        the others of the next FLUSH_S."""
         at_ms = int(time.time() * 1000)
-        record = retry_record(queue, message_id, attempt, reason, at_ms, tier, job_type)
-        try:
-            channel = await self._open()
-            # Without confirms: published once written, and the nack beside it waits for nothing.
-            await channel.default_exchange.publish(record, routing_key=SHARED.retries)
-        except CONNECTION_ERRORS as error:
-            log.warning("retry not recorded: its reason stays unknown", error=str(error))
+        self._pending.append(record_of(queue, message_id, attempt, reason, at_ms, tier, job_type))
+        if self._writing is None:
+            self._writing = asyncio.create_task(self._write_soon())
 
-    async def _open(self) -> AbstractChannel:
-        if self._channel is not None and not self._channel.is_closed:
-            return self._channel
-        async with self._opening:
+    async def close(self) -> None:
+        """Write what is kept (a worker stopping, its connection still open)."""
+        if self._writing is not None:
+            await self._writing
+
+    async def _write_soon(self) -> None:
+        try:
+            while self._pending:
+                await asyncio.sleep(FLUSH_S)
+                await self._write()
+        finally:
+            self._writing = None
+
+    async def _write(self) -> None:
+        kept, self._pending = self._pending, []
+        try:
             if self._channel is None or self._channel.is_closed:
                 self._channel = await self._connection.channel(publisher_confirms=False)
-            return self._channel
+            # Without confirms: written once sent; the nacks they record waited for nothing.
+            for start in range(0, len(kept), BATCH_MOST):
+                batch = retry_records(kept[start : start + BATCH_MOST])
+                await self._channel.default_exchange.publish(batch, routing_key=SHARED.retries)
+        except CONNECTION_ERRORS as error:
+            log.warning(
+                "retries not recorded: their reasons stay unknown",
+                retries=len(kept),
+                error=str(error),
+            )
 
 
 async def read_retries(
@@ -179,13 +258,11 @@ async def read_retries(
     async def read(entry: AbstractIncomingMessage) -> None:
         if seen.done():  # read to the end, or given up: no frame may follow the channel's close
             return
-        record = read_record(entry, queue)
-        if record is not None:
-            message_id, attempt, retried = record
-            found[message_id, attempt] = retried
-        elif entry.type == MARKER and entry.message_id == marker:
+        if entry.type == MARKER and entry.message_id == marker:
             seen.set_result(None)
             return
+        for message_id, attempt, retried in read_records(entry, queue):
+            found[message_id, attempt] = retried
         # The channel's delivery tags count the records read: every ACK_EVERY-th acks them all.
         if entry.delivery_tag is not None and entry.delivery_tag % ACK_EVERY == 0:
             await entry.ack(multiple=True)
@@ -194,6 +271,7 @@ async def read_retries(
         await channel.set_qos(prefetch_count=READ_PREFETCH)
         store = await channel.get_queue(SHARED.retries, ensure=False)
         await store.consume(read, arguments={STREAM_OFFSET: since})
+        await asyncio.sleep(WRITTEN_WITHIN_S)
         await publish_to_queue(
             channel, SHARED.retries, aio_pika.Message(b"", message_id=marker, type=MARKER)
         )

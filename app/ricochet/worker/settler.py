@@ -118,7 +118,7 @@ class Settler:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
             case Retry(tier):
-                await self._record(delivery, facts, failure, tier, kind)
+                self._record(delivery, facts, failure, tier, kind)
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
             case Sanitize() | RetryByCopy() | Delay():
                 copy, key, exchange = self._copy(delivery, decision, failure)
@@ -136,7 +136,7 @@ class Settler:
                     await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large))
                     return
                 if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
-                    await self._record(delivery, facts, failure, decision.tier, kind)
+                    self._record(delivery, facts, failure, decision.tier, kind)
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
@@ -168,7 +168,7 @@ class Settler:
         if await self.copy_then_ack(delivery, failed.message, names.failed, notify=names.events):
             self._tell(Settled(delivery.message_id, facts, decision, failure, failed.log_fields))
 
-    async def _record(
+    def _record(
         self,
         delivery: Delivery,
         facts: Facts,
@@ -179,7 +179,7 @@ class Settler:
         """Record a retry of a job of type kind into tier `tier` with its reason
         (ricochet.broker.retries)."""
         if self._retries is not None and failure is not None:
-            await self._retries.record(
+            self._retries.record(
                 self._names.queue, delivery.message_id, facts.attempt, failure.reason, tier, kind
             )
 
