@@ -18,6 +18,7 @@ from ricochet import Client, Job, Router
 from ricochet.broker.record import declare_recorded
 from ricochet.log import merge_job_fields
 from ricochet.names import SHARED, Names
+from ricochet.ops.waiting import list_waiting
 from structlog.testing import capture_logs
 
 from tests.broker import Broker
@@ -41,6 +42,8 @@ JOBS = 20_000  # enough that a scan still holds the tier when the fault hits it
 TIER_MS = 3_600_000
 # Enough records that a look is still at work when the fault hits it (a second's read of them).
 RECORDED_JOBS = 10_000
+# Retries a worker makes before it is killed: a few, all within the 0.1 s it keeps their records.
+KILLED_RETRIES = 5
 
 
 async def waiting_jobs(channel: AbstractChannel, queue: str, jobs: int, at_ms: int) -> list[str]:
@@ -143,6 +146,61 @@ async def test_a_look_cut_off_midway_leaves_every_job_waiting(
     assert duplicates == 0
     assert not early, f"{len(early)} jobs sent on before their time"
     assert sorted(in_tier) == ids
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_killed_before_writing_its_records_leaves_every_job_listed(
+    fault_broker: Broker, connection: AbstractConnection, queue_name: str, tmp_path: Path
+) -> None:
+    """A worker keeps the records of its retries 0.1 s before it writes them: killed (-9) right
+    after sending jobs to their tier, it leaves jobs there with no record. A look counts more
+    jobs than records, reads the tier, and lists every one of them (their reasons unknown); each
+    waits there once, none lost, doubled or sent on early."""
+    settings = make_settings(
+        queue_name,
+        amqp_url=fault_broker.amqp_url,
+        handler="tests.handlers:fault",
+        prefetch=1,  # one job at a time: each retry is sent before the next job comes
+        retry_delay_ms=TIER_MS,
+        max_retries=1,
+    )
+    await declare_recorded(connection, settings)
+    ids = [f"k{i}" for i in range(KILLED_RETRIES)]
+    env = ricochet_env(settings, TEST_JOURNAL=str(tmp_path / "journal"))
+    async with Client(fault_broker.amqp_url, queue_name) as client:
+        for message_id in ids:
+            await client.enqueue("job", {"fail": 1}, message_id=message_id)
+        await client.enqueue("job", {"poison": True}, message_id="poison")  # kills the worker
+    with spawn(["worker"], env, tmp_path / "worker.log") as worker:
+        code = await asyncio.to_thread(worker.wait, 60)
+    assert code == -signal.SIGKILL, f"the worker ended with {code}, not killed by the poison"
+
+    names = Names(queue_name)
+    channel = await connection.channel(publisher_confirms=True)
+    rows = await list_waiting(connection, settings)
+    listed = Counter(row.message_id for row in rows)
+    in_tier = await _all_of(channel, names.tier(1))
+    early = await _all_of(channel, names.queue) - Counter(["poison"])
+    everywhere = in_tier + early
+    lost = set(ids) - set(everywhere)
+    duplicates = sum(n - 1 for n in everywhere.values())
+    TALLIES.append(
+        Tally(
+            fault="worker killed with its records kept, then a look",
+            published=len(ids),
+            completed=0,
+            failed=0,
+            lost=len(lost),
+            duplicates=duplicates,
+        )
+    )
+    await channel.close()
+    assert not lost, sorted(lost)
+    assert duplicates == 0
+    assert not early, f"{len(early)} jobs sent on before their time"
+    assert sorted(listed) == ids, listed
+    assert set(listed.values()) == {1}
+    assert all(row.attempt == 2 for row in rows)
 
 
 async def _reading(connection: AbstractConnection, queue: str) -> bool:
