@@ -178,7 +178,7 @@ async def test_a_worker_killed_before_writing_its_records_leaves_every_job_liste
     names = Names(queue_name)
     channel = await connection.channel(publisher_confirms=True)
     rows = await list_waiting(connection, settings)
-    listed = Counter(row.message_id for row in rows)
+    listed = Counter(str(row.message_id) for row in rows)
     in_tier = await _all_of(channel, names.tier(1))
     early = await _all_of(channel, names.queue) - Counter(["poison"])
     everywhere = in_tier + early
