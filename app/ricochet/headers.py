@@ -59,8 +59,9 @@ FAILURE_HEADERS = (
     FAILED_DROPPED_HEADERS,
 )
 # ricochet's, on a record in one of the vhost's stores (cancels, retries, schedules): the queue
-# it concerns; and on a retry's record, the attempt that failed and when (epoch milliseconds),
-# the tier it went to and the job's type.
+# it concerns; and on a retry's record of an earlier ricochet (one a message; records now go in
+# batches, ricochet.broker.retries), the attempt that failed and when (epoch milliseconds), the
+# tier it went to and the job's type.
 RECORD_QUEUE = "ricochet-queue"
 RECORD_ATTEMPT = "ricochet-attempt"
 RECORD_AT_MS = "ricochet-at-ms"

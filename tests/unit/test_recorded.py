@@ -177,6 +177,8 @@ def test_a_forged_record_of_an_earlier_kind_is_none(headers: dict[str, Any]) -> 
         ["orders", "j9", "1", 5, 1, "charge", "x"],
         ["orders", "j9", 1, 5, 1, "charge", None],  # a reason that is not text
         ["orders", 9, 1, 5, 1, "charge", "x"],  # an id that is not text
+        ["orders", "j9", 10**4299, 5, 1, "charge", "x"],  # an attempt that would not print
+        ["orders", "j9", -1, 5, 1, "charge", "x"],
         ["orders", "j9", 1, 5, 1, "charge"],  # a field short
         {"queue": "orders"},
     ],
@@ -198,9 +200,10 @@ def test_an_entry_that_is_no_batch_holds_no_record(body: bytes) -> None:
 
 
 def test_a_forged_tier_names_none() -> None:
-    row = ["orders", "j1", 1, 5, True, "charge", "ValueError: down"]
-    entry = aio_pika.Message(json.dumps([row]).encode(), type="retries")
-    assert read_records(entry, "orders") == [("j1", 1, Retried("ValueError: down", 5))]
+    for tier in (True, 10**4299, -1):
+        row = ["orders", "j1", 1, 5, tier, "charge", "ValueError: down"]
+        entry = aio_pika.Message(json.dumps([row]).encode(), type="retries")
+        assert read_records(entry, "orders") == [("j1", 1, Retried("ValueError: down", 5))]
     assert read_records(earlier({"ricochet-tier": True}), "orders") == [
         ("j1", 1, Retried("ValueError: down", 5))
     ]

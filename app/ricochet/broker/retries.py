@@ -24,6 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from contextvars import Context
 from typing import NamedTuple
 
 import aio_pika
@@ -59,8 +60,9 @@ MARKER = "marker"
 FLUSH_S = 0.1
 BATCH_MOST = 500
 # A reader sends its marker this long after it was asked to read: the records of the retries made
-# before that are in the stream ahead of it (a worker whose loop lags more leaves a look to read
-# the tier instead).
+# before that are in the stream ahead of it, from a worker whose loop lags no more than that (the
+# records of a worker killed or cut off before it wrote them are lost: ricochet.ops.recorded says
+# what a look then cannot tell).
 WRITTEN_WITHIN_S = 3 * FLUSH_S
 # Records a reader has in flight (a stream consumer needs a prefetch); it acks them this many
 # at a time (one basic.ack with multiple), not one frame a record.
@@ -74,6 +76,8 @@ READ_TIMEOUT_S = 30.0
 # A record's time past this (epoch ms, the year 8307) is forged: a date of it plus a tier's wait
 # must stay within what a datetime holds.
 LATEST_AT_MS = 200_000_000_000_000
+# An attempt or a tier past this is forged (a number of thousands of digits would not print).
+LARGEST_FIELD = 2**31 - 1
 # A job's type longer than this is not recorded (an AMQP type property is at most 255 bytes; a
 # JSON body's "type" field may be anything): its record then gives no tier either, and a look
 # reads that tier to list it.
@@ -175,6 +179,7 @@ def _retried(
     if (
         not (message_id is None or isinstance(message_id, str))
         or type(attempt) is not int
+        or not 0 <= attempt <= LARGEST_FIELD
         or type(at_ms) is not int
         or not 0 <= at_ms <= LATEST_AT_MS
         or not isinstance(reason, str)
@@ -182,7 +187,11 @@ def _retried(
         return None
     if not isinstance(message_id, str) or not message_id:
         return "", attempt, Retried(reason, at_ms)
-    if type(tier) is not int or not (job_type is None or isinstance(job_type, str)):
+    if (
+        type(tier) is not int
+        or not 0 <= tier <= LARGEST_FIELD
+        or not (job_type is None or isinstance(job_type, str))
+    ):
         return message_id, attempt, Retried(reason, at_ms)
     return message_id, attempt, Retried(reason, at_ms, tier, job_type)
 
@@ -212,7 +221,8 @@ class RetryLog:
         at_ms = int(time.time() * 1000)
         self._pending.append(record_of(queue, message_id, attempt, reason, at_ms, tier, job_type))
         if self._writing is None:
-            self._writing = asyncio.create_task(self._write_soon())
+            # In a context of its own: what it logs is no job's.
+            self._writing = asyncio.create_task(self._write_soon(), context=Context())
 
     async def close(self) -> None:
         """Write what is kept (a worker stopping, its connection still open)."""
@@ -263,7 +273,7 @@ async def read_retries(
             return
         for message_id, attempt, retried in read_records(entry, queue):
             found[message_id, attempt] = retried
-        # The channel's delivery tags count the records read: every ACK_EVERY-th acks them all.
+        # The channel's delivery tags count the entries read: every ACK_EVERY-th acks them all.
         if entry.delivery_tag is not None and entry.delivery_tag % ACK_EVERY == 0:
             await entry.ack(multiple=True)
 
