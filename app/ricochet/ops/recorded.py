@@ -23,8 +23,10 @@ record knows) and every tier of a queue whose records in the window include one 
 
 What the count cannot tell: as many jobs without a record as there are records near its moment
 whose jobs had already left (or not yet come). While jobs leave a tier continuously, a job
-published there by hand, or one whose record was lost while its nack went through, can go
-unlisted that way. Neither happens in ricochet's own path but by hand or by a fault.
+published there by hand, or one whose record was lost after its nack went through (a worker
+writes its records up to 0.1 s after the nacks: killed or cut off meanwhile, it loses them), can
+go unlisted that way, never lost or delayed; with no job leaving near the count, the look reads
+the tier and lists it.
 """
 
 import datetime as dt
