@@ -63,8 +63,9 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
 
 
 def retry_record(message: AbstractIncomingMessage, queue: str) -> list[Any]:
-    """The record of a retry with its reason, as the worker writes it in a batch
-    (ricochet.broker.retries)."""
+    """The record of a retry with its reason, as the worker writes it in a batch: the fields of
+    ricochet.broker.retries.Record, in its order (written here by hand, as the raw loop does
+    everything, so the two must change together)."""
     attempt = attempt_of(message, queue)
     at_ms = int(time.time() * 1000)
     return [queue, message.message_id, attempt, at_ms, attempt, message.type, RETRY_REASON]
