@@ -366,11 +366,12 @@ async def test_retries_read_only_in_part_leave_the_connection_usable(
     await after.close()
 
 
-async def test_a_stopping_worker_writes_the_records_it_kept(
+async def test_the_records_kept_are_written_before_write_returns(
     connection: AbstractConnection, queue_name: str
 ) -> None:
-    """A worker keeps the records of its retries for 0.1 s, to write them as one entry: one
-    that stops writes what it kept before its connection closes, and a look reads them."""
+    """A settler writes the records of its loop turn's retries ahead of their nacks: once
+    write returns they are on the connection, and a connection closed at once still delivers
+    them to the stream, where a look reads them."""
     from ricochet.broker import retries
 
     await declare(connection, make_settings(queue_name))
@@ -379,7 +380,7 @@ async def test_a_stopping_worker_writes_the_records_it_kept(
     log = retries.RetryLog(stopping)
     log.record(queue_name, "kept-1", 1, "ValueError: down", 1, "job")
     log.record(queue_name, "kept-2", 2, "KeyError: 'sku'", 2, "job")
-    await log.close()
+    await log.write()
     await stopping.close()  # at once: a record still kept would be lost with it
     found = await retries.read_retries(connection, since, queue_name)
     assert {key: (r.reason, r.tier) for key, r in found.items()} == {

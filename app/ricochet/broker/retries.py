@@ -3,13 +3,15 @@ time of each failed attempt that a worker sends to a retry tier (SPEC 23).
 
 A job goes to its tier by a nack (or a copy to the tier's route), and a nack carries nothing but
 its delivery tag: the tier holds the job, never why it failed, and x-death keeps only the first
-time it died, in whole seconds. So the worker keeps a record beside the nack, and writes the
-records of the next FLUSH_S as one entry of the stream, on a channel of its own without confirms
-(a record lost with a connection, or with a worker killed, costs `ricochet waiting` a reason,
-never a job): a look reads a few entries, not one a retry, and the broker hands them out at
-little cost beside the tiers it runs. `ricochet waiting` reads the records of the jobs it finds
-in the tiers: by
-(queue, message_id, failed attempt), the reason, to the millisecond when the job came in, the
+time it died, in whole seconds. So the worker writes a record ahead of the nack: the records
+of the retries since its last entry (WRITE_EVERY_S at least before) as one entry of the stream,
+on a channel of its own without confirms, then their nacks behind them on the same connection.
+A job a tier holds has its record in the stream (but for one the broker refused, which is
+logged): a worker killed or cut off after a nack has written its record, and one killed before
+it leaves the job where it was. A busy worker writes few entries, each of many retries, so that
+a look reads few. `ricochet
+waiting` reads the records of the jobs it finds in the tiers: by (queue, message_id, failed
+attempt), the reason, to the millisecond when the job came in, the
 tier it went to and the job's type (so that a tier whose records account for every job it holds
 is listed from them, without a read: ricochet.ops.recorded).
 
@@ -24,7 +26,6 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from contextvars import Context
 from typing import NamedTuple
 
 import aio_pika
@@ -55,15 +56,16 @@ log = structlog.get_logger("ricochet.retries")
 RETRIES = "retries"  # a batch of records
 RETRY = "retry"  # the one record of an earlier ricochet
 MARKER = "marker"
-# A record waits this long at most for the others of its batch, and a batch holds this many at
-# most: a thousand retries a second make ten entries of the stream, not a thousand.
-FLUSH_S = 0.1
+# A worker writes an entry this often at most, each of the retries since the last: a busy one
+# writes two hundred a second, each of many, so that a look reads few (an entry costs a reader
+# about as much as a job in a tier). The nacks behind them wait that long at most.
+WRITE_EVERY_S = 0.005
+# An entry holds this many records at most (the retries of one write in more when they are more).
 BATCH_MOST = 500
-# A reader sends its marker this long after it was asked to read: the records of the retries made
-# before that are in the stream ahead of it, from a worker whose loop lags no more than that (the
-# records of a worker killed or cut off before it wrote them are lost: ricochet.ops.recorded says
-# what a look then cannot tell).
-WRITTEN_WITHIN_S = 3 * FLUSH_S
+# A reader sends its marker this long after it was asked to read. A record goes ahead of its
+# job's nack, but on another channel of the worker's connection, so another path through the
+# broker: this leaves the record of a job counted just before time to be in the stream.
+WRITTEN_WITHIN_S = 0.1
 # Records a reader has in flight (a stream consumer needs a prefetch); it acks them this many
 # at a time (one basic.ack with multiple), not one frame a record.
 READ_PREFETCH = 1000
@@ -197,15 +199,16 @@ def _retried(
 
 
 class RetryLog:
-    """Where a worker's settlers record their retries: batches written FLUSH_S after the first
-    of each, on one channel of the connection without confirms, opened at its first batch and
-    again after it was lost."""
+    """Where a worker's settlers record their retries: each kept until a settler writes those
+    kept as one entry, ahead of their nacks, on one channel of the connection without confirms,
+    opened at its first entry and again after it was lost."""
 
     def __init__(self, connection: AbstractConnection) -> None:
         self._connection = connection
         self._channel: AbstractChannel | None = None
         self._pending: list[Record] = []
-        self._writing: asyncio.Task[None] | None = None
+        self._writing = asyncio.Lock()
+        self._written_at = -WRITE_EVERY_S  # the event loop's time of the last write
 
     def record(
         self,
@@ -217,32 +220,30 @@ class RetryLog:
         job_type: str | None,
     ) -> None:
         """Keep the record of a failed attempt of queue's job that goes to a tier, to write with
-        the others of the next FLUSH_S."""
+        the others kept before the job goes there."""
         at_ms = int(time.time() * 1000)
         self._pending.append(record_of(queue, message_id, attempt, reason, at_ms, tier, job_type))
-        if self._writing is None:
-            # In a context of its own: what it logs is no job's.
-            self._writing = asyncio.create_task(self._write_soon(), context=Context())
 
-    async def close(self) -> None:
-        """Write what is kept (a worker stopping, its connection still open)."""
-        if self._writing is not None:
-            await self._writing
+    async def write(self) -> None:
+        """Write every record kept, returning once they are written to the connection: a nack or
+        a copy sent after that reaches the broker behind them. One entry for all those kept
+        (BATCH_MOST at most), WRITE_EVERY_S after the last one at the soonest, so that the
+        retries meanwhile make one; a write under way is awaited first, so that the records it
+        took are written too."""
+        loop = asyncio.get_running_loop()
+        async with self._writing:
+            if not self._pending:
+                return
+            await asyncio.sleep(self._written_at + WRITE_EVERY_S - loop.time())
+            kept, self._pending = self._pending, []
+            await self._write(kept)
+            self._written_at = loop.time()
 
-    async def _write_soon(self) -> None:
-        try:
-            while self._pending:
-                await asyncio.sleep(FLUSH_S)
-                await self._write()
-        finally:
-            self._writing = None
-
-    async def _write(self) -> None:
-        kept, self._pending = self._pending, []
+    async def _write(self, kept: list[Record]) -> None:
         try:
             if self._channel is None or self._channel.is_closed:
                 self._channel = await self._connection.channel(publisher_confirms=False)
-            # Without confirms: written once sent; the nacks they record waited for nothing.
+            # Without confirms: written once sent; the nacks behind them wait for no broker.
             for start in range(0, len(kept), BATCH_MOST):
                 batch = retry_records(kept[start : start + BATCH_MOST])
                 await self._channel.default_exchange.publish(batch, routing_key=SHARED.retries)

@@ -23,10 +23,9 @@ record knows) and every tier of a queue whose records in the window include one 
 
 What the count cannot tell: as many jobs without a record as there are records near its moment
 whose jobs had already left (or not yet come). While jobs leave a tier continuously, a job
-published there by hand, or one whose record was lost after its nack went through (a worker
-writes its records up to 0.1 s after the nacks: killed or cut off meanwhile, it loses them), can
-go unlisted that way, never lost or delayed; with no job leaving near the count, the look reads
-the tier and lists it.
+published there by hand, or one whose record the broker refused, can go unlisted that way, never
+lost or delayed; with no job leaving near the count, the look reads the tier and lists it. A
+worker killed or cut off leaves no such job: it writes a retry's record ahead of its nack.
 """
 
 import datetime as dt

@@ -114,16 +114,6 @@ class QueueWorker:
         or the connection or the cancels are lost; the first on the topology just declared,
         each next one after declaring it again."""
         retries = RetryLog(connection)  # one channel of the connection for its sessions' records
-        try:
-            await self._sessions(connection, retries, declared)
-        finally:
-            if not connection.is_closed:
-                await retries.close()
-
-    async def _sessions(
-        self, connection: AbstractConnection, retries: RetryLog, declared: Plan
-    ) -> None:
-        """The sessions of run, each recording its retries in retries."""
         plan: Plan | None = declared
         while True:
             try:

@@ -5,7 +5,9 @@ A settler is made anew on every channel, so nothing of a lost one (its delivery 
 still pending) reaches the next. Acks and dead-lettering nacks are coalesced: those settled in
 one turn of the event loop go out together, the nacks first, then one ack with
 multiple=True for the finished deliveries below the oldest one still running, then a single ack
-for each finished one above it.
+for each finished one above it. A retry's nack waits for its record to be written ahead of it
+(ricochet.broker.retries: one entry of the stream at most every WRITE_EVERY_S, of the retries
+meanwhile); the acks go meanwhile, none reaching a retry not yet nacked.
 """
 
 import asyncio
@@ -137,6 +139,7 @@ class Settler:
                     return
                 if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
                     self._record(delivery, facts, failure, decision.tier, kind)
+                    await self._records_written()
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
@@ -176,12 +179,19 @@ class Settler:
         tier: int,
         kind: str | None,
     ) -> None:
-        """Record a retry of a job of type kind into tier `tier` with its reason
-        (ricochet.broker.retries)."""
+        """Keep the record of a retry of a job of type kind into tier `tier` with its reason
+        (ricochet.broker.retries), to write ahead of the job going there."""
         if self._retries is not None and failure is not None:
             self._retries.record(
                 self._names.queue, delivery.message_id, facts.attempt, failure.reason, tier, kind
             )
+
+    async def _records_written(self) -> None:
+        """The records kept written, in a context of their own: what their writing logs is no
+        job's (a flush, which writes them too, runs in one already)."""
+        if self._retries is not None:
+            write = self._retries.write()
+            await asyncio.get_running_loop().create_task(write, context=contextvars.Context())
 
     def _copy(
         self, delivery: Delivery, decision: Sanitize | RetryByCopy | Delay, failure: Failure | None
@@ -273,14 +283,31 @@ class Settler:
 
     async def _flush(self) -> None:
         while self._finished or self._dead:
-            finished, self._finished = self._finished, set()
-            dead, self._dead = self._dead, []
-            multiple, singles = plan_acks(self._running, finished)
-            try:
-                await self._frames.settle(dead, multiple, singles)
-            except CONNECTION_ERRORS:
-                log.warning(
-                    "jobs not settled: channel closed, the broker delivers them again",
-                    jobs=len(finished) + len(dead),
-                )
+            if self._dead and self._retries is not None:
+                # The acks go at once; the nacks wait for the records of their retries, which go
+                # ahead of them: a job a tier holds has its record, even from a worker killed
+                # right after. Nothing yields between the write and taking the retries to nack,
+                # so each of them has been recorded (those settled while the write waited too).
+                if not await self._settle(nacks=False):
+                    return
+                await self._retries.write()
+            if not await self._settle(nacks=True):
                 return
+
+    async def _settle(self, nacks: bool) -> bool:
+        """Write the acks settled so far, none reaching a retry not yet nacked, and the nacks
+        too if nacks, ahead of them; False if the channel closed first."""
+        finished, self._finished = self._finished, set()
+        dead: list[int] = []
+        if nacks:
+            dead, self._dead = self._dead, []
+        multiple, singles = plan_acks(self._running.union(self._dead), finished)
+        try:
+            await self._frames.settle(dead, multiple, singles)
+        except CONNECTION_ERRORS:
+            log.warning(
+                "jobs not settled: channel closed, the broker delivers them again",
+                jobs=len(finished) + len(dead),
+            )
+            return False
+        return True
