@@ -27,9 +27,6 @@ RAW_MODES = ("ack", "retry", "fail", "probe", "delay")
 RETRIES = "ricochet-retries"
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
 POLL_S = 0.01
-# The raw loop writes the records of its retries this often, one entry of the stream each, as
-# the worker does (ricochet.broker.retries.FLUSH_S).
-RECORDS_EVERY_S = 0.1
 RETRY_REASON = "RuntimeError: benchmark: the first attempt fails"
 
 
@@ -72,31 +69,29 @@ def retry_record(message: AbstractIncomingMessage, queue: str) -> list[Any]:
 
 
 class RetryBatches:
-    """The records of the retries of RECORDS_EVERY_S written as one entry of ricochet.retries,
-    on a channel without confirms, as the worker writes them."""
+    """The records of the retries of one loop turn written as one entry of ricochet.retries, on
+    a channel without confirms, ahead of their nacks, as the worker writes them."""
 
     def __init__(self, channel: aio_pika.abc.AbstractChannel) -> None:
         self._channel = channel
         self._pending: list[list[Any]] = []
-        self._writes: set[asyncio.Future[Any]] = set()
+        self._written: asyncio.Future[None] | None = None
 
-    def add(self, record: list[Any]) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_later(RECORDS_EVERY_S, self._write)
+    async def written(self, record: list[Any]) -> None:
+        """Returns once the record is written with the others of its loop turn."""
         self._pending.append(record)
+        if self._written is None:
+            self._written = asyncio.ensure_future(self._write())  # at the loop's next turn
+        await asyncio.shield(self._written)
 
-    def _write(self) -> None:
+    async def _write(self) -> None:
         entry = aio_pika.Message(
             json.dumps(self._pending).encode(),
             type="retries",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        self._pending = []
-        write = asyncio.ensure_future(
-            self._channel.default_exchange.publish(entry, routing_key="ricochet.retries")
-        )
-        self._writes.add(write)
-        write.add_done_callback(self._writes.discard)
+        self._pending, self._written = [], None
+        await self._channel.default_exchange.publish(entry, routing_key="ricochet.retries")
 
 
 async def raw(
@@ -113,16 +108,16 @@ async def raw(
     """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
 
     ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
-    ricochet's 10 ms tier and back), keeping a record of the retry with its reason for the
-    vhost's ricochet.retries (written RECORDS_EVERY_S later with the others, on a channel without
-    confirms, as the worker records every retry into a tier, a probe's too), and ack the
-    second. fail: publish a persistent copy to each
-    queue of copies_to in turn, each confirmed before the next, then ack (the worker's copy to
-    Q.failed, then its notice to Q.failed.events). delay: publish a persistent copy of a first
-    delivery, marked as a retry, to delay_exchange with delay_key (the shared delay level of its
-    wait), confirmed, then ack it; ack the copy when it comes back. probe: nack a probe three
-    times, timing its tiers as the ricochet handler does, and ack everything else. ack_every > 1
-    acks with multiple=True once per that many deliveries, which is safe here only because this
+    ricochet's 10 ms tier and back), after writing a record of the retry with its reason to the
+    vhost's ricochet.retries (with the others of its loop turn, on a channel without confirms,
+    as the worker records every retry into a tier, a probe's too), and ack the second. fail:
+    publish a persistent copy to each queue of copies_to in turn, each confirmed before the
+    next, then ack (the worker's copy to Q.failed, then its notice to Q.failed.events). delay:
+    publish a persistent copy of a first delivery, marked as a retry, to delay_exchange with
+    delay_key (the shared delay level of its wait), confirmed, then ack it; ack the copy when it
+    comes back. probe: nack a probe three times, timing its tiers as the ricochet handler does,
+    and ack everything else. ack_every > 1 acks with multiple=True once per that many
+    deliveries, which is safe here only because this
     loop settles its deliveries in order and never fails one.
     """
     stop = asyncio.Event()
@@ -148,8 +143,9 @@ async def raw(
             await waits(message)
             return
         if fails(message):
-            # Recorded with its reason, as the worker records every retry into a tier.
-            records.add(retry_record(message, queue))
+            # Recorded with its reason ahead of the nack, as the worker records every retry
+            # into a tier.
+            await records.written(retry_record(message, queue))
             await message.nack(requeue=False)
             return
         if mode == "fail":

@@ -5,7 +5,8 @@ In a vhost of its own, made for it and deleted after:
 
 1. the topology of a queue whose one tier waits SPREAD_S + LEAD_S;
 2. N jobs go into the tier, paced over SPREAD_S, as the worker sends them there: each with the
-   record of its retry in ricochet.retries, and its due time in a header of the bench's own;
+   record of its retry in ricochet.retries (PER_ENTRY records an entry, as a worker at that
+   pace writes them), and its due time in a header of the bench's own;
 3. right after the Nth, `ricochet waiting --json` runs as a process: its wall time, its largest
    RSS (wait4), the jobs it listed; the first jobs fall due LEAD_S after it started, and go on
    falling due while it reads;
@@ -22,6 +23,7 @@ a job handed back goes to the head of its queue).
 
     .venv/bin/python -m bench.waiting                  # 100,000 jobs
     .venv/bin/python -m bench.waiting --jobs 2000      # a quick look that it runs
+    .venv/bin/python -m bench.waiting --per-entry 1   # a record an entry: many idle workers
     .venv/bin/python -m bench.waiting --unreached-limit
 
 The broker is RICOCHET_BENCH_AMQP_URL's host (default 127.0.0.1:5672, guest), its management API
@@ -47,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 from ricochet.broker.record import declare_recorded  # noqa: E402
-from ricochet.broker.retries import FLUSH_S, record_of, retry_records  # noqa: E402
+from ricochet.broker.retries import record_of, retry_records  # noqa: E402
 from ricochet.headers import RETRIES  # noqa: E402
 from ricochet.names import SHARED, Names  # noqa: E402
 from ricochet.settings import Settings  # noqa: E402
@@ -60,6 +62,11 @@ DUE = "bench-due-ms"
 LEAD_S = 2.0  # the first job falls due this long after the look starts
 KEEP_S = 20.0  # retries go on coming this long after the look starts
 BATCH = 500
+# A worker writes an entry at most every WRITE_EVERY_S, of the retries since its last one, so
+# the busier it is the more an entry holds: one worker process sending 3,333 jobs a second to a
+# tier (the pace of 100,000 over 30 s) wrote 21.7 records an entry on the bench's machine (10 at
+# the tenth percentile).
+PER_ENTRY = 22
 RESULTS = ROOT / "bench" / "results" / "waiting.json"
 REASON = "ConnectionError: payments API: 503 Service Unavailable"
 # docs/operations.md's policy for RabbitMQ 3.10, on the bench's tiers and the vhost's levels.
@@ -76,15 +83,14 @@ def _total(n: int, spread_s: float) -> int:
     return n + int(n * KEEP_S / spread_s)
 
 
-async def _fill(url: str, n: int, spread_s: float, filled: asyncio.Event) -> None:
-    """The run's jobs into the tier, n a spread_s, each with the record of its retry; filled is
-    set once the nth is in."""
+async def _fill(url: str, n: int, spread_s: float, per_entry: int, filled: asyncio.Event) -> None:
+    """The run's jobs into the tier, n a spread_s, each with the record of its retry, per_entry
+    records an entry of the stream; filled is set once the nth is in."""
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
     tier = Names(QUEUE).tier(1)
     wait_ms = int((spread_s + LEAD_S) * 1000)
     started, total = time.monotonic(), _total(n, spread_s)
-    per = max(1, int(n / spread_s * FLUSH_S))  # the records a worker writes as one entry
     for start in range(0, total, BATCH):
         if start >= n:
             filled.set()
@@ -95,8 +101,10 @@ async def _fill(url: str, n: int, spread_s: float, filled: asyncio.Event) -> Non
         ids = [f"job-{i}" for i in range(start, min(total, start + BATCH))]
         records = [record_of(QUEUE, i, 1, REASON, now_ms, 1, "payment.charge") for i in ids]
         publishes = [
-            channel.default_exchange.publish(retry_records(records[k : k + per]), SHARED.retries)
-            for k in range(0, len(records), per)
+            channel.default_exchange.publish(
+                retry_records(records[k : k + per_entry]), SHARED.retries
+            )
+            for k in range(0, len(records), per_entry)
         ]
         for message_id in ids:
             job = aio_pika.Message(
@@ -169,7 +177,7 @@ def _look(url: str) -> tuple[float, float, float, float, int]:
     return started, ended, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, rows
 
 
-async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, Any]:
+async def _measure(url: str, n: int, spread_s: float, per_entry: int, look: bool) -> dict[str, Any]:
     """One row: the jobs filled, taken back as they come, with a look run meanwhile or not."""
     connection = await aio_pika.connect(url)
     wait_ms = int((spread_s + LEAD_S) * 1000)
@@ -178,13 +186,18 @@ async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, A
     )
     await connection.close()
     filled = asyncio.Event()
-    filling = asyncio.ensure_future(_fill(url, n, spread_s, filled))
+    filling = asyncio.ensure_future(_fill(url, n, spread_s, per_entry, filled))
     await filled.wait()
     arrivals = asyncio.ensure_future(_arrivals(url, _total(n, spread_s)))  # as they come
     if not look:
         await filling
         delays = [at - due for due, at in await arrivals]
-        return {"jobs": n, "look": False, "largest_delay_s": round(max(delays), 3)}
+        return {
+            "jobs": n,
+            "records_per_entry": per_entry,
+            "look": False,
+            "largest_delay_s": round(max(delays), 3),
+        }
     started, ended, rss_mib, cpu_s, rows = await asyncio.to_thread(_look, url)
     await filling
     came = await arrivals
@@ -192,6 +205,7 @@ async def _measure(url: str, n: int, spread_s: float, look: bool) -> dict[str, A
     other = [at - due for due, at in came if not started <= due <= ended]
     return {
         "jobs": n,
+        "records_per_entry": per_entry,
         "look": True,
         "listed": rows,
         "look_s": round(ended - started, 2),
@@ -207,6 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--spread-s", type=float, default=30.0)
+    parser.add_argument("--per-entry", type=int, default=PER_ENTRY, help="records an entry")
     parser.add_argument("--unreached-limit", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -216,7 +231,7 @@ def main() -> None:
         try:
             if args.unreached_limit:
                 management("PUT", f"api/policies/{VHOST}/returns-at-head", UNREACHED_LIMIT_POLICY)
-            row = asyncio.run(_measure(url, args.jobs, args.spread_s, look))
+            row = asyncio.run(_measure(url, args.jobs, args.spread_s, args.per_entry, look))
             rows.append(row | {"unreached_limit": args.unreached_limit})
         finally:
             management("DELETE", f"api/vhosts/{VHOST}")
