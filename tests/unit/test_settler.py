@@ -77,21 +77,26 @@ class _Frames:
 
 class _Records:
     """Where the settler records its retries, as ricochet.broker.retries.RetryLog: write() waits
-    a few turns of the loop (its spacing), then writes every record kept by then."""
+    a few turns of the loop (its spacing), takes every record kept by then, and has written them
+    a few turns later (its publish); a write under way is awaited first."""
 
     def __init__(self, seed: int) -> None:
         self._random = random.Random(seed)
         self._kept: list[str] = []
+        self._writing = asyncio.Lock()
         self.written: set[str] = set()
 
     def record(self, queue: str, message_id: str, *_: object) -> None:
         self._kept.append(message_id)
 
     async def write(self) -> None:
-        for _ in range(self._random.randrange(4)):
-            await asyncio.sleep(0)
-        kept, self._kept = self._kept, []
-        self.written.update(kept)
+        async with self._writing:
+            for _ in range(self._random.randrange(4)):
+                await asyncio.sleep(0)
+            kept, self._kept = self._kept, []
+            for _ in range(self._random.randrange(3)):
+                await asyncio.sleep(0)  # the publish's frames on their way
+            self.written.update(kept)
 
 
 class _Channel:
@@ -122,8 +127,8 @@ async def test_every_delivery_is_settled_once_as_decided(seed: int, recorded: bo
     """Jobs that finish in any order, some retried (dead-lettered) among the successes, over
     writes that take a while: each delivery is settled exactly once, and a multiple ack never
     covers one still running or one to be dead-lettered, so a failed job is never settled as
-    if it had succeeded. With its retries recorded, the acks go while the records are written,
-    and no retry is nacked before its record."""
+    if it had succeeded, a drain among them too. With its retries recorded, the acks go while
+    the records are written, and no retry is nacked before its record."""
     chance = random.Random(seed)
     records = _Records(seed) if recorded else None
     frames = _Frames(seed, records)
@@ -143,7 +148,8 @@ async def test_every_delivery_is_settled_once_as_decided(seed: int, recorded: bo
         jobs.append(asyncio.create_task(job(tag)))
         if chance.random() < 0.3:
             await asyncio.sleep(0)  # deliveries arrive while others finish
-    await asyncio.gather(*jobs)
+    early = asyncio.create_task(settler.drain())  # a stop's drain while jobs still settle
+    await asyncio.gather(*jobs, early)
     await settler.drain()
     assert frames.twice == []
     assert frames.unsettled == []

@@ -187,11 +187,13 @@ class Settler:
             )
 
     async def _records_written(self) -> None:
-        """The records kept written, in a context of their own: what their writing logs is no
-        job's (a flush, which writes them too, runs in one already)."""
+        """The records kept written, in a task of its own: a job's task cancelled meanwhile (a
+        stop) leaves it to write the records of other retries it took, and what it logs is no
+        job's (a flush, which writes them too, runs in a context of its own already)."""
         if self._retries is not None:
             write = self._retries.write()
-            await asyncio.get_running_loop().create_task(write, context=contextvars.Context())
+            loop = asyncio.get_running_loop()
+            await asyncio.shield(loop.create_task(write, context=contextvars.Context()))
 
     def _copy(
         self, delivery: Delivery, decision: Sanitize | RetryByCopy | Delay, failure: Failure | None
@@ -269,6 +271,11 @@ class Settler:
             self._dead.append(tag)
         else:
             self._finished.add(tag)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Start the one flush of this channel, unless it runs: two at once could each plan a
+        multiple ack that reaches a retry the other has taken to nack."""
         if self._flushing is None or self._flushing.done():
             # A context of its own: the lines it logs are no job's, whichever job started it.
             self._flushing = asyncio.get_running_loop().create_task(
@@ -277,31 +284,28 @@ class Settler:
 
     async def drain(self) -> None:
         """Send every ack and nack still pending (before the channel closes)."""
-        if self._flushing is not None:
+        self._flush_soon()  # again after one that ended early, the channel closed
+        while self._flushing is not None and not self._flushing.done():
             await asyncio.wait({self._flushing})
-        await self._flush()
 
     async def _flush(self) -> None:
         while self._finished or self._dead:
-            if self._dead and self._retries is not None:
-                # The acks go at once; the nacks wait for the records of their retries, which go
-                # ahead of them: a job a tier holds has its record, even from a worker killed
-                # right after. Nothing yields between the write and taking the retries to nack,
-                # so each of them has been recorded (those settled while the write waited too).
-                if not await self._settle(nacks=False):
+            dead, self._dead = self._dead, []
+            if dead and self._retries is not None:
+                # Their records are kept (a retry is recorded before it is settled): written
+                # ahead of their nacks, a job a tier holds has its record, even from a worker
+                # killed right after. The acks go meanwhile, none reaching these retries.
+                if not await self._settle([], waiting=dead):
                     return
                 await self._retries.write()
-            if not await self._settle(nacks=True):
+            if not await self._settle(dead):
                 return
 
-    async def _settle(self, nacks: bool) -> bool:
-        """Write the acks settled so far, none reaching a retry not yet nacked, and the nacks
-        too if nacks, ahead of them; False if the channel closed first."""
+    async def _settle(self, dead: list[int], waiting: Collection[int] = ()) -> bool:
+        """Write the nacks of dead, then the acks settled so far, none reaching a retry not yet
+        nacked (those settled since, and waiting); False if the channel closed first."""
         finished, self._finished = self._finished, set()
-        dead: list[int] = []
-        if nacks:
-            dead, self._dead = self._dead, []
-        multiple, singles = plan_acks(self._running.union(self._dead), finished)
+        multiple, singles = plan_acks(self._running.union(self._dead, waiting), finished)
         try:
             await self._frames.settle(dead, multiple, singles)
         except CONNECTION_ERRORS:
