@@ -369,8 +369,8 @@ async def test_retries_read_only_in_part_leave_the_connection_usable(
 async def test_the_records_kept_are_written_before_write_returns(
     connection: AbstractConnection, queue_name: str
 ) -> None:
-    """A settler writes the records of its loop turn's retries ahead of their nacks: once
-    write returns they are on the connection, and a connection closed at once still delivers
+    """A settler writes the records kept ahead of their nacks: once write returns they are on
+    the connection, and a connection closed at once still delivers
     them to the stream, where a look reads them."""
     from ricochet.broker import retries
 

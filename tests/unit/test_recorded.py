@@ -50,7 +50,7 @@ def test_records_that_account_for_the_depth_list_the_tier() -> None:
 
 @pytest.mark.parametrize("depth", [1, 3])
 def test_a_job_more_or_less_than_the_records_say_sends_the_look_to_read(depth: int) -> None:
-    """A record lost with its connection (a job more), or one whose job never reached the tier
+    """A record lost on its own (a job more), or one whose job never reached the tier
     (a job less): the records cannot say which, so the tier is read."""
     assert listed(depth, records(COUNTED_MS - 30_000, COUNTED_MS - 10_000)) is None
 

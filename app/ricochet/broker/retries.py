@@ -6,14 +6,14 @@ its delivery tag: the tier holds the job, never why it failed, and x-death keeps
 time it died, in whole seconds. So the worker writes a record ahead of the nack: the records
 of the retries since its last entry (WRITE_EVERY_S at least before) as one entry of the stream,
 on a channel of its own without confirms, then their nacks behind them on the same connection.
-A job a tier holds has its record in the stream (but for one the broker refused, which is
-logged): a worker killed or cut off after a nack has written its record, and one killed before
-it leaves the job where it was. A busy worker writes few entries, each of many retries, so that
-a look reads few. `ricochet
-waiting` reads the records of the jobs it finds in the tiers: by (queue, message_id, failed
-attempt), the reason, to the millisecond when the job came in, the
-tier it went to and the job's type (so that a tier whose records account for every job it holds
-is listed from them, without a read: ricochet.ops.recorded).
+A worker killed or cut off after a nack has written its record, and one killed before leaves
+the job where it was. Only a record lost on its own leaves a job in a tier without one: its
+channel closed (logged, `retries not recorded`), or the stream deleted. A busy worker writes few
+entries, each of many retries, so that a look reads few. `ricochet waiting` reads the records of
+the jobs it finds in the tiers: by (queue, message_id, failed attempt), the reason, to the
+millisecond when the job came in, the tier it went to and the job's type (so that a tier whose
+records account for every job it holds is listed from them, without a read:
+ricochet.ops.recorded).
 
 The stream keeps RETRIES_MAX_AGE (longer than the longest tier, a day) and RETRIES_MAX_BYTES at
 most, in small segments so that retention drops old ones on time: a record older than its job's
@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from contextvars import Context
 from typing import NamedTuple
 
 import aio_pika
@@ -236,7 +237,10 @@ class RetryLog:
                 return
             await asyncio.sleep(self._written_at + WRITE_EVERY_S - loop.time())
             kept, self._pending = self._pending, []
-            await self._write(kept)
+            # In a task and a context of their own: a caller cancelled meanwhile (a job's task,
+            # at a stop) still has the records it took written, and what it logs is no job's.
+            writing = loop.create_task(self._write(kept), context=Context())
+            await asyncio.shield(writing)
             self._written_at = loop.time()
 
     async def _write(self, kept: list[Record]) -> None:

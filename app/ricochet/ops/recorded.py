@@ -23,7 +23,7 @@ record knows) and every tier of a queue whose records in the window include one 
 
 What the count cannot tell: as many jobs without a record as there are records near its moment
 whose jobs had already left (or not yet come). While jobs leave a tier continuously, a job
-published there by hand, or one whose record the broker refused, can go unlisted that way, never
+published there by hand, or one whose record was lost on its own, can go unlisted that way, never
 lost or delayed; with no job leaving near the count, the look reads the tier and lists it. A
 worker killed or cut off leaves no such job: it writes a retry's record ahead of its nack.
 """

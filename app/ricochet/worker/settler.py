@@ -7,7 +7,7 @@ one turn of the event loop go out together, the nacks first, then one ack with
 multiple=True for the finished deliveries below the oldest one still running, then a single ack
 for each finished one above it. A retry's nack waits for its record to be written ahead of it
 (ricochet.broker.retries: one entry of the stream at most every WRITE_EVERY_S, of the retries
-meanwhile); the acks go meanwhile, none reaching a retry not yet nacked.
+meanwhile); the acks settled by then go first, none reaching a retry not yet nacked.
 """
 
 import asyncio
@@ -112,7 +112,8 @@ class Settler:
         kind: str | None = None,
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
-        the others of this loop turn, after the observers are told: if the channel closes first,
+        the others of this loop turn (a retry's nack behind its record), after the observers are
+        told: if the channel closes first,
         the broker hands the delivery back and it runs again. A copy is confirmed before they
         are told: a channel that closes first settles nothing and tells nothing. kind: the job's
         type, for the record of a retry."""
@@ -139,7 +140,8 @@ class Settler:
                     return
                 if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
                     self._record(delivery, facts, failure, decision.tier, kind)
-                    await self._records_written()
+                    if self._retries is not None:
+                        await self._retries.write()
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
@@ -185,15 +187,6 @@ class Settler:
             self._retries.record(
                 self._names.queue, delivery.message_id, facts.attempt, failure.reason, tier, kind
             )
-
-    async def _records_written(self) -> None:
-        """The records kept written, in a task of its own: a job's task cancelled meanwhile (a
-        stop) leaves it to write the records of other retries it took, and what it logs is no
-        job's (a flush, which writes them too, runs in a context of its own already)."""
-        if self._retries is not None:
-            write = self._retries.write()
-            loop = asyncio.get_running_loop()
-            await asyncio.shield(loop.create_task(write, context=contextvars.Context()))
 
     def _copy(
         self, delivery: Delivery, decision: Sanitize | RetryByCopy | Delay, failure: Failure | None
