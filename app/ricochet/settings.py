@@ -390,15 +390,15 @@ class Settings(ClientSettings):
         le=1000,
         description="a copy replayed this many times (its replay-count) is left for a person",
     )
-    # The failed-jobs console's replay and discard forms work only when it is set, and only for a
+    # The console's replay, discard and cancel forms work only when it is set, and only for a
     # request that carries it in the form; unset, the console is read-only.
     console_token: Annotated[
         SecretStr | None, BeforeValidator(_empty_is_none), AfterValidator(_check_token)
     ] = Field(
         None,
-        description="a secret: the [failed-jobs console](operations.md#the-console)'s "
-        "replay and discard forms work only for a request that carries it; unset, the console "
-        "is read-only. Never logged or shown",
+        description="a secret: the [console](operations.md#the-console)'s replay, discard "
+        "and cancel forms work only for a request that carries it; unset, the console is "
+        "read-only. Never logged or shown",
         json_schema_extra={
             "allowed": f"at least {TOKEN_MIN_CHARS} printable characters, no spaces"
         },

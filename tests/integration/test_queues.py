@@ -243,8 +243,9 @@ async def test_the_monitor_and_its_console_cover_every_queue(
     tmp_path: Path,
 ) -> None:
     """`ricochet monitor` with RICOCHET_QUEUES=a,b logs b's failed job naming b; the console
-    shows one queue's failed jobs at a time (?queue=, its first queue when not told), links
-    between them, refuses a queue it does not watch, and replays a copy into its own queue."""
+    shows one queue's failed jobs at a time (?queue=; its first queue when not told, here where
+    RICOCHET_QUEUE is neither), links between them, refuses a queue it does not watch, and
+    replays a copy into its own queue."""
     a, b, _ = queues
     port = free_port()
     token = "console-token-for-tests-0123"

@@ -180,6 +180,16 @@ def test_clip_and_names() -> None:
     assert names({str(i) for i in range(8)}, shown=3) == "0, 1, 2 and 5 more"
 
 
+def test_the_console_opens_on_the_queue_commands_use() -> None:
+    """A page asked without ?queue= shows RICOCHET_QUEUE when the monitor watches it, as the
+    commands do, else the first queue of RICOCHET_QUEUES."""
+    watching = Console(Settings(queue="jobs", queues="thumbnails=1,email=5,jobs=10"))
+    assert watching._names_of(None) == Names("jobs")
+    assert watching._names_of("email") == Names("email")
+    elsewhere = Console(Settings(queue="other", queues="thumbnails,email"))
+    assert elsewhere._names_of(None) == Names("thumbnails")
+
+
 def details(message_id: str, headers: dict[str, Any], body: str) -> CopyDetails:
     return CopyDetails(
         failure=info(message_id, "E: worst"),

@@ -289,6 +289,8 @@ class Console:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._queues = settings.queue_names
+        # Without ?queue=, the queue commands use (RICOCHET_QUEUE) when watched, else the first.
+        self._home = settings.queue if settings.queue in self._queues else self._queues[0]
         token = settings.console_token
         self._token = None if token is None else token.get_secret_value()
         self._env = templates()
@@ -336,10 +338,10 @@ class Console:
                 await close_quietly(connection)
 
     def _names_of(self, queue: str | None) -> Names:
-        """The names of the queue a request asks for (its first when none); a 404 for one the
-        monitor does not watch."""
+        """The names of the queue a request asks for (RICOCHET_QUEUE, or the first watched, when
+        none); a 404 for one the monitor does not watch."""
         if queue is None:
-            return Names(self._queues[0])
+            return Names(self._home)
         if queue not in self._queues:
             raise web.HTTPNotFound(text=f"this monitor watches no queue {clip(queue)!r}\n")
         return Names(queue)
