@@ -37,6 +37,7 @@ PORT_VARIABLES = (
     "RABBITMQ_METRICS_PORT",
     "PROMETHEUS_PORT",
     "GRAFANA_PORT",
+    "MONITOR_PORT",
 )
 OVERRIDE = """\
 # Written by tests/compose: what differs on a machine with no image registry.
@@ -101,6 +102,15 @@ def replay_commands() -> list[str]:
     assert len(found) == 2, found
     assert "--dry-run" in found[0], found
     assert "--dry-run" not in found[1], found
+    return found
+
+
+def cancel_command() -> str:
+    """The cancel of the operations guide's walk from an alert to the waiting view, with
+    MESSAGE_ID to fill in."""
+    heading = "## Jobs that keep failing, from alert to the waiting view to a cancel"
+    (found,) = commands(section(OPERATIONS, heading), "ricochet cancel ")
+    assert "MESSAGE_ID" in found, found
     return found
 
 
@@ -301,7 +311,7 @@ class Stack:
 
     def http_inside(self, service: str, path: str) -> int:
         """The status a service's own HTTP endpoint answers with, asked from its container (the
-        ports of worker and monitor are not published)."""
+        worker's port is not published)."""
         code = (
             "import urllib.request, urllib.error\n"
             "try:\n"

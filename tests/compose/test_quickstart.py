@@ -19,6 +19,7 @@ import yaml
 from tests.compose.stack import (
     Published,
     Stack,
+    cancel_command,
     http_get,
     quickstart_commands,
     replay_commands,
@@ -170,6 +171,32 @@ def test_replay_runs_the_failed_job_again(stack: Stack, quickstart: dict[str, Pu
         lambda: len(stack.events("monitor", "job failed", job.message_id)) == 2,
     )
     assert failed_copies(stack, job.message_id) == 1
+
+
+def test_a_retrying_job_is_seen_waiting_with_its_reason_then_cancelled(stack: Stack) -> None:
+    """The operations guide's walk from a retry to a cancel: a job that always fails waits in
+    jobs.retry.1; `ricochet waiting` lists it with the reason of its failure, the console's
+    /waiting (opened on the commands' queue, jobs) shows it, and after the guide's `ricochet
+    cancel` the worker acks it as cancelled when it comes due, instead of running it again."""
+    request = {"report_id": "doomed", "fail": "always"}
+    message_id = stack.ricochet("publish", "--type", "report", json.dumps(request)).strip()
+    wait("the job's retry", 30, lambda: stack.events("worker", "job failed, retrying", message_id))
+    listed = stack.ricochet("waiting", "--queue", "jobs", "--json").splitlines()
+    (row,) = [r for r in map(json.loads, listed) if r["message_id"] == message_id]
+    reason = "ReportBackendDown: report backend timed out for report doomed"
+    assert (row["queue"], row["attempt"], row["reason"]) == ("jobs", 2, reason), row
+    status, page = http_get(f"http://127.0.0.1:{stack.port('MONITOR_PORT')}/waiting")
+    assert status == 200, page[:500]
+    for shown in ("<code>jobs</code>", message_id, reason):
+        assert shown.encode() in page, shown
+    stack.run(f"docker compose exec worker {cancel_command().replace('MESSAGE_ID', message_id)}")
+    (cancelled,) = wait(
+        "the job's cancel",
+        FIRST_TIER[1] / 1000 * 3,
+        lambda: stack.events("worker", "job cancelled", message_id),
+    )
+    assert cancelled["attempt"] == 2
+    assert len(stack.events("worker", "job failed, retrying", message_id)) == 1
 
 
 def test_prometheus_scrapes_worker_and_monitor_with_the_shipped_rules(
