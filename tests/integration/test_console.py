@@ -136,6 +136,9 @@ async def test_forms_need_the_token(
             "/failed/actions/replay",
             "/failed",
             "/failed/evil",
+            "/waiting/cancel",
+            "/waiting",
+            "/schedules",
         ]:
             assert (await post(f"{base}{path}", form))[0] == 403, path
     async with console(queue_name, TOKEN) as base:

@@ -309,6 +309,8 @@ class Console:
         table.post("/failed/{message_id:.+}")(self._limited(self.not_an_action))
         table.get("/waiting")(self._limited(self.waiting))
         table.post("/waiting/cancel")(self._limited(self.cancel))
+        for page in ("/waiting", "/schedules"):
+            table.post(page)(self._limited(self.not_an_action))
         return table
 
     def _limited(self, handler: Handler) -> Handler:
@@ -582,7 +584,7 @@ class Console:
 
     async def not_an_action(self, request: web.Request) -> web.Response:
         """A POST to a page: refused as every POST is on a read-only console; on a writable one
-        the forms post to /failed/actions/replay and /failed/actions/discard."""
+        the forms post to /failed/actions/replay, /failed/actions/discard and /waiting/cancel."""
         if self._token is None:
             return await self._refused(READ_ONLY)
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
