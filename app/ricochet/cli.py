@@ -19,6 +19,7 @@ from ricochet.broker.plan import plan
 from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
 from ricochet.client.client import Client
+from ricochet.client.message import cancelled_id
 from ricochet.errors import BrokerUnavailable, ConfigError, InvalidJob, RicochetError
 from ricochet.handlers.invoker import Invoker, load_handler
 from ricochet.handlers.router import Router
@@ -545,9 +546,14 @@ def schedules(as_json: bool) -> None:
 @click.argument("message_id")
 @_queue
 def cancel(message_id: str, queue: str | None) -> None:
-    """Cancel the job MESSAGE_ID of the queue: while it waits (scheduled, in a retry tier, or
-    after a RetryLater) it never runs again; an unknown or finished job, or a job of another
-    queue with the same id, is left as it is."""
+    """Cancel the job MESSAGE_ID of the queue: one that waits (scheduled, in a retry tier, or
+    after a RetryLater) or is still in the queue never runs (again); one running sees
+    job.cancelled. An unknown or finished job, or a job of another queue with the same id, is
+    left as it is."""
+    try:
+        message_id = cancelled_id(message_id)
+    except InvalidJob as error:
+        raise click.BadParameter(str(error), param_hint="MESSAGE_ID") from None
     settings = _settings(queue=queue)
     names = Names(settings.queue)
     _run(_with_connection(settings, "cancel", lambda c: publish_cancel(c, names, message_id)))
@@ -584,9 +590,22 @@ def waiting(
         _list_waiting(queue, job_type, message_id, limit, as_json)
 
 
+def _before_subcommand(ctx: click.Context, **given: Any) -> dict[str, Any]:
+    """A `waiting` subcommand's options, each one not given after the subcommand taken from
+    before it (`ricochet waiting --queue jobs show ID`)."""
+    return {name: value or _group_params(ctx).get(name) for name, value in given.items()}
+
+
+def _group_params(ctx: click.Context) -> dict[str, Any]:
+    """The options given to `waiting` itself, before its subcommand."""
+    return ctx.parent.params if ctx.parent is not None else {}
+
+
 @waiting.command("list")
 @_waiting_filters
+@click.pass_context
 def waiting_list(
+    ctx: click.Context,
     queue: str | None,
     job_type: str | None,
     message_id: str | None,
@@ -596,7 +615,15 @@ def waiting_list(
     """One line per waiting job (scheduled, in a retry tier, waiting out a RetryLater), soonest
     due first: message_id, type, the next attempt, when it is due, the last failure's reason.
     Looking takes nothing: every job stays where it waits."""
-    _list_waiting(queue, job_type, message_id, limit, as_json)
+    given = _before_subcommand(
+        ctx,
+        queue=queue,
+        job_type=job_type,
+        message_id=message_id,
+        limit=limit,
+        as_json=as_json,
+    )
+    _list_waiting(**given)
 
 
 def _list_waiting(
@@ -628,9 +655,14 @@ def _list_waiting(
 @click.argument("message_id")
 @_queue
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def waiting_show(message_id: str, queue: str | None, as_json: bool) -> None:
+@click.pass_context
+def waiting_show(ctx: click.Context, message_id: str, queue: str | None, as_json: bool) -> None:
     """Everything about one waiting job: when it is due, why, where it waits, its properties,
     headers and body. Exit 1 when no job with that id waits."""
+    if any(_group_params(ctx).get(name) for name in ("job_type", "message_id", "limit")):
+        raise click.UsageError("--type, --message-id and --limit choose rows of `waiting list`")
+    given = _before_subcommand(ctx, queue=queue, as_json=as_json)
+    queue, as_json = given["queue"], given["as_json"]
     settings = _settings(queue=queue)
     found = _run(
         _with_connection(settings, "waiting", lambda c: show_waiting(c, settings, message_id))

@@ -135,7 +135,7 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     start_worker: StartWorker, queue_name: str
 ) -> None:
     """`ricochet cancel --queue Q ID` cancels Q's job, whatever RICOCHET_QUEUE says; a queue
-    name the settings refuse exits 2."""
+    name the settings refuse, or an id no job can have, exits 2."""
     runs = Runs()
     worker = await start_worker(runs)
     async with Client(AMQP_URL, queue_name) as client:
@@ -146,6 +146,10 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     assert (done.returncode, done.stdout) == (0, "cancelled told\n"), done.stderr
     refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", "amq.x", "told"], env)
     assert refused.returncode == 2, refused.stderr
+    for no_id in ("", "x" * 256):  # no job can have it: refused before anything is sent
+        refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", queue_name, no_id], env)
+        assert refused.returncode == 2, refused.stderr
+        assert "Invalid value for MESSAGE_ID: message_id" in refused.stderr
     await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
     assert "told" not in runs.runs
 

@@ -96,8 +96,8 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
 ) -> None:
     """A job in a retry tier, one waiting out a RetryLater and a scheduled one are listed with
     their type, queue, next attempt, due time and the reason of their last failure; --type,
-    --message-id and --limit choose among them, and `waiting show` prints one whole, or exits 1
-    for an id that does not wait."""
+    --message-id and --limit choose among them, before the subcommand or after it, and `waiting
+    show` prints one whole, or exits 1 for an id that does not wait."""
     attempts = Attempts()
     await start_worker(attempts.router, retry_delays_ms="20000")
     async with Client(AMQP_URL, queue_name) as client:
@@ -134,6 +134,19 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
     missing = await asyncio.to_thread(run_cli, ["waiting", "show", "no-such-job"], env)
     assert missing.returncode == 1
     assert "no waiting job" in missing.stderr
+    # Options given before the subcommand count as those after it.
+    elsewhere = ricochet_env(make_settings(f"{queue_name}-unused"))
+    before = ["waiting", "--queue", queue_name, "--type", "later", "--json", "list"]
+    listed = await asyncio.to_thread(run_cli, before, elsewhere)
+    assert [json.loads(line)["message_id"] for line in listed.stdout.splitlines()] == [
+        "retry-later"
+    ], listed.stderr
+    before = ["waiting", "--queue", queue_name, "--json", "show", "scheduled"]
+    shown = await asyncio.to_thread(run_cli, before, elsewhere)
+    assert json.loads(shown.stdout)["message_id"] == "scheduled", shown.stderr
+    refused = await asyncio.to_thread(run_cli, ["waiting", "--limit", "1", "show", "x"], env)
+    assert refused.returncode == 2
+    assert "--limit choose rows of `waiting list`" in refused.stderr
     assert await depth(channel, queue_name) == 0
 
 
@@ -209,6 +222,11 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
         form = {"message_id": "flaky-0", "queue": queue_name}
         async with session.post(f"{base}/waiting/cancel", data={**form, "token": "no"}) as refused:
             assert refused.status == 403
+        for no_id in ("", "x" * 256):
+            bad = {"message_id": no_id, "queue": queue_name, "token": TOKEN}
+            async with session.post(f"{base}/waiting/cancel", data=bad) as refused:
+                assert refused.status == 400
+                assert "message_id" in await refused.text()
         async with session.post(
             f"{base}/waiting/cancel", data={**form, "token": TOKEN}, allow_redirects=False
         ) as done:

@@ -38,8 +38,9 @@ from aiohttp import web
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly, connect, connection_name
+from ricochet.client.message import cancelled_id
 from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
-from ricochet.errors import ConfigError, RicochetError
+from ricochet.errors import ConfigError, InvalidJob, RicochetError
 from ricochet.handlers.invoker import load_handler
 from ricochet.handlers.router import Router
 from ricochet.monitor.groups import Listing, listing, waiting_groups
@@ -525,10 +526,11 @@ class Console:
         form = await self._form(request)
         if isinstance(form, web.Response):
             return form
-        message_id = form.get("message_id")
         names = self._names_of(form.get("queue"))
-        if not message_id:
-            raise web.HTTPBadRequest(text="a cancel needs a message_id\n")
+        try:
+            message_id = cancelled_id(form.get("message_id"))
+        except InvalidJob as error:
+            raise web.HTTPBadRequest(text=f"{error}\n") from None
         try:
             await self._whole(self._with_broker(lambda c: publish_cancel(c, names, message_id)))
         except UNREADABLE as error:
