@@ -1,6 +1,7 @@
 """Job attributes and Router dispatch."""
 
 import asyncio
+import contextlib
 import math
 import threading
 
@@ -288,6 +289,33 @@ async def test_a_cancelled_job_ends_cancelled() -> None:
     early.cancel()
     assert (await invoker(early))[0] is Outcome.CANCELLED
     assert ran == ["flag", "wait"]
+
+
+async def test_an_interrupted_handler_that_stops_the_cancellation_ends_as_it_ends() -> None:
+    """An interrupted handler that swallows its CancelledError and returns has succeeded; one
+    that raises another error in its place has failed (docs/scheduling.md says both)."""
+    router = Router()
+
+    async def interrupted(j: Job) -> None:
+        asyncio.get_running_loop().call_later(0.05, j.cancel)
+        await asyncio.sleep(10)
+
+    @router.handler("swallow", interrupt=True)
+    async def swallow(j: Job) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await interrupted(j)
+
+    @router.handler("replace", interrupt=True)
+    async def replace(j: Job) -> None:
+        try:
+            await interrupted(j)
+        finally:
+            raise ConnectionError("rollback failed")
+
+    invoker = Invoker(router, timeout_s=5)
+    assert await invoker(job(b"{}", "swallow")) == (Outcome.SUCCEEDED, None)
+    outcome, error = await invoker(job(b"{}", "replace"))
+    assert (outcome, type(error)) == (Outcome.TRANSIENT, ConnectionError)
 
 
 async def test_an_interrupted_handler_past_its_timeout_times_out() -> None:
