@@ -590,10 +590,10 @@ def waiting(
         _list_waiting(queue, job_type, message_id, limit, as_json)
 
 
-def _before_subcommand(ctx: click.Context, **given: Any) -> dict[str, Any]:
-    """A `waiting` subcommand's options, each one not given after the subcommand taken from
-    before it (`ricochet waiting --queue jobs show ID`)."""
-    return {name: value or _group_params(ctx).get(name) for name, value in given.items()}
+def _before_subcommand(ctx: click.Context) -> dict[str, Any]:
+    """A `waiting` subcommand's parameters, each option not given after the subcommand taken
+    from before it (`ricochet waiting --queue jobs show ID`)."""
+    return {name: value or _group_params(ctx).get(name) for name, value in ctx.params.items()}
 
 
 def _group_params(ctx: click.Context) -> dict[str, Any]:
@@ -615,15 +615,7 @@ def waiting_list(
     """One line per waiting job (scheduled, in a retry tier, waiting out a RetryLater), soonest
     due first: message_id, type, the next attempt, when it is due, the last failure's reason.
     Looking takes nothing: every job stays where it waits."""
-    given = _before_subcommand(
-        ctx,
-        queue=queue,
-        job_type=job_type,
-        message_id=message_id,
-        limit=limit,
-        as_json=as_json,
-    )
-    _list_waiting(**given)
+    _list_waiting(**_before_subcommand(ctx))
 
 
 def _list_waiting(
@@ -661,7 +653,7 @@ def waiting_show(ctx: click.Context, message_id: str, queue: str | None, as_json
     headers and body. Exit 1 when no job with that id waits."""
     if any(_group_params(ctx).get(name) for name in ("job_type", "message_id", "limit")):
         raise click.UsageError("--type, --message-id and --limit choose rows of `waiting list`")
-    given = _before_subcommand(ctx, queue=queue, as_json=as_json)
+    given = _before_subcommand(ctx)
     queue, as_json = given["queue"], given["as_json"]
     settings = _settings(queue=queue)
     found = _run(

@@ -113,10 +113,9 @@ class Settler:
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
         the others of this loop turn (a retry's nack behind its record), after the observers are
-        told: if the channel closes first,
-        the broker hands the delivery back and it runs again. A copy is confirmed before they
-        are told: a channel that closes first settles nothing and tells nothing. kind: the job's
-        type, for the record of a retry."""
+        told: if the channel closes first, the broker hands the delivery back and it runs again.
+        A copy is confirmed before they are told: a channel that closes first settles nothing
+        and tells nothing. kind: the job's type, for the record of a retry."""
         match decision:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
