@@ -593,7 +593,8 @@ def waiting(
 def _before_subcommand(ctx: click.Context) -> dict[str, Any]:
     """A `waiting` subcommand's parameters, each option not given after the subcommand taken
     from before it (`ricochet waiting --queue jobs show ID`)."""
-    return {name: value or _group_params(ctx).get(name) for name, value in ctx.params.items()}
+    before = _group_params(ctx)
+    return {name: value or before.get(name) for name, value in ctx.params.items()}
 
 
 def _group_params(ctx: click.Context) -> dict[str, Any]:

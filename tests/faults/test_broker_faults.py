@@ -22,14 +22,13 @@ async def test_connections_closed_repeatedly_under_load(
     """The broker closes the worker's connection eight times while jobs flow and wait in tiers:
     the worker reconnects each time and every job completes."""
     run = fault_run("broker closes the connection 8 times", prefetch=4)
+    await run.start_worker()
     closed = 0
     while closed < 8:
         # Each round publishes the jobs it waits for: however many the worker ran while the last
         # close took its time (a CLI call of seconds), 50 more are always within reach.
         enough = len(run.done()) + 50
         await publish_mixed(run, 300, sleep_s=0.02)
-        if not run.workers:
-            await run.start_worker()
         await progress(run, enough)
         closed += await asyncio.to_thread(
             close_connections, run.settings.queue, "worker", node.broker
