@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# The suites run over JOBS pytest-xdist processes (the tests wait on brokers far more than they
+# compute), each process in a vhost of its own (tests/broker.py) and each fault process with a
+# private node of its own; a test file stays on one process (its module fixtures are set up once).
+JOBS ?= 4
+PARALLEL = -n $(JOBS) --dist loadfile
 # bench/ is linted once it exists.
 LINT_PATHS := app tests scripts docs/examples docs/hooks $(wildcard bench)
 
@@ -32,7 +37,7 @@ tools:  ## the Debian packages the tests use besides the broker (prometheus, npm
 # Without a broker on the tests' URL, scripts/test-broker.sh runs them on the compose stack's
 # RabbitMQ (Docker), leaving out (and naming) the fault tests that need a local rabbitmq-server.
 test: install tools lint lint-docker typecheck docs-build  ## lint, type-check, build the docs, then every test against the local RabbitMQ
-	scripts/test-broker.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
+	scripts/test-broker.sh $(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The broker matrix: scripts/brokers.sh builds (once) and starts RabbitMQ 4.0 and the newest 4.x
 # in chroots beside the machine's own; scripts/test-matrix.sh runs the integration tests and the
@@ -57,9 +62,12 @@ BROKER_TESTS ?= $(BROKER_DECIDES:%=tests/integration/test_%.py) \
 	tests/faults/test_failed_queue_faults.py tests/faults/test_wait_faults.py \
 	tests/faults/test_shared_waiting_faults.py tests/faults/test_schedule_faults.py \
 	tests/faults/test_waiting_faults.py
+# Each broker's suite runs over MATRIX_JOBS processes: the brokers' suites run at the same time.
+MATRIX_JOBS ?= 2
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
 	scripts/brokers.sh start $(BROKERS)
-	scripts/test-matrix.sh "$(BROKERS)" $(BIN)/python -m pytest $(BROKER_TESTS) $(PYTEST_ARGS)
+	scripts/test-matrix.sh "$(BROKERS)" $(BIN)/python -m pytest -n $(MATRIX_JOBS) --dist loadfile \
+		$(BROKER_TESTS) $(PYTEST_ARGS)
 
 # The Quickstart (docs/getting-started.md) on a real Docker engine (tests/compose): scripts/engine.sh installs
 # Debian's docker.io and Compose v2 when missing, starts an engine of its own (stopped after),
@@ -79,19 +87,20 @@ docs: install  ## serve the documentation site on DOCS_ADDR, rebuilt as its file
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 # The newest releases of aio-pika, aiormq, pamqp, structlog, pydantic, pydantic-settings and
-# tenacity, installed over the lock in a virtualenv of their own (.venv-newest): the unit suite,
-# then the integration suite on the local broker. A failure names the packages newer than the lock.
-test-newest: tools  ## the unit and integration suites on the newest releases of the libraries ricochet is built on
+# tenacity, installed over the lock on the newest Python Debian ships (trixie's 3.13, in the
+# trixie broker's chroot, against that broker): the unit suite, then a smoke of the integration
+# suite (scripts/test-newest.sh names it). A failure names the packages newer than the lock.
+test-newest:  ## the unit tests and an integration smoke on Python 3.13 with the newest releases of ricochet's libraries
 	scripts/test-newest.sh $(PYTEST_ARGS)
 
 unit: install tools
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) tests/unit $(PYTEST_ARGS)
 
 integration: install tools
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) tests/integration $(PYTEST_ARGS)
 
-faults: install  ## the fault suite alone: real workers, a private broker node, a 3-node cluster
-	$(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+faults: install  ## the fault suite alone: real workers, private broker nodes, a 3-node cluster
+	$(BIN)/python -m pytest $(PARALLEL) tests/faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -2,12 +2,40 @@
 
 `scripts/brokers.sh env NAME` prints the variables for a broker of the matrix; without them the
 tests use the machine's own RabbitMQ.
+
+Each test process works in a virtual host of its own (`ricochet-test.WORKER.PID`), made when its
+session starts and deleted, with all it holds, when it ends: suites and pytest-xdist workers that
+run beside each other on one broker never share a queue, the vhost's own `ricochet.*` objects
+(orphans, cancels, the delays' levels, the schedules' lead) included.
 """
 
+import json
 import os
+import re
 import shlex
 import subprocess
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from ricochet.broker.management import api_url, authorization, vhost
+
+VHOST_PREFIX = "ricochet-test."
+# rabbitmqctl commands that act in one vhost ("/" unless told): run in the tests' own.
+VHOST_SCOPED = {
+    "set_policy",
+    "clear_policy",
+    "list_policies",
+    "set_parameter",
+    "clear_parameter",
+    "list_parameters",
+    "list_queues",
+    "list_exchanges",
+    "list_bindings",
+    "purge_queue",
+    "delete_queue",
+}
 
 
 @dataclass(frozen=True)
@@ -24,7 +52,7 @@ class Broker:
 
     @classmethod
     def from_env(cls) -> "Broker":
-        return cls(
+        shared = cls(
             amqp_url=os.environ.get("RICOCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
             management_url=os.environ.get(
                 "RICOCHET_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672/"
@@ -32,15 +60,71 @@ class Broker:
             ctl=tuple(shlex.split(os.environ.get("RICOCHET_TEST_RABBITMQCTL", "rabbitmqctl"))),
             private=os.environ.get("RICOCHET_TEST_BROKER", "local") != "local",
         )
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        return shared.in_vhost(f"{VHOST_PREFIX}{worker}.{os.getpid()}")
+
+    @property
+    def vhost(self) -> str:
+        return vhost(self.amqp_url)
+
+    def in_vhost(self, name: str) -> "Broker":
+        """The same broker, reached in another vhost."""
+        parts = urlsplit(self.amqp_url)
+        return replace(self, amqp_url=urlunsplit(parts._replace(path="/" + quote(name, safe=""))))
 
     def rabbitmqctl(self, *args: str, check: bool = True, timeout_s: float = 60) -> str:
-        """Run rabbitmqctl ARGS against this broker's node and return its output."""
+        """Run rabbitmqctl ARGS against this broker's node and return its output; a command
+        that acts in one vhost acts in the tests' own unless ARGS name one (-p)."""
+        if args and args[0] in VHOST_SCOPED and "-p" not in args:
+            args = (args[0], "-p", self.vhost, *args[1:])
         done = subprocess.run(
             [*self.ctl, *args], capture_output=True, text=True, timeout=timeout_s, check=False
         )
         if check and done.returncode != 0:
             raise AssertionError(f"rabbitmqctl {' '.join(args)}: {done.stderr or done.stdout}")
         return done.stdout
+
+    def _api(self, method: str, path: str, body: object = None) -> Any:
+        request = urllib.request.Request(
+            api_url(self.management_url) + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": authorization(self.management_url, self.amqp_url),
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+        return json.loads(text) if text else None
+
+    def open_vhost(self) -> None:
+        """Make this broker's vhost, with every permission for the URL's user, after deleting
+        the vhosts of test processes that no longer run (a run killed before its end)."""
+        for found in self._api("GET", "vhosts?columns=name"):
+            name = found["name"]
+            pid = re.fullmatch(re.escape(VHOST_PREFIX) + r"[\w-]+\.(\d+)", name)
+            if pid and not _alive(int(pid.group(1))):
+                self._api("DELETE", "vhosts/" + quote(name, safe=""))
+        where = quote(self.vhost, safe="")
+        self._api("PUT", f"vhosts/{where}", {})
+        user = quote(urlsplit(self.amqp_url).username or "guest", safe="")
+        every = {"configure": ".*", "write": ".*", "read": ".*"}
+        self._api("PUT", f"permissions/{where}/{user}", every)
+
+    def close_vhost(self) -> None:
+        """Delete this broker's vhost and everything in it."""
+        self._api("DELETE", "vhosts/" + quote(self.vhost, safe=""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 BROKER = Broker.from_env()

@@ -9,6 +9,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from tests.broker import BROKER
 from tests.support import (
     AMQP_URL,
     InProcessWorker,
@@ -20,6 +21,15 @@ from tests.support import (
     reap_spawned,
     remove_leftovers,
 )
+
+
+@pytest.fixture(scope="session")
+def own_vhost() -> Iterator[None]:
+    """The vhost of this test process (tests/broker.py), made for its session and deleted after
+    it with whatever the session's tests left there. The suites that talk to BROKER use it."""
+    BROKER.open_vhost()
+    yield
+    BROKER.close_vhost()
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,9 @@ from tests.faults.harness import TALLIES, FaultRun, QueuesRun, fault_settings
 from tests.faults.node import Node, node_base
 from tests.support import delete_topology
 
-NODE_PORT = 5682
+# A node for each pytest-xdist worker (gw0 on 5682, gw1 on 5683, ...): below the cluster's 5691.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+NODE_PORT = 5682 + int(WORKER.removeprefix("gw"))
 
 # CI replays the same fuzzed examples every run; on a developer's machine they are new each time.
 settings.register_profile("ci", derandomize=True)
@@ -31,6 +33,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.faults)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _vhost(own_vhost: None) -> None:
+    """A fault row that talks to BROKER does so in the session's own vhost."""
+
+
 @pytest.fixture(scope="session")
 def node_dir() -> Iterator[Path]:
     path = node_base()
@@ -41,7 +48,7 @@ def node_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def node(node_dir: Path) -> Iterator[Node]:
     """A RabbitMQ node of the fault suite's own, so no fault reaches the shared broker."""
-    private = Node("ricochet-faults", NODE_PORT, node_dir).start()
+    private = Node(f"ricochet-faults-{WORKER}", NODE_PORT, node_dir).start()
     yield private
     private.stop()
 

@@ -57,8 +57,8 @@ def on_path(folder: Path, name: str, command: list[str]) -> Path:
 
 @pytest.fixture
 def tools(tmp_path: Path) -> Path:
-    """A folder for PATH with rabbitmqctl for the broker under test."""
-    return on_path(tmp_path / "bin", "rabbitmqctl", list(BROKER.ctl))
+    """A folder for PATH with rabbitmqctl for the broker under test, in the tests' vhost."""
+    return on_path(tmp_path / "bin", "rabbitmqctl", [*BROKER.ctl, "-p", BROKER.vhost])
 
 
 def management_port() -> int:
@@ -86,7 +86,7 @@ def rabbitmqadmin(tools: Path, connection: AbstractConnection) -> Path:
     return on_path(
         tools,
         "rabbitmqadmin",
-        ["python3", str(tools / "rabbitmqadmin.py"), "-P", str(port), *user],
+        ["python3", str(tools / "rabbitmqadmin.py"), "-P", str(port), "-V", BROKER.vhost, *user],
     )
 
 
@@ -97,10 +97,8 @@ def rabbitmqadmin_v2(tools: Path) -> Path:
     command = os.environ.get("RICOCHET_TEST_RABBITMQADMIN_V2")
     if not command:
         pytest.skip("no rabbitmqadmin v2 here: make test-brokers runs this test on every broker")
-    port = management_port()
-    return on_path(
-        tools, "rabbitmqadmin", [*shlex.split(command), "--host", "127.0.0.1", "--port", str(port)]
-    )
+    where = ["--host", "127.0.0.1", "--port", str(management_port()), "--vhost", BROKER.vhost]
+    return on_path(tools, "rabbitmqadmin", [*shlex.split(command), *where])
 
 
 async def test_rabbitmqadmin_moves_one_job_back_with_a_full_budget(
