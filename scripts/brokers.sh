@@ -14,6 +14,9 @@
 #   env      print the test harness's variables for one broker (eval "$(scripts/brokers.sh env sid)")
 #   version  print one broker's RabbitMQ version
 #   names    print the brokers' names
+#   root     print a chroot broker's root folder
+#   python   make sure a chroot has its Debian's python3 with venv (make test-newest runs the
+#            suites on trixie's, the newest Python Debian ships), and print its version
 # The chroots live in $RICOCHET_BROKERS_DIR (default /var/tmp/ricochet-brokers) and are reused.
 # Needs root (chroot, mount) and Debian's package archive for a build; a broker that cannot be
 # built or started is an error, never a silent skip.
@@ -21,6 +24,11 @@ set -euo pipefail
 
 DIR=${RICOCHET_BROKERS_DIR:-/var/tmp/ricochet-brokers}
 ALL=(local trixie sid)
+# A broker keeps the open-file limit it was started with, and a quorum queue costs it about three
+# files: the machine's default of 1,024 stops it at about 300 queues, fewer than the suites running
+# beside each other (each pytest process has a vhost of its own) declare. Brokers start here with
+# the hard limit, and a running local broker with fewer than FILES is started again (once).
+FILES=8192
 PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus rabbitmq_random_exchange"
 
 die() { echo "brokers: $*" >&2; exit 1; }
@@ -53,6 +61,7 @@ build() {
   "$(dirname "$0")/tools.sh" debootstrap debootstrap || die "debootstrap is missing and could not be installed"
   # rabbitmqadmin v2 will not build its HTTP client without a CA bundle, even for plain HTTP.
   [ "$name" = sid ] && packages+=",rabbitmqadmin-ng,ca-certificates"
+  [ "$name" = trixie ] && packages+=",python3-venv,ca-certificates"
   echo "building $name (debootstrap $name with $packages)"
   rm -rf "$root.partial"
   mkdir -p "$DIR"
@@ -95,9 +104,21 @@ EOF
 
 up() { $(cli "$1" rabbitmq-diagnostics) -q check_port_connectivity >/dev/null 2>&1; }
 
+files() {
+  $(cli "$1" rabbitmqctl) -q status --formatter json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["file_descriptors"]["total_limit"])'
+}
+
 start() {
   local name=$1
   build "$name"
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  if [ "$name" = local ] && [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -ge "$FILES" ] &&
+    up local && [ "$(files local)" -lt "$FILES" ]; then
+    echo "local: started with $(files local) open files; starting it again with $(ulimit -n)"
+    rabbitmqctl -q stop >/dev/null
+    for _ in $(seq 1 30); do up local || break; sleep 1; done
+  fi
   if [ "$name" = local ]; then
     up local || rabbitmq-server -detached >/dev/null 2>&1 || true
   elif ! up "$name"; then
@@ -118,6 +139,22 @@ start() {
 }
 
 version() { $(cli "$1" rabbitmqctl) -q version; }
+
+# A chroot built before it came with python3-venv gets it from its Debian's archive.
+python() {
+  local name=$1 root
+  [ "$name" = local ] && die "python: the local broker has no chroot"
+  build "$name"
+  root=$(root_of "$name")
+  if ! chroot "$root" python3 -c 'import ensurepip' 2>/dev/null; then
+    cp /etc/resolv.conf "$root/etc/resolv.conf"
+    { chroot "$root" apt-get update -q &&
+      chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        python3-venv ca-certificates; } >"$DIR/$name.python.log" 2>&1 ||
+      die "could not install python3-venv in $name: see $DIR/$name.python.log"
+  fi
+  chroot "$root" python3 --version
+}
 
 check() {
   local name=$1
@@ -159,6 +196,8 @@ case $command in
   build | start | check | stop) for name in "$@"; do "$command" "$name"; done ;;
   env) env_of "$1" ;;
   version) version "$1" ;;
+  root) root_of "$1" ;;
+  python) python "$1" ;;
   names) echo "${ALL[*]}" ;;
   *) die "unknown command '$command'" ;;
 esac
