@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.processes.liveness import LATE_S
 
 from tests.handlers import wedge_marker
 from tests.integration.test_worker_http import Samples, scrape
@@ -26,7 +27,6 @@ from tests.support import (
     ricochet_env,
     run_cli,
     spawn,
-    statuses_seen,
     wait_for,
 )
 
@@ -169,22 +169,22 @@ async def test_a_wedged_process_is_killed_and_replaced(
     )
     await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200")
     marker = wedge_marker(str(tmp_path / "journal"), "wedge")
-    async with statuses_seen(port, "/readyz") as seen:
-        await publish(channel, queue_name, json.dumps({"wedge_s": 60}), message_id="wedge")
-        await wait_for(lambda: marker.exists() and marker.read_text(), 20, "the process wedged")
-        wedged_at = time.monotonic()
-        victim = int(marker.read_text())
-        for n in range(20):
-            await publish(channel, queue_name, json.dumps({"sleep_s": 0.05}), message_id=f"job-{n}")
-        await wait_for(
-            lambda: victim not in worker_pids(worker), timeout_s + 10, "the wedged process gone"
-        )
-        gone_s = time.monotonic() - wedged_at
-        every_job = {"wedge", *(f"job-{n}" for n in range(20))}
-        await wait_for(lambda: done(tmp_path) >= every_job, 30, "every job done, the wedged too")
-        await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200 again")
+    await publish(channel, queue_name, json.dumps({"wedge_s": 60}), message_id="wedge")
+    await wait_for(lambda: marker.exists() and marker.read_text(), 20, "the process wedged")
+    wedged_at = time.monotonic()
+    victim = int(marker.read_text())
+    await wait_for(lambda: answers(port, "/readyz", 503), LATE_S + 2, "/readyz 503")
+    assert victim in worker_pids(worker)  # not ready while it is silent, before its kill
+    for n in range(20):
+        await publish(channel, queue_name, json.dumps({"sleep_s": 0.05}), message_id=f"job-{n}")
+    await wait_for(
+        lambda: victim not in worker_pids(worker), timeout_s + 10, "the wedged process gone"
+    )
+    gone_s = time.monotonic() - wedged_at
+    every_job = {"wedge", *(f"job-{n}" for n in range(20))}
+    await wait_for(lambda: done(tmp_path) >= every_job, 30, "every job done, the wedged too")
+    await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200 again")
     assert gone_s < timeout_s + 10
-    assert 503 in seen
     assert await consumers(connection, queue_name) == 2
     [seen_wedged] = [line for line in lines(tmp_path) if line["event"] == WEDGED_LINE]
     assert seen_wedged["child_pid"] == victim
