@@ -1,6 +1,7 @@
 """Handlers for tests that run ricochet as a process (RICOCHET_HANDLER=tests.handlers:...)."""
 
 import asyncio
+import ctypes
 import os
 import signal
 import time
@@ -61,6 +62,30 @@ def fault_sync(job: Job) -> None:
     _mark("start", job)
     time.sleep(float(job.payload.get("hang_s", job.payload.get("sleep_s", 0))))
     _mark("done", job)
+
+
+def wedging(job: Job) -> None:
+    """fault_sync, except that a job with payload["wedge_s"] first wedges the process it runs in:
+    the first time the job runs (a marker beside the journal, holding that process's pid, says
+    it ran), libc's sleep is called for wedge_s seconds holding the GIL, so that no thread of
+    the process, its event loop included, runs meanwhile."""
+    if "wedge_s" in job.payload and _first_run(job):
+        ctypes.PyDLL(None).sleep(int(job.payload["wedge_s"]))
+    fault_sync(job)
+
+
+def wedge_marker(journal: str, message_id: str) -> Path:
+    """Where wedging notes the pid of the process a job wedged."""
+    return Path(f"{journal}.wedged-{message_id}")
+
+
+def _first_run(job: Job) -> bool:
+    try:
+        with wedge_marker(os.environ["TEST_JOURNAL"], str(job.message_id)).open("x") as marker:
+            marker.write(str(os.getpid()))
+    except FileExistsError:
+        return False
+    return True
 
 
 async def fuzzed(job: Job) -> None:

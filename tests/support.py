@@ -9,8 +9,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,24 @@ async def http_status(port: int, path: str) -> int | None:
 async def answers(port: int, path: str, code: int) -> bool:
     """Whether a local HTTP endpoint answers with this status now."""
     return await http_status(port, path) == code
+
+
+@asynccontextmanager
+async def statuses_seen(port: int, path: str) -> AsyncIterator[set[int | None]]:
+    """Every status a local HTTP endpoint answered with, polled every 0.2 s while the block
+    runs."""
+    seen: set[int | None] = set()
+
+    async def poll() -> None:
+        while True:
+            seen.add(await http_status(port, path))
+            await asyncio.sleep(0.2)
+
+    task = asyncio.get_running_loop().create_task(poll())
+    try:
+        yield seen
+    finally:
+        task.cancel()
 
 
 async def publish(

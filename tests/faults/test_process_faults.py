@@ -1,10 +1,11 @@
 """Faults of the worker process: killed, stopped mid-batch, poisoned, stuck in a handler; and of
 a parent's worker processes (RICOCHET_PROCESSES): one killed, the parent killed, a handler that
-crashes its process on import or at every job."""
+crashes its process on import or at every job, a handler that wedges its process holding the
+GIL."""
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from tests.support import (
     consumers,
     depth,
     free_port,
-    http_status,
+    statuses_seen,
     wait_depth,
     wait_for,
 )
@@ -138,23 +139,6 @@ def restarts_logged(worker: WorkerProcess) -> list[dict[str, Any]]:
     return [e for e in worker.events() if e["event"] == "worker process died, starting another"]
 
 
-@contextlib.asynccontextmanager
-async def healthz_seen(port: int) -> AsyncIterator[set[int | None]]:
-    """Every status /healthz answered with, polled every 0.2 s while the block runs."""
-    seen: set[int | None] = set()
-
-    async def poll() -> None:
-        while True:
-            seen.add(await http_status(port, "/healthz"))
-            await asyncio.sleep(0.2)
-
-    task = asyncio.get_running_loop().create_task(poll())
-    try:
-        yield seen
-    finally:
-        task.cancel()
-
-
 async def test_kill_9_of_one_worker_process(fault_run: Callable[..., FaultRun]) -> None:
     """SIGKILL of one of two worker processes mid-batch: the parent starts another, the jobs
     the dead one held run again, and nothing is lost."""
@@ -216,7 +200,7 @@ async def test_handler_crashing_its_process_on_import(
     )
     ids = await run.publish(50, sleep_s=0.01)
     worker = run.worker({"TEST_CRASH_ON_IMPORT": str(broken)}).start()
-    async with healthz_seen(port) as seen:
+    async with statuses_seen(port, "/healthz") as seen:
         await wait_for(lambda: 503 in seen, 30, "/healthz 503 in the crash loop")
         waits = [line["restart_in_s"] for line in restarts_logged(worker)]
         assert max(waits) >= 1.0, waits  # the parent backs off
@@ -243,7 +227,7 @@ async def test_handler_crashing_its_process_at_every_job(
     )
     poison = await run.publish(2, poison=True)
     worker = run.worker()
-    async with healthz_seen(port) as seen:
+    async with statuses_seen(port, "/healthz") as seen:
         worker.start()
         await run.until_settled(timeout_s=110)
         assert 503 in seen
@@ -251,3 +235,39 @@ async def test_handler_crashing_its_process_at_every_job(
     assert set(run.failed.values()) == {"poison"}
     waits = [line["restart_in_s"] for line in restarts_logged(worker)]
     assert max(waits) >= 1.0, waits
+
+
+async def test_worker_processes_wedged_holding_the_gil(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """Two jobs whose sync handler holds the GIL in C for 60 s on its first run, among 600 that
+    work, on two processes: the parent kills each process they wedge within the handler
+    timeout + 10 s of its last beat, /readyz answers 503 meanwhile, and every job completes, the
+    two wedging ones on their second run."""
+    port = free_port()
+    timeout_s = 2
+    run = fault_run(
+        "worker processes wedged holding the GIL",
+        handler="tests.handlers:wedging",
+        handler_timeout_s=timeout_s,
+        prefetch=8,
+        processes=2,
+        http_port=port,
+    )
+    worker = run.worker().start()
+    await run.wait_consumers(2)
+    await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200")
+    async with statuses_seen(port, "/readyz") as seen:
+        await run.publish(300, sleep_s=0.01)
+        wedging = await run.publish(2, wedge_s=60)
+        await run.publish(300, sleep_s=0.01)
+        await run.until_settled(timeout_s=120)
+    tally = await run.account()
+    assert 503 in seen
+    assert set(wedging) <= set(run.done())
+    killed = [e for e in worker.events() if e["event"].startswith("worker process stopped making")]
+    # Two wedging jobs taken by one process before either holds the GIL wedge it once.
+    assert 1 <= len(killed) <= 2, killed
+    assert all(e["silent_s"] < timeout_s + 10 for e in killed), killed
+    assert len(restarts_logged(worker)) == len(killed)
+    assert tally.duplicates <= 8 * len(killed)  # at most the unacked jobs of the killed

@@ -328,3 +328,27 @@ async def test_an_interrupted_handler_past_its_timeout_times_out() -> None:
 
     outcome, error = await Invoker(router, timeout_s=0.05)(job(b"{}", "slow"))
     assert (outcome, type(error)) == (Outcome.TRANSIENT, HandlerTimeout)
+
+
+@pytest.mark.parametrize(
+    ("timeouts_s", "worker_s", "longest_s"),
+    [
+        ((), 300.0, 300.0),
+        ((None, 5.0), 300.0, 300.0),  # types with shorter timeouts, or the worker's
+        ((None, 600.0, 30.0), 300.0, 600.0),  # a type allowed longer than the worker
+    ],
+)
+def test_longest_timeout(
+    timeouts_s: tuple[float | None, ...], worker_s: float, longest_s: float
+) -> None:
+    """The longest any handler may run: the worker's timeout or a type's, whichever is longer
+    (how long the parent lets a process's event loop stop before it counts it wedged)."""
+    router = Router()
+    for n, timeout_s in enumerate(timeouts_s):
+        router.handler(f"type-{n}", timeout_s=timeout_s)(lambda job: None)
+    assert Invoker(router, timeout_s=worker_s).longest_timeout_s == longest_s
+
+
+def test_longest_timeout_of_a_plain_handler() -> None:
+    """A plain callable runs within the worker's timeout."""
+    assert Invoker(lambda job: None, timeout_s=7.0).longest_timeout_s == 7.0

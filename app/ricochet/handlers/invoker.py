@@ -67,6 +67,15 @@ class Invoker:
         """The recurring jobs the handler's Router registered (none for a plain callable)."""
         return self._target.schedules if isinstance(self._target, Router) else []
 
+    @property
+    def longest_timeout_s(self) -> float:
+        """The longest any handler may run: the worker's timeout, or a type's if longer."""
+        timeouts = [self._timeout_s]
+        if isinstance(self._target, Router):
+            routes = (self._target.route(job_type) for job_type in self._target.types)
+            timeouts += [r.timeout_s for r in routes if r is not None and r.timeout_s is not None]
+        return max(timeouts)
+
     async def _call(self, route: Route, args: tuple[Any, ...], job: Job) -> None:
         timeout_s = self._timeout_s if route.timeout_s is None else route.timeout_s
         limit = asyncio.timeout(timeout_s)

@@ -31,14 +31,16 @@ class Metrics:
     shared: this is one of a parent's worker processes (PROMETHEUS_MULTIPROC_DIR set): the
     parent exports readiness for all of them, and the gauges a single process reads at every
     scrape are written by refresh() instead (a function is not shared across processes). Each
-    gauge's multiprocess mode says how the parent combines the processes' values.
+    gauge's multiprocess mode says how the parent combines the values of its live processes (a
+    dead one's go with it).
     """
 
     def __init__(self, *queues: str, shared: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.queues = queues
         self._shared = shared
-        self._reads: list[tuple[Gauge, Callable[[], bool]]] = []
+        # What refresh() writes, each gauge once (a new session's read replaces its gauge's).
+        self._reads: dict[Gauge, Callable[[], float]] = {}
         self.jobs = Counter(
             "ricochet_jobs",
             "Jobs handled, by outcome (succeeded, retried, failed, cancelled).",
@@ -113,6 +115,7 @@ class Metrics:
             "1 while this process leads the schedules of the queue (router.schedule), else 0.",
             ["queue"],
             registry=self.registry,
+            multiprocess_mode="livemax",  # 1 while a live process leads
         )
         self.occurrences = Counter(
             "ricochet_schedule_occurrences",
@@ -168,16 +171,20 @@ class Metrics:
             (self.worker_paused, paused),
             (self.worker_recovering, recovering),
         ):
-            child = gauge.labels(queue)
-            if self._shared:
-                self._reads.append((child, read))
-            else:
-                child.set_function(_as_float(read))
+            self.read_at_scrape(gauge.labels(queue), _as_float(read))
+
+    def read_at_scrape(self, child: Gauge, read: Callable[[], float]) -> None:
+        """Export read() as this gauge's value: read at every scrape, or by refresh() in a
+        shared process."""
+        if self._shared:
+            self._reads[child] = read
+        else:
+            child.set_function(read)
 
     def refresh(self) -> None:
-        """Write what a shared process's state gauges read now, for the parent's next scrape."""
-        for child, read in self._reads:
-            child.set(float(read()))
+        """Write what a shared process's gauges read now, for the parent's next scrape."""
+        for child, read in self._reads.items():
+            child.set(read())
 
     def observe_queue(
         self, queue: str, role: str, messages: int | None, consumers: int | None
@@ -236,6 +243,10 @@ class QueueMetrics:
         self._tiers: dict[tuple[str, ...], Counter] = {}
         self._kinds: dict[tuple[str, ...], Counter] = {}
         self._attempts: dict[tuple[str, ...], Counter] = {}
+
+    def in_flight_when(self, running: Callable[[], int]) -> None:
+        """Export running() as the queue's jobs in flight."""
+        self._metrics.read_at_scrape(self.in_flight, lambda: float(running()))
 
     def count_attempt(self, attempt: int, outcome: str) -> None:
         """One handler attempt settled: succeeded, retried or failed."""

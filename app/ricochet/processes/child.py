@@ -1,12 +1,17 @@
 """One of the parent's worker processes: today's worker (run_worker), stopped by the parent's
-orders instead of its own signals, telling the parent whether it consumes."""
+orders instead of its own signals, telling the parent whether it consumes in a beat from its
+event loop."""
 
 import asyncio
 import contextlib
+import functools
+import math
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 import structlog
 
@@ -14,6 +19,7 @@ from ricochet.errors import ConfigError
 from ricochet.handlers.invoker import Invoker, load_handler
 from ricochet.log import configure_logging
 from ricochet.observe.metrics import Metrics
+from ricochet.processes.liveness import BEAT_S
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 from ricochet.worker.worker import run_worker
@@ -23,12 +29,20 @@ log = structlog.get_logger("ricochet.processes")
 # The exit code of invalid configuration (as `ricochet worker`'s): the parent stops with it
 # rather than start the process again, which would fail the same way.
 EXIT_CONFIG = 2
-# How often a process tells its parent whether it consumes (only when that changed) and writes
-# its state gauges for the parent's scrapes.
+# How often a process writes its state gauges for the parent's scrapes, and tells its parent
+# whether it consumes if that changed (else in its beat, every BEAT_S).
 REPORT_S = 0.1
 # The parent's orders.
 DRAIN = "drain"
 FORCE = "force"
+
+
+class Beat(NamedTuple):
+    """What a process tells its parent from its event loop: whether it consumes, and the longest
+    its handlers may keep that loop from running (the parent's measure of a wedged process)."""
+
+    ready: bool
+    longest_timeout_s: float
 
 
 def main(settings: Settings, orders: Connection) -> None:
@@ -41,17 +55,20 @@ def main(settings: Settings, orders: Connection) -> None:
     metrics = Metrics(*settings.queue_names, shared=True)
     try:
         invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
-        asyncio.run(run_worker(settings, invoker, metrics, lambda: parent_orders(orders, metrics)))
+        stops = functools.partial(parent_orders, orders, metrics, invoker.longest_timeout_s)
+        asyncio.run(run_worker(settings, invoker, metrics, stops))
     except ConfigError as error:
         log.error("worker process stopped: invalid configuration", error=str(error))
         sys.exit(EXIT_CONFIG)
 
 
 @contextlib.contextmanager
-def parent_orders(orders: Connection, metrics: Metrics) -> Iterator[Lifecycle]:
+def parent_orders(
+    orders: Connection, metrics: Metrics, longest_timeout_s: float
+) -> Iterator[Lifecycle]:
     """A Lifecycle that the parent's orders stop (drain, then force), and SIGTERM or the
     parent's death drain: a signal sent to the whole group and passed on by the parent counts
-    once. Meanwhile the process reports whether it consumes."""
+    once. Meanwhile the process beats."""
     lifecycle = Lifecycle()
     loop = asyncio.get_running_loop()
 
@@ -71,7 +88,7 @@ def parent_orders(orders: Connection, metrics: Metrics) -> Iterator[Lifecycle]:
 
     loop.add_reader(orders.fileno(), read)
     loop.add_signal_handler(signal.SIGTERM, lifecycle.drain, "SIGTERM")
-    reporting = loop.create_task(_report(orders, lifecycle, metrics))
+    reporting = loop.create_task(_report(orders, lifecycle, metrics, longest_timeout_s))
     try:
         yield lifecycle
     finally:
@@ -80,12 +97,16 @@ def parent_orders(orders: Connection, metrics: Metrics) -> Iterator[Lifecycle]:
         loop.remove_reader(orders.fileno())
 
 
-async def _report(orders: Connection, lifecycle: Lifecycle, metrics: Metrics) -> None:
+async def _report(
+    orders: Connection, lifecycle: Lifecycle, metrics: Metrics, longest_timeout_s: float
+) -> None:
     ready: bool | None = None
+    beat_at = -math.inf
     while True:
         metrics.refresh()
-        if lifecycle.ready != ready:
-            ready = lifecycle.ready
+        now = time.monotonic()
+        if lifecycle.ready != ready or now - beat_at >= BEAT_S:
+            ready, beat_at = lifecycle.ready, now
             with contextlib.suppress(OSError):  # the parent is gone: read() stops the process
-                orders.send(ready)
+                orders.send(Beat(ready, longest_timeout_s))
         await asyncio.sleep(REPORT_S)

@@ -1,9 +1,9 @@
 """The parent of a worker's processes (RICOCHET_PROCESSES > 1), top-down: run_processes ->
-start every process -> restart one that dies (with backoff on a crash loop) until a stop ->
-pass the stop on and wait for every process to drain.
+start every process -> restart one that dies (with backoff on a crash loop), and kill one that
+stops beating (wedged), until a stop -> pass the stop on and wait for every process to drain.
 
 The parent consumes nothing: it serves the HTTP endpoints for all its processes (/metrics sums
-them, /readyz is ready when every one consumes, /healthz fails in a crash loop).
+them, /readyz is ready when every one consumes and beats, /healthz fails in a crash loop).
 """
 
 import asyncio
@@ -21,6 +21,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from ricochet.observe.metrics import processes_registry
 from ricochet.processes import child
+from ricochet.processes.liveness import BEAT_S, Liveness, liveness
 from ricochet.processes.restarts import Restarts
 from ricochet.service.http import serve_http
 from ricochet.service.process import Lifecycle, stop_signals
@@ -47,9 +48,14 @@ class Place:
     orders: Connection | None = None
     started_at: float = 0.0
     ready: bool = False  # what the process last reported: it consumes
+    beat_at: float | None = None  # when its last beat came; None before its first
+    longest_timeout_s: float = 0.0  # what its last beat said of its handlers
 
     def alive_for_s(self, now: float) -> float | None:
         return now - self.started_at if self.process is not None else None
+
+    def liveness(self, now: float) -> Liveness:
+        return liveness(self.beat_at, now, self.longest_timeout_s)
 
 
 class Parent:
@@ -73,8 +79,11 @@ class Parent:
 
     @property
     def ready(self) -> bool:
-        """Every process runs and consumes."""
-        return not self._lifecycle.stopping.is_set() and all(p.ready for p in self._places)
+        """Every process runs, consumes and beats."""
+        now = time.monotonic()
+        return not self._lifecycle.stopping.is_set() and all(
+            p.ready and p.liveness(now) is Liveness.ALIVE for p in self._places
+        )
 
     @property
     def healthy(self) -> bool:
@@ -87,7 +96,9 @@ class Parent:
         log.info("starting worker processes", processes=len(self._places))
         for place in self._places:
             self._start(place)
+        watching = asyncio.ensure_future(self._watch())
         await self._lifecycle.stopping.wait()
+        watching.cancel()
         self._order(child.DRAIN)
         if not self.alive:  # every place was waiting to start again
             self._exited.set()
@@ -116,7 +127,7 @@ class Parent:
         process.start()
         theirs.close()  # the process's end is its own: its closing is how it sees the parent go
         place.process, place.orders, place.ready = process, ours, False
-        place.started_at = time.monotonic()
+        place.started_at, place.beat_at = time.monotonic(), None
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read_report, place)
         loop.add_reader(process.sentinel, self._ended, place)
@@ -125,10 +136,32 @@ class Parent:
     def _read_report(self, place: Place) -> None:
         assert place.orders is not None
         try:
-            place.ready = place.orders.recv()
+            beat: child.Beat = place.orders.recv()
         except EOFError:  # the process ended: _ended says how
             asyncio.get_running_loop().remove_reader(place.orders.fileno())
             place.ready = False
+            return
+        place.ready, place.longest_timeout_s = beat
+        place.beat_at = time.monotonic()
+
+    async def _watch(self) -> None:
+        """Kill each process that stopped beating: its place starts another, as after any
+        death, and its jobs go back to their queue."""
+        while True:
+            await asyncio.sleep(BEAT_S)
+            now = time.monotonic()
+            for place in self._places:
+                if place.process is not None and place.liveness(now) is Liveness.WEDGED:
+                    assert place.beat_at is not None
+                    log.error(
+                        "worker process stopped making progress: killing it",
+                        process=place.index,
+                        child_pid=place.process.pid,
+                        silent_s=round(now - place.beat_at, 3),
+                        longest_timeout_s=place.longest_timeout_s,
+                    )
+                    place.process.kill()
+                    place.ready, place.beat_at = False, None  # until _ended hears of its death
 
     def _ended(self, place: Place) -> None:
         process, orders = place.process, place.orders

@@ -87,7 +87,7 @@ class Consumer:
         self._observers = observers
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
-        metrics.in_flight.set_function(lambda: float(len(self.in_flight)))
+        metrics.in_flight_when(lambda: len(self.in_flight))
         # The jobs whose handler runs now, by message_id, which a cancel read meanwhile may cover.
         self._running: dict[str, list[tuple[Job, Delivery]]] = {}
         self._checks: set[asyncio.Task[None]] = set()
