@@ -48,7 +48,7 @@ def test_healthy_topology_passes_every_check(version: str) -> None:
     n = plan(settings).names
     for name in (n.queue, n.tier(1), n.tier(2), n.failed, n.events):
         assert found[f"queue {name}"].status == "ok"
-    for name in (n.dlx, n.first_tier_exchange, n.return_exchange, n.failed):
+    for name in (n.dlx, n.first_tier_exchange, n.return_exchange, n.return_to_queue, n.failed):
         assert found[f"exchange {name}"].status == "ok"
     assert found["queue jobs.retry.2"].detail == "quorum, waits 60s, as the settings declare it"
 
@@ -59,7 +59,7 @@ def test_healthy_topology_passes_every_check(version: str) -> None:
         ("queue jobs.retry.2", "fail", "waits 45s, the settings say 60s and it is empty"),
         ("queue jobs.retry.2", "fail", "`ricochet topology` redeclares it"),
         ("queue jobs.retry.1", "ok", "waits 30s"),
-        ("bindings", "fail", "jobs.return -> queue jobs;"),
+        ("bindings", "fail", "jobs.return.queue -> queue jobs;"),
         ("bindings", "fail", "jobs.dlx -> exchange jobs.failed with key jobs.attempt.2"),
         (
             "unwanted bindings",
@@ -237,7 +237,12 @@ def test_dead_letters_read_once_ask_for_another_run() -> None:
     """Without a second reading, held dead-letters (neither ready nor unacked) warn and ask for
     another run."""
     settings, state = edited(
-        "healthy_3.10", "jobs.retry.1", messages=5, messages_ready=1, messages_unacknowledged=1
+        "healthy_3.10",
+        "jobs.retry.1",
+        messages=5,
+        messages_ready=1,
+        messages_unacknowledged=1,
+        messages_dlx=3,
     )
     found = findings(settings, state)["stranded dead-letters"]
     assert found.status == "warn"
