@@ -111,6 +111,27 @@ def test_missing_queue_and_exchange() -> None:
         assert "missing: `ricochet topology` declares it" in found[check].detail
 
 
+def test_an_earlier_versions_route_back_from_the_tiers() -> None:
+    """A broker declared by an earlier version: jobs.return bound to jobs itself, no
+    jobs.return.queue. doctor names the missing exchange and route, and the old binding as one
+    `ricochet topology` replaces."""
+    settings, state = recorded("healthy_3.10")
+    del state.exchanges["jobs.return.queue"]
+    state.bindings[:] = [
+        b for b in state.bindings if "jobs.return.queue" not in (b["source"], b["destination"])
+    ]
+    old = {"source": "jobs.return", "destination": "jobs", "destination_type": "queue"}
+    state.bindings.append({**old, "routing_key": "", "properties_key": "~"})
+    found = findings(settings, state)
+    assert found["exchange jobs.return.queue"].status == "fail"
+    assert "jobs.return.queue -> queue jobs" in found["bindings"].detail
+    assert "jobs.return -> exchange jobs.return.queue" in found["bindings"].detail
+    assert found["unwanted bindings"].detail.endswith(
+        "jobs.return -> queue jobs (an earlier version's route back from the tiers, which loses "
+        "a deleted queue's retried jobs: `ricochet topology` replaces it)"
+    )
+
+
 def test_figures_of_a_missing_queue() -> None:
     """Without the main or the failed queue, consumers and failed jobs fail, pointing to it."""
     settings, state = recorded("healthy_3.10")

@@ -365,6 +365,12 @@ def return_route(n: Names) -> list[Binding]:
     ]
 
 
+def earlier_return(n: Names) -> Binding:
+    """The route back from the tiers of earlier versions: the return exchange bound to Q itself,
+    with no way to the orphans (return_route replaces it)."""
+    return Binding(n.return_exchange, n.queue)
+
+
 def tier_source(n: Names, k: int, *, jittered: bool) -> Binding:
     """The binding that routes tier k's jobs: a fresh job's dead-letter through the first-tier
     exchange, one back from tier k-1 by its key; into the tier's queue, or its lanes."""
@@ -400,8 +406,7 @@ def stale_bindings(p: Plan) -> list[Binding]:
     )
     if p.jittered:  # the tiers' queues are fed through their lanes' exchanges now
         stale.extend(tier_source(n, k, jittered=False) for k in range(1, r + 1))
-    # Earlier versions bound the return exchange to Q itself, with no way to the orphans.
-    stale.append(Binding(n.return_exchange, n.queue))
+    stale.append(earlier_return(n))
     # The hold goes first, right after the first-tier route is back (declare's order).
     return [hold_binding(n), *stale]
 
