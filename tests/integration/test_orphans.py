@@ -6,18 +6,31 @@ job alone.
 The queue is deleted as an operator deletes it (queue.delete, as rabbitmqctl or the management
 UI do): the queue alone, its tiers and exchanges left where they are."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from ricochet import Client, Job, RetryLater
-from ricochet.names import SHARED
+from ricochet.broker.declare import declare
+from ricochet.broker.management import open_api, vhost
+from ricochet.names import SHARED, Names
 
+from tests.broker import BROKER
 from tests.integration.test_cancel_store import own_vhost
-from tests.support import InProcessWorker, depth, make_settings, wait_for
+from tests.support import (
+    InProcessWorker,
+    depth,
+    make_settings,
+    publish,
+    take,
+    wait_depth,
+    wait_for,
+)
 
 WAIT_S = 3  # each job's wait: the queue is deleted within it
 ORPHANED_WITHIN_S = 5  # how late after its due time the job may reach ricochet.orphans
@@ -108,3 +121,40 @@ async def test_a_job_whose_queue_is_deleted_while_it_waits_is_in_the_orphans(
     assert len(found) == 1
     headers = found[0].headers
     assert headers["x-app-trace"] == "kept"
+
+
+MOVED = 100  # jobs that come back from a tier while an earlier version's route is replaced
+
+
+async def test_an_earlier_versions_route_back_is_replaced_without_a_gap(
+    queue_name: str, vhost_url: str
+) -> None:
+    """A broker declared by an earlier version (Q.return bound to Q itself, no Q.return.queue),
+    with jobs coming back from a tier (100 ms) while a start declares the topology: every job is
+    back in Q once, none dropped, none copied to the orphans; afterwards the old binding is gone
+    and Q is reached only through the hop."""
+    settings = make_settings(queue_name, amqp_url=vhost_url, retry_delay_ms=100, max_retries=1)
+    n = Names(queue_name)
+    async with await aio_pika.connect(vhost_url) as connection:
+        await declare(connection, settings)
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.exchange_delete(n.return_to_queue)  # and the bindings into and out of it
+        await (await channel.get_queue(queue_name)).bind(n.return_exchange, routing_key="")
+        ids = [f"{queue_name}-{i}" for i in range(MOVED)]
+
+        async def back_from_the_tier() -> None:
+            for message_id in ids:
+                await publish(channel, n.tier(1), b"{}", message_id=message_id)
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(back_from_the_tier(), declare(connection, settings))
+        await wait_depth(channel, queue_name, MOVED)
+        taken = await take(channel, queue_name, MOVED)
+        assert sorted(str(m.message_id) for m in taken) == sorted(ids)
+        assert await depth(channel, SHARED.orphans) == 0
+    async with open_api(BROKER.management_url, vhost_url) as api:
+        where = f"{quote(vhost(vhost_url), safe='')}/{quote(n.return_exchange, safe='')}"
+        out = await api.get(f"exchanges/{where}/bindings/source")
+    assert [(b["destination"], b["destination_type"]) for b in out] == [
+        (n.return_to_queue, "exchange")
+    ]
