@@ -16,6 +16,11 @@ async def unbind(channel: AbstractChannel, source: str, queue: str, routing_key:
     await (await channel.get_queue(queue, ensure=False)).unbind(source, routing_key=routing_key)
 
 
+async def unbind_exchange(channel: AbstractChannel, source: str, destination: str) -> None:
+    """Remove an exchange's binding to another exchange, as in the management UI."""
+    await (await channel.get_exchange(destination, ensure=False)).unbind(source)
+
+
 async def redeclare(channel: AbstractChannel, name: str, arguments: dict[str, Any]) -> None:
     """Delete a queue and declare it again with other arguments (say, an old tier's TTL)."""
     await channel.queue_delete(name)

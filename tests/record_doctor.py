@@ -69,7 +69,7 @@ async def main(queue: str, keep: bool) -> None:
         await fill(channel, n.tier(3), 2)
         tier2: dict[str, Any] = {**plan(now).tiers[1].arguments, TTL: 45_000}
         await redeclare(channel, n.tier(2), tier2)
-        await unbind(channel, n.return_exchange, n.queue)
+        await unbind(channel, n.return_to_queue, n.queue)
         await (await channel.get_queue(queue)).bind(n.failed)
         policy = add_policy(n.failed, {"max-length": 100})
         await fill(channel, n.failed, 12)

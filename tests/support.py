@@ -305,6 +305,7 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
         n.dlx,
         n.first_tier_exchange,
         n.return_exchange,
+        n.return_to_queue,
         n.failed,
         *map(n.lanes, tiers),
         *delays,

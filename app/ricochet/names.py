@@ -123,6 +123,12 @@ class Names:
         return f"{self.queue}.return"
 
     @property
+    def return_to_queue(self) -> str:
+        """The exchange between the return exchange and Q, whose alternate is ricochet.orphans:
+        a job back from a tier of a queue that was deleted goes there, not nowhere."""
+        return f"{self.queue}.return.queue"
+
+    @property
     def failed(self) -> str:
         """The failed exchange, and the durable failed queue bound to it."""
         return f"{self.queue}.failed"
@@ -191,7 +197,7 @@ class Names:
 # Every name Names derives from a queue's, as a queue name of its own: a queue named so would
 # share its objects with the queue it derives from.
 _DERIVED = re.compile(
-    r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return"
+    r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return|return\.queue"
     r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|delay\.\d+)"
 )
 

@@ -1,6 +1,7 @@
 """Faults while jobs wait in the delays' levels that every queue of a vhost shares (SPEC 18): the
 broker restarted while three queues' jobs wait there, a queue deleted while its jobs wait beside
-another queue's, and a worker killed with `kill -9` during the move from the per-queue levels of
+another queue's, a queue deleted while its jobs wait on every route (the levels and its own retry
+tier), and a worker killed with `kill -9` during the move from the per-queue levels of
 earlier versions.
 
 Every job id is accounted for: completed, in ricochet.orphans (a deleted queue's), or lost."""
@@ -11,7 +12,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from ricochet.broker.connection import close_quietly
+from ricochet.headers import RETRY_DELAYS
 from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
 from tests.broker import BROKER, Broker
-from tests.faults.harness import TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
+from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
 from tests.faults.node import Node
 from tests.integration.test_legacy_levels import declare_legacy_levels
 from tests.support import (
@@ -230,17 +232,32 @@ OTHERS = 10
 ON_TIME_S = 5  # how late the other queue's jobs may run (over 2 s seen with four suites at once)
 
 
-async def take_orphans(run: FaultRun, ids: list[str], taken: Counter[str]) -> None:
-    """Take (ack) the copies of these ids in ricochet.orphans, counting each, and hand the
-    others back: the orphans' queue is the vhost's, other tests' orphans may be there."""
+def later_whole(run: FaultRun) -> Callable[[AbstractIncomingMessage], None]:
+    """Asserts that an orphan is one of the run's RetryLater jobs, whole, with its route."""
+
+    def check(message: AbstractIncomingMessage) -> None:
+        assert message.routing_key == delay_key(round(LATER_S * 1000), run.settings.queue)
+        assert json.loads(message.body) == {"later": LATER_S}  # the job, whole
+
+    return check
+
+
+async def take_orphans(
+    run: FaultRun,
+    ids: list[str],
+    taken: Counter[str],
+    whole: Callable[[AbstractIncomingMessage], None],
+) -> None:
+    """Take (ack) the copies of these ids in ricochet.orphans, counting each once `whole` has
+    looked at it, and hand the others back: the orphans' queue is the vhost's, other tests'
+    orphans may be there."""
     channel = await run.connection.channel()
     try:
         orphans = await channel.declare_queue(SHARED.orphans, passive=True)
         others: list[AbstractIncomingMessage] = []
         while (message := await orphans.get(fail=False, no_ack=False)) is not None:
             if message.message_id in ids:
-                assert message.routing_key == delay_key(round(LATER_S * 1000), run.settings.queue)
-                assert json.loads(message.body) == {"later": LATER_S}  # the job, whole
+                whole(message)
                 taken[message.message_id] += 1
                 await message.ack()
             else:
@@ -280,12 +297,12 @@ async def test_a_queue_deleted_while_its_jobs_wait_beside_another_queues(runs: R
     orphaned: Counter[str] = Counter()
 
     async def all_orphaned() -> bool:
-        await take_orphans(gone, doomed, orphaned)
+        await take_orphans(gone, doomed, orphaned, later_whole(gone))
         return set(doomed) <= set(orphaned)
 
     await wait_for(all_orphaned, 30, f"the {ORPHANED} jobs in {SHARED.orphans}")
     await stays.account()  # it waits for the journal to go quiet: late copies would show
-    await take_orphans(gone, doomed, orphaned)
+    await take_orphans(gone, doomed, orphaned, later_whole(gone))
     assert not gone.done()
     assert {attempt for _, _, attempt in journal(gone.journal_path)} == {1}  # none came back
     tally = Tally(
@@ -294,6 +311,91 @@ async def test_a_queue_deleted_while_its_jobs_wait_beside_another_queues(runs: R
         completed=0,
         failed=len(orphaned),  # in ricochet.orphans, where a job whose queue is gone ends
         lost=len(set(doomed) - set(orphaned)),
+        duplicates=sum(n - 1 for n in orphaned.values()),
+    )
+    TALLIES.append(tally)
+    assert tally.lost == 0, tally
+    assert tally.duplicates == 0, tally
+
+
+# ---------------------------------------------------------------------------------------------
+# A queue deleted while its jobs wait on every route a job may wait on.
+
+ROUTE_JOBS = 10  # a route; four routes
+ROUTE_WAIT_S = 5  # every job's wait: the queue is deleted within it
+ROW_HEADER = "x-fault-row"  # the producer's own header, which every orphan keeps
+
+
+def on_each_route(ids: list[str], due: float) -> list[aio_pika.Message]:
+    """ROUTE_JOBS jobs a route, in turn: scheduled (run-at), a RetryLater, a failure retried by
+    a ladder of the job's own, a failure retried by the worker's tier; all of ROUTE_WAIT_S."""
+    wait_ms = str(ROUTE_WAIT_S * 1000)
+    routes: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"run-at": run_at(due)}, {}),
+        ({}, {"later": ROUTE_WAIT_S}),
+        ({RETRY_DELAYS: wait_ms}, {"fail": 1}),
+        ({}, {"fail": 1}),
+    ]
+    return [
+        aio_pika.Message(
+            json.dumps(payload).encode(),
+            message_id=message_id,
+            headers={**headers, ROW_HEADER: message_id},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        for message_id, (headers, payload) in zip(
+            ids, [route for route in routes for _ in range(ROUTE_JOBS)], strict=True
+        )
+    ]
+
+
+def with_its_header(message: AbstractIncomingMessage) -> None:
+    assert (message.headers or {}).get(ROW_HEADER) == message.message_id
+
+
+async def test_a_queue_deleted_while_jobs_wait_on_every_route(broker_runs: Runs) -> None:
+    """A worker sends 40 jobs to wait 5 s, 10 on each route: a schedule, a RetryLater, a ladder
+    of the job's own (both in the shared levels) and the worker's retry tier (the queue's own);
+    it stops and the queue alone is deleted, as an operator deletes it, its tiers and exchanges
+    left. Each job ends in ricochet.orphans once, with its headers, none lost, none run again.
+
+    It runs on the broker under test: deleting a queue of its own never disturbs the broker."""
+    run = await broker_runs.make(
+        f"queue deleted with {4 * ROUTE_JOBS} jobs waiting on 4 routes (in ricochet.orphans)",
+        retry_delay_ms=ROUTE_WAIT_S * 1000,
+        max_retries=1,
+    )
+    await run.start_worker()
+    ids = own_ids(run, 4 * ROUTE_JOBS)
+    failing = ids[ROUTE_JOBS:]
+    waiting_since = time.monotonic()  # none of them can come due before ROUTE_WAIT_S from here
+    await run.publish_messages(on_each_route(ids, time.time() + ROUTE_WAIT_S))
+    await wait_for(lambda: set(failing) <= run.started(), 20, "the failing jobs to start")
+    assert await run.workers[0].terminate() == 0  # it drains: every job sent to wait, acked
+    channel = await run.connection.channel()
+    assert await depth(channel, run.settings.queue) == 0
+    await channel.queue_delete(run.settings.queue)
+    await channel.close()
+    assert time.monotonic() - waiting_since < ROUTE_WAIT_S, "deleted after its jobs came due"
+
+    orphaned: Counter[str] = Counter()
+
+    async def all_orphaned() -> bool:
+        await take_orphans(run, ids, orphaned, with_its_header)
+        return set(ids) <= set(orphaned)
+
+    await wait_for(all_orphaned, ROUTE_WAIT_S + 30, f"the {len(ids)} jobs in {SHARED.orphans}")
+    orphaned_after_s = time.monotonic() - waiting_since
+    await asyncio.sleep(QUIET_S)  # a late copy would show
+    await take_orphans(run, ids, orphaned, with_its_header)
+    assert not run.done()
+    assert {attempt for _, _, attempt in journal(run.journal_path)} == {1}  # none came back
+    tally = Tally(
+        fault=f"{run.name}, all in {orphaned_after_s:.1f} s",
+        published=len(ids),
+        completed=0,
+        failed=len(orphaned),  # in ricochet.orphans, where a job whose queue is gone ends
+        lost=len(set(ids) - set(orphaned)),
         duplicates=sum(n - 1 for n in orphaned.values()),
     )
     TALLIES.append(tally)

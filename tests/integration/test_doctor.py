@@ -19,7 +19,7 @@ from ricochet.handlers.job import Job
 from ricochet.names import Names
 from ricochet.settings import Settings
 
-from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind
+from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind, unbind_exchange
 from tests.broker import BROKER
 from tests.support import (
     StartWorker,
@@ -143,9 +143,9 @@ async def test_removed_binding_is_named(
     """The binding that brings retried jobs back to the main queue, removed by hand, is named."""
     settings = make_settings(queue_name)
     n = (await declare(connection, settings)).names
-    await unbind(channel, n.return_exchange, n.queue)
+    await unbind(channel, n.return_to_queue, n.queue)
     await doctor_finds(
-        settings, "bindings", "fail", f"1 missing; {n.return_exchange} -> queue {n.queue};"
+        settings, "bindings", "fail", f"1 missing; {n.return_to_queue} -> queue {n.queue};"
     )
 
 
@@ -215,7 +215,7 @@ async def test_dead_letters_held_past_the_second_reading_are_named(
     reads them twice, some seconds apart, and names the tier and the broker's retry timeout."""
     settings = make_settings(queue_name, retry_delay_ms=100)
     n = (await declare(connection, settings)).names
-    await unbind(channel, n.return_exchange, n.queue)
+    await unbind_exchange(channel, n.return_exchange, n.return_to_queue)
     for i in range(3):
         await publish(channel, n.tier(1), "{}", message_id=f"m{i}")
 

@@ -18,7 +18,7 @@ from ricochet.ops.doctor import read_state
 from ricochet.service.process import Lifecycle, keep_connected
 from structlog.testing import capture_logs
 
-from tests.breakage import unbind
+from tests.breakage import unbind_exchange
 from tests.broker import BROKER
 from tests.recorder import Recorder
 from tests.support import (
@@ -212,7 +212,7 @@ async def test_a_tier_with_dead_letters_in_flight_is_kept(
     first: dict[str, Any] = {"queue_type": "quorum", "max_retries": 2}
     before = make_settings(queue_name, **first)
     await declare(connection, before)
-    await unbind(channel, n.return_exchange, n.queue)
+    await unbind_exchange(channel, n.return_exchange, n.return_to_queue)
     ids = [f"m{i}" for i in range(3)]
     for message_id in ids:
         await publish(channel, n.tier(2), "{}", message_id=message_id)

@@ -48,7 +48,7 @@ def test_healthy_topology_passes_every_check(version: str) -> None:
     n = plan(settings).names
     for name in (n.queue, n.tier(1), n.tier(2), n.failed, n.events):
         assert found[f"queue {name}"].status == "ok"
-    for name in (n.dlx, n.first_tier_exchange, n.return_exchange, n.failed):
+    for name in (n.dlx, n.first_tier_exchange, n.return_exchange, n.return_to_queue, n.failed):
         assert found[f"exchange {name}"].status == "ok"
     assert found["queue jobs.retry.2"].detail == "quorum, waits 60s, as the settings declare it"
 
@@ -59,7 +59,7 @@ def test_healthy_topology_passes_every_check(version: str) -> None:
         ("queue jobs.retry.2", "fail", "waits 45s, the settings say 60s and it is empty"),
         ("queue jobs.retry.2", "fail", "`ricochet topology` redeclares it"),
         ("queue jobs.retry.1", "ok", "waits 30s"),
-        ("bindings", "fail", "jobs.return -> queue jobs;"),
+        ("bindings", "fail", "jobs.return.queue -> queue jobs;"),
         ("bindings", "fail", "jobs.dlx -> exchange jobs.failed with key jobs.attempt.2"),
         (
             "unwanted bindings",
@@ -109,6 +109,27 @@ def test_missing_queue_and_exchange() -> None:
     for check in ("queue jobs.failed.events", "exchange jobs.return"):
         assert found[check].status == "fail"
         assert "missing: `ricochet topology` declares it" in found[check].detail
+
+
+def test_an_earlier_versions_route_back_from_the_tiers() -> None:
+    """A broker declared by an earlier version: jobs.return bound to jobs itself, no
+    jobs.return.queue. doctor names the missing exchange and route, and the old binding as one
+    `ricochet topology` replaces."""
+    settings, state = recorded("healthy_3.10")
+    del state.exchanges["jobs.return.queue"]
+    state.bindings[:] = [
+        b for b in state.bindings if "jobs.return.queue" not in (b["source"], b["destination"])
+    ]
+    old = {"source": "jobs.return", "destination": "jobs", "destination_type": "queue"}
+    state.bindings.append({**old, "routing_key": "", "properties_key": "~"})
+    found = findings(settings, state)
+    assert found["exchange jobs.return.queue"].status == "fail"
+    assert "jobs.return.queue -> queue jobs" in found["bindings"].detail
+    assert "jobs.return -> exchange jobs.return.queue" in found["bindings"].detail
+    assert found["unwanted bindings"].detail.endswith(
+        "jobs.return -> queue jobs (an earlier version's route back from the tiers, which loses "
+        "a deleted queue's retried jobs: `ricochet topology` replaces it)"
+    )
 
 
 def test_figures_of_a_missing_queue() -> None:
@@ -237,7 +258,12 @@ def test_dead_letters_read_once_ask_for_another_run() -> None:
     """Without a second reading, held dead-letters (neither ready nor unacked) warn and ask for
     another run."""
     settings, state = edited(
-        "healthy_3.10", "jobs.retry.1", messages=5, messages_ready=1, messages_unacknowledged=1
+        "healthy_3.10",
+        "jobs.retry.1",
+        messages=5,
+        messages_ready=1,
+        messages_unacknowledged=1,
+        messages_dlx=3,
     )
     found = findings(settings, state)["stranded dead-letters"]
     assert found.status == "warn"

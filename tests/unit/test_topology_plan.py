@@ -41,6 +41,7 @@ from ricochet.broker.plan import (
     ladder_ms,
     lane_delays_ms,
     plan,
+    return_route,
     stale_bindings,
     stale_lanes,
     stale_tiers,
@@ -73,7 +74,8 @@ def test_default_plan_matches_spec() -> None:
     assert "x-max-length" not in failed.arguments
     assert not set(delay_bindings(p.names)) & set(p.bindings)  # the levels are shared now
     assert set(p.bindings) == {
-        Binding("jobs.return", "jobs"),
+        Binding("jobs.return", "jobs.return.queue", to_exchange=True),
+        Binding("jobs.return.queue", "jobs"),
         Binding("ricochet.return", "jobs", "*." * DELAY_LEVELS + "jobs"),
         Binding("jobs.failed", "jobs.failed"),
         Binding("jobs.failed", "jobs.failed.events"),
@@ -85,6 +87,7 @@ def test_default_plan_matches_spec() -> None:
     exchanges = {name: (kind, args) for name, kind, args in p.exchanges}
     assert exchanges["jobs.dlx"] == ("direct", {"alternate-exchange": "jobs.dlx.first"})
     assert exchanges["jobs.dlx.first"][0] == exchanges["jobs.return"][0] == "fanout"
+    assert exchanges["jobs.return.queue"] == ("fanout", {"alternate-exchange": "ricochet.orphans"})
 
 
 def test_no_retries_sends_first_failure_to_failed() -> None:
@@ -342,28 +345,28 @@ def kinds(steps: list[Step]) -> Counter[str]:
 @pytest.mark.parametrize(
     ("settings", "counts"),
     [
-        # 3 tiers: 25 levels' exchanges + return + orphans, 4 own; 3 own queues, 30 shared, 3
-        # tiers; 22 tiers and 25 tiers' lanes beyond; 50 + 1 shared bindings, 8 own; 27 stale.
+        # 3 tiers: 25 levels' exchanges + return + orphans, 5 own; 3 own queues, 30 shared, 3
+        # tiers; 22 tiers and 25 tiers' lanes beyond; 50 + 1 shared bindings, 9 own; 28 stale.
         (
             Settings(queue="q"),
             {
-                "DeclareExchange": 27 + 4,
+                "DeclareExchange": 27 + 5,
                 "DeclareQueue": 3 + 30 + 3,
                 "RetireTier": 22,
                 "RetireLanes": 25,
-                "Bind": 51 + 8,
-                "Unbind": 27,
+                "Bind": 51 + 9,
+                "Unbind": 28,
             },
         ),
         (
             Settings(queue="q", max_retries=0),
             {
-                "DeclareExchange": 27 + 4,
+                "DeclareExchange": 27 + 5,
                 "DeclareQueue": 3 + 30,
                 "RetireTier": 25,
                 "RetireLanes": 25,
-                "Bind": 51 + 6,
-                "Unbind": 27,
+                "Bind": 51 + 7,
+                "Unbind": 28,
             },
         ),
         # Jitter: a random exchange per tier, 7 lanes each, bound with the tier's queue; the
@@ -371,12 +374,12 @@ def kinds(steps: list[Step]) -> Counter[str]:
         (
             Settings(queue="q", max_retries=2, retry_jitter=0.5),
             {
-                "DeclareExchange": 27 + 4 + 2,
+                "DeclareExchange": 27 + 5 + 2,
                 "DeclareQueue": 3 + 30 + 2 + 14,
                 "RetireTier": 23,
                 "RetireLanes": 23,
-                "Bind": 51 + 7 + 16,
-                "Unbind": 27 + 2,
+                "Bind": 51 + 8 + 16,
+                "Unbind": 28 + 2,
             },
         ),
     ],
@@ -404,6 +407,46 @@ def test_the_declare_keeps_every_job_routed_while_it_reconciles() -> None:
     assert at(DeclareQueue(p.tiers[1], tier=2)) < at(RetireTier(3, "q.retry.3")) < at(first)
     assert at(first) < at(hold) < at(RetireLanes(1)) < at(second)
     assert max(at(Unbind(b)) for b in stale_bindings(p)) < at(second)
+
+
+def test_a_job_back_from_a_tier_of_a_deleted_queue_goes_to_the_orphans() -> None:
+    """A tier dead-letters to Q.return (its argument, which cannot change), which has no
+    alternate: it goes on to Q through Q.return.queue, whose alternate is the orphans, so that
+    with Q deleted the job is orphaned, not dropped or held by the broker."""
+    p = plan(Settings(queue="q"))
+    exchanges = {name: (kind, args) for name, kind, args in p.exchanges}
+    assert exchanges["q.return"] == ("fanout", {})
+    assert exchanges["q.return.queue"] == ("fanout", {"alternate-exchange": "ricochet.orphans"})
+    into_q = [b for b in p.bindings if b.destination == "q" and b.source != "ricochet.return"]
+    assert into_q == [Binding("q.return.queue", "q")]
+    assert Binding("q.return", "q.return.queue", to_exchange=True) in p.bindings
+    assert Binding("q.return", "q") in stale_bindings(p)  # an earlier version's, with no way out
+
+
+def test_an_earlier_return_binding_goes_once_the_new_route_is_bound() -> None:
+    """On a broker of an earlier version (Q.return bound to Q itself): the hop is declared, bound
+    to Q, then Q.return to the hop, and only then the old binding goes, so that a job back from
+    a tier always has a way to Q (two ways at once take it there once), and never goes to the
+    orphans through a hop bound to nothing while Q is there."""
+    p = plan(Settings(queue="q"))
+    earlier = as_planned(p)
+    new_route = set(return_route(p.names))
+    assert earlier.exchanges is not None
+    assert earlier.bindings is not None
+    old = Binding("q.return", "q")
+    held = Held(
+        queues=earlier.queues,
+        exchanges={k: v for k, v in earlier.exchanges.items() if k != "q.return.queue"},
+        bindings=[*(b for b in earlier.bindings if b not in new_route), old],
+    )
+    steps = diff(p, held)
+    hop = next(x for x in p.exchanges if x.name == "q.return.queue")
+    assert steps == [
+        DeclareExchange(hop),
+        Bind(Binding("q.return.queue", "q")),
+        Bind(Binding("q.return", "q.return.queue", to_exchange=True)),
+        Unbind(old),
+    ]
 
 
 def test_a_broker_that_holds_the_plan_needs_nothing() -> None:
@@ -554,7 +597,10 @@ LATER = "*." * 25 + "later"  # another ricochet queue's binding on the shared re
                 )
             ],
         ),
-        (held(P, unbound=(Binding("q.return", "q"),)), [Bind(Binding("q.return", "q"))]),
+        (
+            held(P, unbound=(Binding("q.return.queue", "q"),)),
+            [Bind(Binding("q.return.queue", "q"))],
+        ),
         # An earlier budget of 3: its safety net and tier 3, with the binding that feeds it.
         (
             held(

@@ -25,6 +25,7 @@ from ricochet.broker.plan import (
     Plan,
     QueueSpec,
     SharedPlan,
+    return_route,
     stale_bindings,
     stale_lanes,
     stale_tiers,
@@ -338,10 +339,14 @@ def diff_own(p: Plan, held: Held) -> list[Step]:
         for spec in (tier, *p.lanes_of(k))
     ]
     # Stale bindings go before new ones: a key with no binding falls through to tier 1, while
-    # a key bound twice for a moment would copy the job. The first-tier exchange is the
+    # a key bound twice for a moment would copy the job. The first-tier exchange is an
     # exception: with no binding it drops the dead-letter, so its new route goes first (a
-    # dead-letter in that instant may go both ways: a retried job alerted as failed).
+    # dead-letter in that instant may go both ways: a retried job alerted as failed). The
+    # return route is the other: with no binding it would drop a job back from a tier, while
+    # bound both ways for a moment it takes the job to Q once (the broker routes a message to a
+    # queue once, however many routes lead there).
     first = [b for b in p.bindings if b.source == n.first_tier_exchange]
+    first += return_route(n)
     return [
         *_exchanges(p.exchanges, held),
         *_queues([DeclareQueue(spec) for spec in p.queues], held),

@@ -42,6 +42,8 @@ SCHEDULES_SEGMENT_BYTES = 1_000_000
 RETRIES_MAX_AGE = "2D"
 RETRIES_MAX_BYTES = 1_000_000_000
 RETRIES_SEGMENT_BYTES = 10_000_000
+# Where an exchange that routes a due job to its queue sends it when the queue is gone.
+ORPHANED = {"alternate-exchange": SHARED.orphans}
 
 
 # The settings plan() reads: recorded in the broker by a declaration (broker/record.py), so
@@ -213,7 +215,7 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         for i, lane_delay in enumerate(lane_delays_ms(delay, jitter), start=1)
     ]
     bindings = [
-        Binding(n.return_exchange, n.queue),
+        *return_route(n),
         Binding(n.failed, n.failed),
         Binding(n.failed, n.events),
         Binding(n.dlx, n.failed, n.attempt_key(r), to_exchange=True),
@@ -233,6 +235,7 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
             ),
             Exchange(n.first_tier_exchange, fanout, {}),
             Exchange(n.return_exchange, fanout, {}),
+            Exchange(n.return_to_queue, fanout, ORPHANED),
             Exchange(n.failed, fanout, {}),
             *(Exchange(n.lanes(k), RANDOM_EXCHANGE, {}) for k in range(1, r + 1) if jitter > 0),
         ],
@@ -309,7 +312,7 @@ def shared_plan(broker_version: tuple[int, ...] | None) -> SharedPlan:
         ),
         exchanges=[
             *(Exchange(SHARED.delay(k), topic, {}) for k in range(DELAY_LEVELS)),
-            Exchange(SHARED.return_exchange, topic, {"alternate-exchange": SHARED.orphans}),
+            Exchange(SHARED.return_exchange, topic, ORPHANED),
             Exchange(SHARED.orphans, aio_pika.ExchangeType.FANOUT.value, {}),
         ],
         bindings=[*delay_bindings(SHARED), Binding(SHARED.orphans, SHARED.orphans)],
@@ -349,6 +352,25 @@ def delay_bindings(n: Levels) -> list[Binding]:
     ]
 
 
+def return_route(n: Names) -> list[Binding]:
+    """A job back from a tier (or an earlier version's per-queue levels) goes through Q.return,
+    which the tiers name and which has no alternate, to Q through an exchange whose alternate
+    is the orphans: with Q deleted, the job is orphaned rather than dropped by a classic tier or
+    held for ever by a quorum tier's at-least-once dead-lettering. In the order they are bound:
+    while an earlier version's Q.return -> Q is still there, the hop bound to Q first, so that
+    no job goes both to Q and, through a hop bound to nothing, to the orphans."""
+    return [
+        Binding(n.return_to_queue, n.queue),
+        Binding(n.return_exchange, n.return_to_queue, to_exchange=True),
+    ]
+
+
+def earlier_return(n: Names) -> Binding:
+    """The route back from the tiers of earlier versions: the return exchange bound to Q itself,
+    with no way to the orphans (return_route replaces it)."""
+    return Binding(n.return_exchange, n.queue)
+
+
 def tier_source(n: Names, k: int, *, jittered: bool) -> Binding:
     """The binding that routes tier k's jobs: a fresh job's dead-letter through the first-tier
     exchange, one back from tier k-1 by its key; into the tier's queue, or its lanes."""
@@ -384,6 +406,7 @@ def stale_bindings(p: Plan) -> list[Binding]:
     )
     if p.jittered:  # the tiers' queues are fed through their lanes' exchanges now
         stale.extend(tier_source(n, k, jittered=False) for k in range(1, r + 1))
+    stale.append(earlier_return(n))
     # The hold goes first, right after the first-tier route is back (declare's order).
     return [hold_binding(n), *stale]
 

@@ -39,8 +39,9 @@ from ricochet.broker.plan import (
     Plan,
     QueueSpec,
     delivery_limit_policy_command,
+    earlier_return,
 )
-from ricochet.names import SHARED, SHARED_PREFIX
+from ricochet.names import SHARED, SHARED_PREFIX, Names
 from ricochet.ops.report import duration
 
 Status = Literal["ok", "warn", "fail"]
@@ -288,7 +289,12 @@ def unwanted_binding_check(steps: list[Step], state: BrokerState) -> Check:
     found = []
     for b in state.bindings:
         binding = _binding(b)
-        if binding in stale:
+        if binding in stale and binding == earlier_return(Names(binding.destination)):
+            found.append(
+                f"{_describe(binding)} (an earlier version's route back from the tiers, which "
+                "loses a deleted queue's retried jobs: `ricochet topology` replaces it)"
+            )
+        elif binding in stale:
             found.append(
                 f"{_describe(binding)} (left by an earlier RICOCHET_MAX_RETRIES: "
                 "`ricochet topology` removes it)"
