@@ -3,9 +3,11 @@
 import asyncio
 import datetime as dt
 import json
+import logging
+import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import click
@@ -55,7 +57,14 @@ from ricochet.ops.status import read_status
 from ricochet.ops.waiting import list_waiting, show_waiting
 from ricochet.processes.cpus import process_count
 from ricochet.processes.parent import run_processes
-from ricochet.settings import Settings, load_settings, queue_problem
+from ricochet.settings import (
+    ENV_PREFIX,
+    Settings,
+    allowed,
+    load_settings,
+    option_name,
+    queue_problem,
+)
 from ricochet.worker.worker import run_worker
 
 # A click command function, as its decorators take and give it.
@@ -72,19 +81,27 @@ def _datetime(text: str) -> dt.datetime:
         raise click.BadParameter(f"{text!r} is not an ISO-8601 date-time") from None
 
 
-def _settings(service: bool = False, queue: str | None = None) -> Settings:
-    """Settings (with the queue a command was given in place of RICOCHET_QUEUE), and logging
-    configured: services log to stdout, one-shot commands to stderr."""
+def _settings(
+    service: bool = False, queue: str | None = None, options: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings (with the queue a command was given in place of RICOCHET_QUEUE, and the options
+    in place of their variables), and logging configured: services log to stdout, one-shot
+    commands to stderr."""
     if queue is not None and (problem := queue_problem(queue)):
         click.echo(f"ricochet: --queue {queue!r} is invalid: {problem}", err=True)
         sys.exit(EXIT_CONFIG)
     try:
-        settings = load_settings()
+        settings = load_settings(options)
     except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
+    # A command says itself what went wrong: a library's error line (aiormq's, on a refused
+    # connection) would only repeat it.
     configure_logging(
-        settings.log_level, settings.log_format, sys.stdout if service else sys.stderr
+        settings.log_level,
+        settings.log_format,
+        sys.stdout if service else sys.stderr,
+        logging.WARNING if service else logging.CRITICAL,
     )
     return settings if queue is None else settings.model_copy(update={"queue": queue})
 
@@ -126,9 +143,7 @@ def _run(main: Awaitable[Any]) -> Any:
 
 
 async def _with_connection(settings: Settings, role: str, fn: Callable[..., Awaitable[Any]]) -> Any:
-    connection = await connect(
-        settings.amqp_url, connection_name(role, settings.queue), settings.connect_timeout_s
-    )
+    connection = await connect(settings.amqp_url, connection_name(role, settings.queue), 0)
     try:
         return await fn(connection)
     finally:
@@ -173,15 +188,46 @@ def _take_copies(
 def main() -> None:
     """ricochet: background jobs from RabbitMQ, retried with backoff by the broker itself.
 
-    Settings come from RICOCHET_* environment variables (see docs/settings.md).
+    Settings come from RICOCHET_* environment variables: `ricochet settings` lists them.
     """
+    # RICOCHET_HANDLER names a module of the folder ricochet runs in, as uvicorn's, Celery's
+    # and Dramatiq's app do; a console script's path starts with its own folder instead. The
+    # worker's processes inherit the path.
+    if (here := os.getcwd()) not in sys.path:
+        sys.path.insert(0, here)
+
+
+# The settings a person types most, which `ricochet worker` takes as options too.
+WORKER_OPTIONS = {
+    "handler": "MODULE:ATTR",
+    "queues": "Q[=N],...",
+    "processes": "N|auto",
+    "prefetch": "N",
+    "log_level": "LEVEL",
+}
+
+
+def _setting_options(fn: Command) -> Command:
+    """An option per WORKER_OPTIONS setting, its help naming the variable it overrides and what
+    it allows (the words of settings.py)."""
+    for name, metavar in reversed(WORKER_OPTIONS.items()):
+        field = Settings.model_fields[name]
+        fn = click.option(
+            option_name(name),
+            name,
+            metavar=metavar,
+            help=f"Overrides {ENV_PREFIX}{name.upper()} ({allowed(field)}).",
+        )(fn)
+    return fn
 
 
 @main.command()
-def worker() -> None:
-    """Declare the topology, then consume the main queue and run the handler (in
-    RICOCHET_PROCESSES worker processes)."""
-    settings = _settings(service=True)
+@_setting_options
+def worker(**options: str | None) -> None:
+    """Declare the topology, then consume the main queue (or RICOCHET_QUEUES) and run the
+    handler (in RICOCHET_PROCESSES worker processes)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    settings = _settings(service=True, options=given)
     processes = process_count(settings.processes)
     if processes > 1:
         sys.exit(run_processes(settings, processes))
@@ -495,7 +541,7 @@ def publish(
         except ValueError as error:
             raise click.BadParameter(f"{RETRY_DELAYS}: {error}", param_hint="--header") from None
     settings = _settings(queue=queue)
-    client = Client(settings.amqp_url, settings.queue, connect_timeout_s=settings.connect_timeout_s)
+    client = Client(settings.amqp_url, settings.queue, connect_timeout_s=0)
 
     async def enqueue() -> str:
         try:

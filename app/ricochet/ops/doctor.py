@@ -4,14 +4,13 @@ import asyncio
 import re
 from urllib.parse import quote, unquote, urlsplit
 
-import structlog
-
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.diff import diff, exchange_names, queue_names
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.record import declared_settings
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
+from ricochet.log import get_logger
 from ricochet.names import SHARED_PREFIX
 from ricochet.ops.checks import (
     BrokerState,
@@ -36,9 +35,7 @@ from ricochet.ops.policies import policy_check
 from ricochet.ops.versions import STRANDING_FIXED, reported_version, version_check
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.doctor")
-# Reading the declared settings is a convenience: doctor does not wait long for it.
-RECORD_CONNECT_S = 5.0
+log = get_logger("ricochet.doctor")
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
 OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
@@ -161,9 +158,8 @@ async def settings_to_check(settings: Settings) -> Settings:
     if settings.model_fields_set & PLAN_FIELDS:
         return settings
     try:
-        connection = await connect(
-            settings.amqp_url, connection_name("doctor", settings.queue), RECORD_CONNECT_S
-        )
+        # A convenience: doctor asks the broker once for it.
+        connection = await connect(settings.amqp_url, connection_name("doctor", settings.queue), 0)
     except BrokerUnavailable as error:
         log.warning("declared settings unknown, checking against the defaults", error=str(error))
         return settings
