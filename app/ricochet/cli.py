@@ -33,6 +33,7 @@ from ricochet.observe.metrics import Metrics
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
 from ricochet.ops.queues import held_queues
+from ricochet.ops.reference import setting_rows, settings_text
 from ricochet.ops.replay import replay as replay_failed
 from ricochet.ops.report import (
     QueueStatus,
@@ -237,6 +238,18 @@ def worker(**options: str | None) -> None:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     _run(run_worker(settings, invoker, Metrics(*settings.queue_names)))
+
+
+@main.command("settings")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def settings_reference(as_json: bool) -> None:
+    """Every setting: its variable, default, what it allows and what it means (read from the
+    environment, or from the file RICOCHET_ENV_FILE names; the environment wins)."""
+    rows = setting_rows()
+    if as_json:
+        click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
+    else:
+        click.echo(settings_text(rows))
 
 
 @main.command()
