@@ -30,6 +30,7 @@ from ricochet.log import configure_logging
 from ricochet.monitor.monitor import run_monitor
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
+from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
 from ricochet.ops.queues import held_queues
@@ -500,11 +501,13 @@ def doctor(queue: str | None, all_queues: bool, as_json: bool) -> None:
     """Check the broker's queues, exchanges, bindings and policies against the settings (with
     --all, for every ricochet queue; a finding the queues share, once).
 
-    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Exit 1 when a check fails.
+    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Failures first, then
+    warnings, then what passes. Exit 1 when a check fails.
     """
     checks = []
     for settings in _each_queue(_settings(queue=queue), all_queues):
         checks += [c for c in _run(run_doctor(settings)) if c not in checks]
+    checks = worst_first(checks)
     ok = all(c.status != "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": [c.as_dict() for c in checks]}, indent=2))

@@ -22,6 +22,7 @@ from ricochet.ops.checks import (
     failed_check,
     held_of,
     holding_dead_letters,
+    levels_as_one,
     monitor_check,
     open_files_check,
     orphans_check,
@@ -128,15 +129,19 @@ async def _dead_letters_again(
 
 
 def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
-    """Every check, in the order an operator reads them, against the plan for the broker's
-    version (pure)."""
+    """Every check, in the order an operator reads them (the delays' levels as one row),
+    against the plan for the broker's version (pure)."""
     version = reported_version(state.overview)
     p = plan(settings, version)
     steps = diff(p, held_of(state))
     return [
         version_check(state.overview, settings.queue_type),
-        *exchange_checks(p, steps, state),
-        *queue_checks(p, steps, settings.queue_type, state),
+        *levels_as_one(
+            [
+                *exchange_checks(p, steps, state),
+                *queue_checks(p, steps, settings.queue_type, state),
+            ]
+        ),
         binding_check(p, steps),
         unwanted_binding_check(steps, state),
         stale_tier_check(p, steps),
