@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker.plan import PLAN_FIELDS
 from ricochet.names import Names
 
 from tests.support import (
@@ -189,6 +190,42 @@ def test_a_command_says_in_one_line_that_the_broker_does_not_answer(
     assert len(lines) == 1, lines
     assert lines[0].startswith("ricochet: broker amqp://guest:***@127.0.0.1:1/ does not answer")
     assert took_s < 10
+
+
+async def test_doctor_says_in_one_line_that_the_broker_does_not_answer(
+    connection: AbstractConnection, queue_name: str, tmp_path: Path
+) -> None:
+    """doctor against a broker that answers neither AMQP nor HTTP: one line within 10 s, exit 2
+    (SPEC 13); with the API answering but not AMQP, a warning among its findings instead."""
+    # No retry setting given: doctor reads the declared ones over AMQP, which does not answer.
+    given_plan = {f"RICOCHET_{name.upper()}" for name in PLAN_FIELDS}
+    down = make_settings(queue_name, amqp_url=CLOSED_PORT_URL)
+    env = {k: v for k, v in _user_env(ricochet_env(down)).items() if k not in given_plan}
+
+    def doctor(*args: str, **extra: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(
+            [str(RICOCHET), "doctor", *args],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    started = time.monotonic()
+    result = await asyncio.to_thread(doctor, RICOCHET_MANAGEMENT_URL="http://127.0.0.1:1/")
+    assert result.returncode == 2, result
+    lines = (result.stdout + result.stderr).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ricochet: the management API at http://127.0.0.1:1/api/ is")
+    assert time.monotonic() - started < 10
+    half = await asyncio.to_thread(doctor, "--json")
+    assert half.stderr == ""
+    [found] = [c for c in json.loads(half.stdout)["checks"] if c["check"] == "declared settings"]
+    assert found["status"] == "warn"
+    assert "does not answer" in found["detail"]
+    assert not await exists(connection, queue_name)
 
 
 SCRIPT = """

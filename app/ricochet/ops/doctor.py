@@ -156,27 +156,34 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     ]
 
 
-async def settings_to_check(settings: Settings) -> Settings:
+# The finding of a doctor that could not read the declared settings (broker/record.py).
+SETTINGS_CHECK = "declared settings"
+
+
+async def settings_to_check(settings: Settings) -> tuple[Settings, Check | None]:
     """The settings to check the broker against: those given, or, when no retry setting was
-    given, those the topology was declared with (broker/record.py), read over AMQP; a broker
-    that cannot be reached that way leaves the settings as they are."""
+    given, those the topology was declared with (broker/record.py), read over AMQP. A broker
+    that cannot be reached that way leaves the settings as they are, with a warning to report
+    (not a log line: when the broker does not answer at all, the API's error says it once)."""
     if settings.model_fields_set & PLAN_FIELDS:
-        return settings
+        return settings, None
     try:
         # A convenience: doctor asks the broker once for it.
         connection = await connect(settings.amqp_url, connection_name("doctor", settings.queue), 0)
     except BrokerUnavailable as error:
-        log.warning("declared settings unknown, checking against the defaults", error=str(error))
-        return settings
+        unknown = Check(
+            SETTINGS_CHECK, "warn", f"unknown: {error}; checked against the defaults instead"
+        )
+        return settings, unknown
     try:
-        return await declared_settings(connection, settings)
+        return await declared_settings(connection, settings), None
     finally:
         await close_quietly(connection)
 
 
 async def run_doctor(settings: Settings) -> list[Check]:
     """Read the broker (GETs only) and check it; ManagementUnavailable when the API cannot be."""
-    settings = await settings_to_check(settings)
+    settings, unknown = await settings_to_check(settings)
     # The names to read do not depend on the broker's version; the arguments to expect do.
     state = await read_state(settings.management_url, settings.amqp_url, plan(settings))
-    return diagnose(settings, state)
+    return [*([unknown] if unknown else []), *diagnose(settings, state)]
