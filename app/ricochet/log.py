@@ -178,7 +178,13 @@ class _Logger:
         )
 
     def __getattr__(self, method: str) -> Any:
-        return getattr(self._structlog if structlog.is_configured() else self._library, method)
+        if not structlog.is_configured():
+            return getattr(self._library, method)
+        found = getattr(self._structlog, method)
+        if structlog.get_config()["cache_logger_on_first_use"]:
+            # As structlog's own logger does once used: its later lines skip this lookup.
+            setattr(self, method, found)
+        return found
 
 
 def get_logger(name: str) -> Any:
