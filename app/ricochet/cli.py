@@ -3,9 +3,11 @@
 import asyncio
 import datetime as dt
 import json
+import logging
+import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import click
@@ -28,9 +30,11 @@ from ricochet.log import configure_logging
 from ricochet.monitor.monitor import run_monitor
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
+from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
 from ricochet.ops.queues import held_queues
+from ricochet.ops.reference import setting_rows, settings_text
 from ricochet.ops.replay import replay as replay_failed
 from ricochet.ops.report import (
     QueueStatus,
@@ -55,7 +59,14 @@ from ricochet.ops.status import read_status
 from ricochet.ops.waiting import list_waiting, show_waiting
 from ricochet.processes.cpus import process_count
 from ricochet.processes.parent import run_processes
-from ricochet.settings import Settings, load_settings, queue_problem
+from ricochet.settings import (
+    ENV_PREFIX,
+    Settings,
+    allowed,
+    load_settings,
+    option_name,
+    queue_problem,
+)
 from ricochet.worker.worker import run_worker
 
 # A click command function, as its decorators take and give it.
@@ -72,19 +83,27 @@ def _datetime(text: str) -> dt.datetime:
         raise click.BadParameter(f"{text!r} is not an ISO-8601 date-time") from None
 
 
-def _settings(service: bool = False, queue: str | None = None) -> Settings:
-    """Settings (with the queue a command was given in place of RICOCHET_QUEUE), and logging
-    configured: services log to stdout, one-shot commands to stderr."""
+def _settings(
+    service: bool = False, queue: str | None = None, options: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings (with the queue a command was given in place of RICOCHET_QUEUE, and the options
+    in place of their variables), and logging configured: services log to stdout, one-shot
+    commands to stderr."""
     if queue is not None and (problem := queue_problem(queue)):
         click.echo(f"ricochet: --queue {queue!r} is invalid: {problem}", err=True)
         sys.exit(EXIT_CONFIG)
     try:
-        settings = load_settings()
+        settings = load_settings(options)
     except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
+    # A command says itself what went wrong: a library's error line (aiormq's, on a refused
+    # connection) would only repeat it.
     configure_logging(
-        settings.log_level, settings.log_format, sys.stdout if service else sys.stderr
+        settings.log_level,
+        settings.log_format,
+        sys.stdout if service else sys.stderr,
+        logging.WARNING if service else logging.CRITICAL,
     )
     return settings if queue is None else settings.model_copy(update={"queue": queue})
 
@@ -126,9 +145,7 @@ def _run(main: Awaitable[Any]) -> Any:
 
 
 async def _with_connection(settings: Settings, role: str, fn: Callable[..., Awaitable[Any]]) -> Any:
-    connection = await connect(
-        settings.amqp_url, connection_name(role, settings.queue), settings.connect_timeout_s
-    )
+    connection = await connect(settings.amqp_url, connection_name(role, settings.queue), 0)
     try:
         return await fn(connection)
     finally:
@@ -173,15 +190,46 @@ def _take_copies(
 def main() -> None:
     """ricochet: background jobs from RabbitMQ, retried with backoff by the broker itself.
 
-    Settings come from RICOCHET_* environment variables (see docs/settings.md).
+    Settings come from RICOCHET_* environment variables: `ricochet settings` lists them.
     """
+    # RICOCHET_HANDLER names a module of the folder ricochet runs in, as uvicorn's, Celery's
+    # and Dramatiq's app do; a console script's path starts with its own folder instead. The
+    # worker's processes inherit the path.
+    if (here := os.getcwd()) not in sys.path:
+        sys.path.insert(0, here)
+
+
+# The settings a person types most, which `ricochet worker` takes as options too.
+WORKER_OPTIONS = {
+    "handler": "MODULE:ATTR",
+    "queues": "Q[=N],...",
+    "processes": "N|auto",
+    "prefetch": "N",
+    "log_level": "LEVEL",
+}
+
+
+def _setting_options(fn: Command) -> Command:
+    """An option per WORKER_OPTIONS setting, its help naming the variable it overrides and what
+    it allows (the words of settings.py)."""
+    for name, metavar in reversed(WORKER_OPTIONS.items()):
+        field = Settings.model_fields[name]
+        fn = click.option(
+            option_name(name),
+            name,
+            metavar=metavar,
+            help=f"Overrides {ENV_PREFIX}{name.upper()} ({allowed(field)}).",
+        )(fn)
+    return fn
 
 
 @main.command()
-def worker() -> None:
-    """Declare the topology, then consume the main queue and run the handler (in
-    RICOCHET_PROCESSES worker processes)."""
-    settings = _settings(service=True)
+@_setting_options
+def worker(**options: str | None) -> None:
+    """Declare the topology, then consume the main queue (or RICOCHET_QUEUES) and run the
+    handler (in RICOCHET_PROCESSES worker processes)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    settings = _settings(service=True, options=given)
     processes = process_count(settings.processes)
     if processes > 1:
         sys.exit(run_processes(settings, processes))
@@ -191,6 +239,18 @@ def worker() -> None:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     _run(run_worker(settings, invoker, Metrics(*settings.queue_names)))
+
+
+@main.command("settings")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def settings_reference(as_json: bool) -> None:
+    """Every setting: its variable, default, what it allows and what it means (read from the
+    environment, or from the file RICOCHET_ENV_FILE names; the environment wins)."""
+    rows = setting_rows()
+    if as_json:
+        click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
+    else:
+        click.echo(settings_text(rows))
 
 
 @main.command()
@@ -441,11 +501,13 @@ def doctor(queue: str | None, all_queues: bool, as_json: bool) -> None:
     """Check the broker's queues, exchanges, bindings and policies against the settings (with
     --all, for every ricochet queue; a finding the queues share, once).
 
-    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Exit 1 when a check fails.
+    Read-only, through the management API (RICOCHET_MANAGEMENT_URL). Failures first, then
+    warnings, then what passes. Exit 1 when a check fails.
     """
     checks = []
     for settings in _each_queue(_settings(queue=queue), all_queues):
         checks += [c for c in _run(run_doctor(settings)) if c not in checks]
+    checks = worst_first(checks)
     ok = all(c.status != "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": [c.as_dict() for c in checks]}, indent=2))
@@ -495,7 +557,7 @@ def publish(
         except ValueError as error:
             raise click.BadParameter(f"{RETRY_DELAYS}: {error}", param_hint="--header") from None
     settings = _settings(queue=queue)
-    client = Client(settings.amqp_url, settings.queue, connect_timeout_s=settings.connect_timeout_s)
+    client = Client(settings.amqp_url, settings.queue, connect_timeout_s=0)
 
     async def enqueue() -> str:
         try:

@@ -157,8 +157,51 @@ class _LineWriter:
     fatal = failure = err = error = critical = exception = msg
 
 
-def configure_logging(level: str, fmt: str, stream: TextIO = sys.stdout) -> None:
-    """Configure structlog, and the stdlib loggers of libraries, to write one line per event."""
+class _Logger:
+    """A ricochet module's logger. Once logging is configured (by ricochet, run as a command;
+    or by the application, with structlog), structlog's; until then, as a library in an
+    application's process, the standard library's logger of the same name: it writes only
+    where the application's logging does, and nothing when it configured none."""
+
+    def __init__(self, name: str) -> None:
+        self._structlog = structlog.get_logger(name)
+        self._library = structlog.wrap_logger(
+            logging.getLogger(name),
+            processors=[
+                structlog.stdlib.filter_by_level,
+                merge_job_fields,
+                structlog.processors.format_exc_info,
+                _redact_values,
+                structlog.processors.KeyValueRenderer(key_order=["event"]),
+            ],
+            wrapper_class=structlog.stdlib.BoundLogger,
+        )
+
+    def __getattr__(self, method: str) -> Any:
+        if not structlog.is_configured():
+            return getattr(self._library, method)
+        found = getattr(self._structlog, method)
+        if structlog.get_config()["cache_logger_on_first_use"]:
+            # As structlog's own logger does once used: its later lines skip this lookup.
+            setattr(self, method, found)
+        return found
+
+
+def get_logger(name: str) -> Any:
+    """The logger of a ricochet module (every one takes its logger here)."""
+    return _Logger(name)
+
+
+# As a library ricochet writes nothing unless the application configured logging: without a
+# handler of its own, the standard library would print its warnings to stderr.
+logging.getLogger("ricochet").addHandler(logging.NullHandler())
+
+
+def configure_logging(
+    level: str, fmt: str, stream: TextIO = sys.stdout, libraries_level: int = logging.WARNING
+) -> None:
+    """Configure structlog, and the stdlib loggers of libraries (from libraries_level up), to
+    write one line per event."""
     # structlog's JSONRenderer writes a value JSON has no type for as its repr.
     renderer: Processor = (
         structlog.processors.JSONRenderer(serializer=_orjson_text)
@@ -194,4 +237,4 @@ def configure_logging(level: str, fmt: str, stream: TextIO = sys.stdout) -> None
     )
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel(max(logging.getLevelName(level), logging.WARNING))
+    root.setLevel(max(logging.getLevelName(level), libraries_level))

@@ -4,7 +4,7 @@ import difflib
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -305,7 +305,8 @@ class Settings(ClientSettings):
         60.0,
         gt=0,
         allow_inf_nan=False,
-        description="how long a starting process waits for the broker before exit 1",
+        description="how long a starting `worker` or `monitor` waits for the broker before "
+        "exit 1 (the other commands ask once, and say within 10 s that it does not answer)",
     )
     log_level: Annotated[LogLevel, BeforeValidator(lambda v: str(v).upper())] = Field(
         "INFO", description="the lowest level of the log lines written"
@@ -468,13 +469,24 @@ def allowed(field: FieldInfo) -> str:
     return f"> {gt}"
 
 
-def _describe(error: ValidationError, model: type[ClientSettings] = Settings) -> str:
-    """One line naming the variable, the value and the allowed range."""
+def option_name(name: str) -> str:
+    """The command-line option that sets a setting (`ricochet worker --prefetch`)."""
+    return "--" + name.replace("_", "-")
+
+
+def _describe(
+    error: ValidationError,
+    model: type[ClientSettings] = Settings,
+    options: Collection[str] = (),
+) -> str:
+    """One line naming the variable (or the option, for a setting among options), the value and
+    the allowed range."""
     first = error.errors()[0]
     if first["type"] == "conflict":
         return str(first["msg"])
     if first["type"] == "queues":
-        return f"{ENV_PREFIX}QUEUES is invalid: {first['msg']}"
+        source = option_name("queues") if "queues" in options else f"{ENV_PREFIX}QUEUES"
+        return f"{source} is invalid: {first['msg']}"
     if first["type"] == "extra_forbidden":
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
     # The cross-field check has no location: it is about the cap on the delays.
@@ -488,6 +500,8 @@ def _describe(error: ValidationError, model: type[ClientSettings] = Settings) ->
     if first["type"] == "finite_number":
         allowed_text = f"a finite number, {allowed_text}"
     shown = _shown(name, str(value))
+    if name in options:
+        return f"{option_name(name)} {shown!r} is invalid: allowed {allowed_text}"
     return f"{ENV_PREFIX}{name.upper()}={shown!r} is invalid: allowed {allowed_text}"
 
 
@@ -524,16 +538,18 @@ def _env_file() -> str | None:
     return env_file or None
 
 
-def load_settings() -> Settings:
-    """Build the settings from the environment (and RICOCHET_ENV_FILE), or raise ConfigError."""
+def load_settings(options: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from the environment (and RICOCHET_ENV_FILE), each of options (by
+    setting name, as a command line gave them) overriding its variable; or raise ConfigError."""
     unknown = _unknown_variable(os.environ)
     if unknown:
         raise ConfigError(unknown)
     env_file = _env_file()
+    given: dict[str, Any] = dict(options or {})
     try:
-        return Settings(_env_file=env_file)
+        return Settings(_env_file=env_file, **given)
     except ValidationError as error:
-        raise ConfigError(_describe(error)) from None
+        raise ConfigError(_describe(error, options=given)) from None
 
 
 def load_client_settings(amqp_url: str | None, queue: str | None) -> ClientSettings:

@@ -1,7 +1,8 @@
 """MkDocs hook: the settings reference, made from ricochet.settings.Settings as the site is built.
 
 Each row is a field's variable, its default, what it allows (the words an invalid value's error
-message uses) and its description, so the table cannot drift from the code.
+message uses) and its description, so the table cannot drift from the code. The rows are those
+`ricochet settings` prints (ricochet.ops.reference).
 """
 
 import re
@@ -9,8 +10,7 @@ import re
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import Files
 from mkdocs.structure.pages import Page
-from pydantic.fields import FieldInfo
-from ricochet.settings import ENV_PREFIX, Settings, allowed
+from ricochet.ops.reference import setting_rows
 
 PAGE = "settings.md"
 # The table takes the place of what stands between these lines in docs/settings.md.
@@ -32,26 +32,8 @@ def reference() -> str:
         "| variable | default | allowed | meaning |",
         "|---|---|---|---|",
     ]
-    for name, field in Settings.model_fields.items():
-        if not field.description:
-            raise ValueError(f"Settings.{name} has no description: its meaning in the docs")
-        cells = (f"`{ENV_PREFIX}{name.upper()}`", default(field), allowed(field), field.description)
+    for row in setting_rows():
+        default = "unset" if row.default is None else f"`{row.default}`"
+        cells = (f"`{row.variable}`", default, row.allowed, row.meaning)
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
-
-
-def default(field: FieldInfo) -> str:
-    """A field's default as a user would write it; unset when it has none."""
-    value = field.default
-    if value is None:
-        return "unset"
-    return f"`{written(value)}`"
-
-
-def written(value: object) -> str:
-    """A value as its variable would hold it: 300 for 300.0, a list comma-separated."""
-    if isinstance(value, tuple):
-        return ",".join(map(written, value))
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)

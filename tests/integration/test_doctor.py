@@ -47,6 +47,8 @@ def run_doctor(settings: Settings) -> tuple[int, Findings]:
     for check in report["checks"]:
         assert set(check) == {"check", "status", "detail"}
         assert check["status"] in ("ok", "warn", "fail")
+    statuses = [c["status"] for c in report["checks"]]
+    assert statuses == sorted(statuses, key=["fail", "warn", "ok"].index), "failures first"
     return result.returncode, {c["check"]: c for c in report["checks"]}
 
 

@@ -300,3 +300,18 @@ async def test_a_failed_scan_fails_every_view() -> None:
     views = [flights.join(("q", None), scan) for _ in range(3)]
     outcomes = await asyncio.gather(*views, return_exceptions=True)
     assert [str(o) for o in outcomes] == ["broker gone"] * 3
+
+
+@pytest.mark.parametrize("queues", [(), ("q", "other")])
+def test_the_top_bar_links_every_page(queues: tuple[str, ...]) -> None:
+    """Whichever page is open, its top bar leads to the failed jobs, the waiting jobs and the
+    recurring jobs (GET /schedules): a page no link reaches is a page nobody finds."""
+    bar = (
+        templates()
+        .get_template("error.html")
+        .render(queue="q", failed_queue="q.failed", queues=queues, writable=False, message="x")
+        .split("<header>")[1]
+        .split("</header>")[0]
+    )
+    for path in ("/failed", "/waiting", "/schedules"):
+        assert f'href="{path}' in bar, path

@@ -42,14 +42,6 @@ def test_every_setting_is_documented() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "shown"),
-    [(300.0, "300"), (2.5, "2.5"), (0.0, "0"), (("exhausted",), "exhausted"), ((1, 2), "1,2")],
-)
-def test_defaults_are_shown_as_a_variable_holds_them(value: object, shown: str) -> None:
-    assert hook("settings_reference").written(value) == shown
-
-
-@pytest.mark.parametrize(
     ("page", "link", "expected"),
     [
         # From docs/: other pages as they are, files outside docs/ at their place in the site.

@@ -15,10 +15,12 @@ from ricochet.broker.plan import plan
 from ricochet.ops.checks import (
     BrokerState,
     Check,
+    Status,
     dead_letters,
     holding_dead_letters,
     open_files_check,
     permission_check,
+    worst_first,
 )
 from ricochet.ops.doctor import diagnose
 from ricochet.ops.report import checks_table
@@ -365,3 +367,36 @@ def test_permissions_cover_the_queue_and_the_shared_objects(
     """The AMQP user must be allowed to declare, publish to and read the shared objects too."""
     found = permission_check(plan(Settings(queue="jobs")), state_with(26, permissions=permissions))
     assert found.status == status
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_shared_levels_are_one_row(version: str) -> None:
+    """The 25 delay levels (an exchange and a queue each) are one row saying how many there
+    are and that they are as declared, not 50 rows of ok."""
+    settings, state = recorded(f"healthy_{version}")
+    found = findings(settings, state)
+    assert not [name for name in found if "ricochet.delay." in name]
+    assert found["shared delay levels"] == Check(
+        "shared delay levels",
+        "ok",
+        "25 levels (ricochet.delay.0-24), each exchange and queue as the settings declare it",
+    )
+    assert len(found) < 30
+
+
+def test_a_level_not_as_declared_is_named_in_the_levels_row() -> None:
+    settings, state = recorded("healthy_4.3")
+    del state.queues["ricochet.delay.7"]
+    found = findings(settings, state)["shared delay levels"]
+    assert found.status == "fail"
+    parts = found.detail.split("; ")
+    assert parts[0].startswith("queue ricochet.delay.7: missing: ")
+    assert parts[-1] == (
+        "the other 24 of the 25 levels (ricochet.delay.0-24) are as the settings declare them"
+    )
+
+
+def test_failures_come_first_then_warnings_then_the_rest() -> None:
+    statuses: list[Status] = ["ok", "fail", "warn", "fail", "ok"]
+    checks = [Check(name, status, "") for name, status in zip("abcde", statuses, strict=True)]
+    assert [c.check for c in worst_first(checks)] == ["b", "d", "c", "a", "e"]

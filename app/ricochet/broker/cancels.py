@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
 
@@ -32,9 +31,10 @@ from ricochet.broker.cancel_log import (
 from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.headers import INCARNATION, RECORD_QUEUE, STREAM_OFFSET
+from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
 
-log = structlog.get_logger("ricochet.cancels")
+log = get_logger("ricochet.cancels")
 
 # A record's AMQP type: a cancel, a wait of a client's job, or a reader's marker (how it knows
 # it has read up to now).

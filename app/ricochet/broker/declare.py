@@ -6,7 +6,6 @@ import time
 from dataclasses import replace
 from typing import Any, assert_never
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
@@ -48,9 +47,10 @@ from ricochet.broker.plan import (
     tier_source,
 )
 from ricochet.errors import ConfigError, ManagementUnavailable
+from ricochet.log import get_logger
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.topology")
+log = get_logger("ricochet.topology")
 
 # A new queue's figures reach the API within two statistics intervals (5 s each by default).
 FIGURES_WAIT_S = 15

@@ -10,7 +10,6 @@ leave that job nowhere to go.
 from typing import Any
 from urllib.parse import quote
 
-import structlog
 from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
@@ -18,10 +17,11 @@ from ricochet.broker.connection import SHARED_WAITING, connection_name
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.errors import ManagementUnavailable
+from ricochet.log import get_logger
 from ricochet.names import DELAY_LEVELS, Names
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.topology")
+log = get_logger("ricochet.topology")
 
 LEVEL_FIGURES = "messages,messages_dlx"
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from aio_pika.exceptions import DeliveryError, PublishError
 from tenacity import RetryCallState, wait_exponential_jitter
@@ -21,8 +20,9 @@ from tenacity import RetryCallState, wait_exponential_jitter
 from ricochet.backoff import backoff
 from ricochet.broker.amqp import refusal
 from ricochet.errors import MissingQueue
+from ricochet.log import get_logger
 
-log = structlog.get_logger("ricochet.publish")
+log = get_logger("ricochet.publish")
 
 # First pause before publishing again a copy the broker did not confirm; it doubles up to 30 s.
 UNCONFIRMED_FIRST_WAIT_S = 0.5

@@ -30,7 +30,6 @@ from contextvars import Context
 from typing import NamedTuple
 
 import aio_pika
-import structlog
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -50,9 +49,10 @@ from ricochet.headers import (
     RECORD_TYPE,
     STREAM_OFFSET,
 )
+from ricochet.log import get_logger
 from ricochet.names import SHARED
 
-log = structlog.get_logger("ricochet.retries")
+log = get_logger("ricochet.retries")
 
 RETRIES = "retries"  # a batch of records
 RETRY = "retry"  # the one record of an earlier ricochet

@@ -7,16 +7,15 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
-
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import ConfigError, HandlerTimeout, JobCancelled, PermanentError, RetryLater
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Route, Router, is_async_callable
 from ricochet.handlers.threads import HandlerThreads
+from ricochet.log import get_logger
 from ricochet.schedules.schedule import Schedule
 
-log = structlog.get_logger("ricochet.handler")
+log = get_logger("ricochet.handler")
 
 
 def load_handler(ref: str) -> Router | Callable[[Job], Any]:

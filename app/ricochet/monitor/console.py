@@ -31,7 +31,6 @@ from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, quote
 
 import jinja2
-import structlog
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
@@ -43,6 +42,7 @@ from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
 from ricochet.errors import ConfigError, InvalidJob, RicochetError
 from ricochet.handlers.invoker import load_handler
 from ricochet.handlers.router import Router
+from ricochet.log import get_logger
 from ricochet.monitor.groups import Listing, listing, waiting_groups
 from ricochet.names import Names
 from ricochet.ops.failed_queue import CopyDetails, details_of, discard_failed
@@ -53,7 +53,7 @@ from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.waiting import list_waiting
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.console")
+log = get_logger("ricochet.console")
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import time
 
-import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -18,6 +17,7 @@ from ricochet.broker.declare import declare_failed_side
 from ricochet.broker.plan import EVENTS_MAX_LENGTH, Plan
 from ricochet.broker.record import declared_settings
 from ricochet.delivery.failed import read_failure
+from ricochet.log import get_logger
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
 from ricochet.monitor.console import Console
 from ricochet.monitor.relaunch import relaunch_every
@@ -35,7 +35,7 @@ from ricochet.ops.status import StatusReader
 from ricochet.service.process import Lifecycle, keep_connected, run_service
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.monitor")
+log = get_logger("ricochet.monitor")
 
 PREFETCH = 100
 TICK_S = 0.5  # how often held-back alerts are looked at; the depth is read every interval

@@ -11,17 +11,17 @@ with its message_id, type and reason) and counted (ricochet_relaunched_total).
 import asyncio
 import contextlib
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.errors import RicochetError
+from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Selection
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.monitor")
+log = get_logger("ricochet.monitor")
 
 
 def relaunch_selection(settings: Settings) -> Selection:

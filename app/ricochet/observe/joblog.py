@@ -4,8 +4,6 @@ fields (message_id, type, attempt) are bound to the context it runs in already."
 from collections.abc import Sequence
 from typing import assert_never
 
-import structlog
-
 from ricochet.broker.plan import QueueSpec
 from ricochet.delivery.events import Settled
 from ricochet.delivery.retry import (
@@ -19,8 +17,9 @@ from ricochet.delivery.retry import (
     Sanitize,
 )
 from ricochet.errors import RetryLater
+from ricochet.log import get_logger
 
-log = structlog.get_logger("ricochet.jobs")
+log = get_logger("ricochet.jobs")
 
 
 class JobLog:

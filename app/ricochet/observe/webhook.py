@@ -11,15 +11,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import structlog
 from tenacity import RetryCallState, stop_after_attempt, wait_exponential_jitter
 
 from ricochet.backoff import backoff
-from ricochet.log import url_host
+from ricochet.log import get_logger, url_host
 from ricochet.observe.alerts import JOB_FAILED
 from ricochet.observe.metrics import Metrics
 
-log = structlog.get_logger("ricochet.webhook")
+log = get_logger("ricochet.webhook")
 
 QUEUE_SIZE = 1000
 ATTEMPTS = 5

@@ -41,7 +41,7 @@ from ricochet.broker.plan import (
     delivery_limit_policy_command,
     earlier_return,
 )
-from ricochet.names import SHARED, SHARED_PREFIX, Names
+from ricochet.names import DELAY_LEVELS, SHARED, SHARED_PREFIX, Names
 from ricochet.ops.report import duration
 
 Status = Literal["ok", "warn", "fail"]
@@ -93,6 +93,53 @@ def worst(statuses: Iterable[Status]) -> Status:
     """fail over warn over ok."""
     found = set(statuses)
     return "fail" if "fail" in found else "warn" if "warn" in found else "ok"
+
+
+# The order doctor prints its findings in: what fails first, then what warns, then the rest.
+SEVERITY: tuple[Status, ...] = ("fail", "warn", "ok")
+
+
+def worst_first(checks: Iterable[Check]) -> list[Check]:
+    """The findings, failures first, then warnings, then the ones that pass, each in the order
+    given (pure)."""
+    return sorted(checks, key=lambda c: SEVERITY.index(c.status))
+
+
+# The one row of the delays' levels: an exchange and a queue each, checked one by one.
+LEVELS_CHECK = "shared delay levels"
+_LEVELS = frozenset(SHARED.delay(k) for k in range(DELAY_LEVELS))
+
+
+def _object_name(check: Check) -> str:
+    """The queue or exchange a row of queue_checks or exchange_checks is about."""
+    return check.check.rpartition(" ")[2]
+
+
+def levels_as_one(checks: list[Check]) -> list[Check]:
+    """The rows of the delays' levels as one, where the first of them stood: how many levels
+    there are, and that they are as declared, or each row that is not (pure)."""
+    rows = [c for c in checks if _object_name(c) in _LEVELS]
+    if not rows:
+        return checks
+    levels = list(dict.fromkeys(_object_name(c) for c in rows))
+    span = f"{levels[0]}-{levels[-1].rpartition('.')[2]}"
+    astray = [c for c in rows if c.status != "ok"]
+    if astray:
+        fine = len(levels) - len({_object_name(c) for c in astray})
+        detail = "; ".join(
+            [
+                *(f"{c.check}: {c.detail}" for c in astray),
+                f"the other {fine} of the {len(levels)} levels ({span}) are as the settings "
+                "declare them",
+            ]
+        )
+    else:
+        detail = (
+            f"{len(levels)} levels ({span}), each exchange and queue as the settings declare it"
+        )
+    at = checks.index(rows[0])
+    rest = [c for c in checks if c not in rows]
+    return [*rest[:at], Check(LEVELS_CHECK, worst(c.status for c in rows), detail), *rest[at:]]
 
 
 def count(queue: JSON | None, field: str) -> int | None:

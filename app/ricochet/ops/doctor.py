@@ -4,14 +4,13 @@ import asyncio
 import re
 from urllib.parse import quote, unquote, urlsplit
 
-import structlog
-
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.diff import diff, exchange_names, queue_names
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.record import declared_settings
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
+from ricochet.log import get_logger
 from ricochet.names import SHARED_PREFIX
 from ricochet.ops.checks import (
     BrokerState,
@@ -23,6 +22,7 @@ from ricochet.ops.checks import (
     failed_check,
     held_of,
     holding_dead_letters,
+    levels_as_one,
     monitor_check,
     open_files_check,
     orphans_check,
@@ -36,9 +36,7 @@ from ricochet.ops.policies import policy_check
 from ricochet.ops.versions import STRANDING_FIXED, reported_version, version_check
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.doctor")
-# Reading the declared settings is a convenience: doctor does not wait long for it.
-RECORD_CONNECT_S = 5.0
+log = get_logger("ricochet.doctor")
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
 OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
@@ -131,15 +129,19 @@ async def _dead_letters_again(
 
 
 def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
-    """Every check, in the order an operator reads them, against the plan for the broker's
-    version (pure)."""
+    """Every check, in the order an operator reads them (the delays' levels as one row),
+    against the plan for the broker's version (pure)."""
     version = reported_version(state.overview)
     p = plan(settings, version)
     steps = diff(p, held_of(state))
     return [
         version_check(state.overview, settings.queue_type),
-        *exchange_checks(p, steps, state),
-        *queue_checks(p, steps, settings.queue_type, state),
+        *levels_as_one(
+            [
+                *exchange_checks(p, steps, state),
+                *queue_checks(p, steps, settings.queue_type, state),
+            ]
+        ),
         binding_check(p, steps),
         unwanted_binding_check(steps, state),
         stale_tier_check(p, steps),
@@ -154,28 +156,34 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     ]
 
 
-async def settings_to_check(settings: Settings) -> Settings:
+# The finding of a doctor that could not read the declared settings (broker/record.py).
+SETTINGS_CHECK = "declared settings"
+
+
+async def settings_to_check(settings: Settings) -> tuple[Settings, Check | None]:
     """The settings to check the broker against: those given, or, when no retry setting was
-    given, those the topology was declared with (broker/record.py), read over AMQP; a broker
-    that cannot be reached that way leaves the settings as they are."""
+    given, those the topology was declared with (broker/record.py), read over AMQP. A broker
+    that cannot be reached that way leaves the settings as they are, with a warning to report
+    (not a log line: when the broker does not answer at all, the API's error says it once)."""
     if settings.model_fields_set & PLAN_FIELDS:
-        return settings
+        return settings, None
     try:
-        connection = await connect(
-            settings.amqp_url, connection_name("doctor", settings.queue), RECORD_CONNECT_S
-        )
+        # A convenience: doctor asks the broker once for it.
+        connection = await connect(settings.amqp_url, connection_name("doctor", settings.queue), 0)
     except BrokerUnavailable as error:
-        log.warning("declared settings unknown, checking against the defaults", error=str(error))
-        return settings
+        unknown = Check(
+            SETTINGS_CHECK, "warn", f"unknown: {error}; checked against the defaults instead"
+        )
+        return settings, unknown
     try:
-        return await declared_settings(connection, settings)
+        return await declared_settings(connection, settings), None
     finally:
         await close_quietly(connection)
 
 
 async def run_doctor(settings: Settings) -> list[Check]:
     """Read the broker (GETs only) and check it; ManagementUnavailable when the API cannot be."""
-    settings = await settings_to_check(settings)
+    settings, unknown = await settings_to_check(settings)
     # The names to read do not depend on the broker's version; the arguments to expect do.
     state = await read_state(settings.management_url, settings.amqp_url, plan(settings))
-    return diagnose(settings, state)
+    return [*([unknown] if unknown else []), *diagnose(settings, state)]

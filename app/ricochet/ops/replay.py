@@ -13,18 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.delivery.failed import copied_headers, copy_of, properties_of
 from ricochet.delivery.retry import is_int
 from ricochet.headers import DELIVERY_COUNTS, FAILURE_HEADERS, INCARNATION, REPLAY_COUNT
+from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.ops.scan import Copy, Removal, select
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.tracing import inject_current
 
-log = structlog.get_logger("ricochet.replay")
+log = get_logger("ricochet.replay")
 
 # The largest integer an AMQP header carries (a signed 64-bit one): a replay-count there stays.
 COUNT_MAX = 2**63 - 1

@@ -40,7 +40,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aio_pika
-import structlog
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -60,12 +59,13 @@ from ricochet.delivery.failed import FailureInfo, read_failure
 from ricochet.delivery.retry import is_int
 from ricochet.errors import ManagementUnavailable, MissingQueue, RicochetError
 from ricochet.headers import DELIVERY_COUNT
+from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.ops.limits import DeliveryLimit, delivery_limit
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.service.process import stop_signals
 
-log = structlog.get_logger("ricochet.scan")
+log = get_logger("ricochet.scan")
 
 # Copies taken per transaction at most; a batch is also committed when no copy came for
 # COMMIT_IDLE_S, so that what a slow scan took becomes final soon.

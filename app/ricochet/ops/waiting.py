@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import broker_version
@@ -46,6 +45,7 @@ from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan, delivery_limit_policy_command, plan
 from ricochet.broker.record import declared_settings
 from ricochet.broker.retries import Retried, read_retries
+from ricochet.log import get_logger
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import printable
 from ricochet.ops.hand_back import nacks, spans
@@ -69,7 +69,7 @@ from ricochet.ops.waits import (
 )
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.waiting")
+log = get_logger("ricochet.waiting")
 
 # A held message goes back this long after it leaves its queue (its time is the worker's record,
 # taken a moment before the broker took the job; clocks a little apart): the broker sends it on.

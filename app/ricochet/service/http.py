@@ -4,13 +4,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
-import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ricochet.errors import RicochetError
+from ricochet.log import get_logger
 
-log = structlog.get_logger("ricochet.http")
+log = get_logger("ricochet.http")
 
 # Probes and scrapes are one short request each: a client that takes longer than this to send
 # its request (or keeps an idle connection) is cut off, so slow clients cannot pile up.

@@ -10,17 +10,17 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiohttp import web
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import close_quietly, connect
+from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
 from ricochet.service.http import serve_http
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.service")
+log = get_logger("ricochet.service")
 T = TypeVar("T")
 
 # A broker that accepts connections but fails right after must not be hammered in a loop.
