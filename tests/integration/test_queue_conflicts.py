@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelPreconditionFailed
 
+from tests.conflicts import declare_plain, delete_queue
 from tests.integration.test_worker_http import scrape
 from tests.support import (
     answers,
@@ -61,29 +61,6 @@ async def readyz(port: int) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def declare_plain(connection: AbstractConnection, queue: str) -> None:
-    """Delete the queue and declare it again as a plain durable classic queue, as many producers
-    do; again if the worker declared its own in between."""
-
-    async def plain() -> bool:
-        channel = await connection.channel()
-        try:
-            await channel.queue_delete(queue)
-            await channel.declare_queue(queue, durable=True)
-        except ChannelPreconditionFailed:
-            return False
-        await channel.close()
-        return True
-
-    await wait_for(plain, 20, f"{queue} declared as a plain queue")
-
-
-async def delete(connection: AbstractConnection, queue: str) -> None:
-    channel = await connection.channel()
-    await channel.queue_delete(queue)
-    await channel.close()
-
-
 async def jobs_done(channel: AbstractChannel, queue: str, tmp_path: Path, n: int) -> None:
     """Publish n jobs to the queue and wait until each is done."""
     tag = uuid.uuid4().hex[:6]
@@ -128,7 +105,7 @@ async def mended(
 ) -> None:
     """Once the test deletes the conflicting queue, the worker declares it again and consumes
     it, and /readyz says 200."""
-    await delete(connection, conflict)
+    await delete_queue(connection, conflict)
 
     async def consumed() -> bool:
         return await consumers(connection, conflict) == processes

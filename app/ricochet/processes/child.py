@@ -1,5 +1,5 @@
 """One of the parent's worker processes: today's worker (run_worker), stopped by the parent's
-orders instead of its own signals, telling the parent whether it consumes."""
+orders instead of its own signals, telling the parent whether it consumes (and why not)."""
 
 import asyncio
 import contextlib
@@ -23,7 +23,7 @@ log = structlog.get_logger("ricochet.processes")
 # The exit code of invalid configuration (as `ricochet worker`'s): the parent stops with it
 # rather than start the process again, which would fail the same way.
 EXIT_CONFIG = 2
-# How often a process tells its parent whether it consumes (only when that changed) and writes
+# How often a process tells its parent why it does not consume (only when that changed) and writes
 # its state gauges for the parent's scrapes.
 REPORT_S = 0.1
 # The parent's orders.
@@ -81,11 +81,11 @@ def parent_orders(orders: Connection, metrics: Metrics) -> Iterator[Lifecycle]:
 
 
 async def _report(orders: Connection, lifecycle: Lifecycle, metrics: Metrics) -> None:
-    ready: bool | None = None
+    unready: list[str] | None = None
     while True:
         metrics.refresh()
-        if lifecycle.ready != ready:
-            ready = lifecycle.ready
+        if lifecycle.unready() != unready:
+            unready = lifecycle.unready()  # why it does not consume; nothing while it does
             with contextlib.suppress(OSError):  # the parent is gone: read() stops the process
-                orders.send(ready)
+                orders.send(unready)
         await asyncio.sleep(REPORT_S)

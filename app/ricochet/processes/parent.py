@@ -46,7 +46,8 @@ class Place:
     process: BaseProcess | None = None
     orders: Connection | None = None
     started_at: float = 0.0
-    ready: bool = False  # what the process last reported: it consumes
+    # What the process last reported: why it does not consume; nothing while it does.
+    unready: list[str] = field(default_factory=lambda: ["starting"])
 
     def alive_for_s(self, now: float) -> float | None:
         return now - self.started_at if self.process is not None else None
@@ -74,7 +75,12 @@ class Parent:
     @property
     def ready(self) -> bool:
         """Every process runs and consumes."""
-        return not self._lifecycle.stopping.is_set() and all(p.ready for p in self._places)
+        return not self._lifecycle.stopping.is_set() and not any(p.unready for p in self._places)
+
+    @property
+    def unready(self) -> list[str]:
+        """Why not every process consumes, each reason named after its process."""
+        return [f"process {p.index}: {why}" for p in self._places for why in p.unready]
 
     @property
     def healthy(self) -> bool:
@@ -115,7 +121,7 @@ class Parent:
         )
         process.start()
         theirs.close()  # the process's end is its own: its closing is how it sees the parent go
-        place.process, place.orders, place.ready = process, ours, False
+        place.process, place.orders, place.unready = process, ours, ["starting"]
         place.started_at = time.monotonic()
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read_report, place)
@@ -125,10 +131,10 @@ class Parent:
     def _read_report(self, place: Place) -> None:
         assert place.orders is not None
         try:
-            place.ready = place.orders.recv()
+            place.unready = place.orders.recv()
         except EOFError:  # the process ended: _ended says how
             asyncio.get_running_loop().remove_reader(place.orders.fileno())
-            place.ready = False
+            place.unready = ["ended"]
 
     def _ended(self, place: Place) -> None:
         process, orders = place.process, place.orders
@@ -145,7 +151,7 @@ class Parent:
         # Its live gauges go; its counts stay.
         mark_process_dead(process.pid, self._folder)  # type: ignore[no-untyped-call]
         lived_s = time.monotonic() - place.started_at
-        place.process, place.orders, place.ready = None, None, False
+        place.process, place.orders, place.unready = None, None, ["ended"]
         if self._lifecycle.stopping.is_set():
             log.info("worker process exited", process=place.index, child_pid=process.pid)
             if not self.alive:
@@ -218,5 +224,6 @@ async def _serve(settings: Settings, count: int) -> int:
                 parent.registry,
                 lambda: parent.ready,
                 healthy=lambda: parent.healthy,
+                unready=lambda: parent.unready,
             ):
                 return await parent.run()
