@@ -85,7 +85,7 @@ async def reported(
         status, body = await readyz(port)
         return status == 503 and f"{conflict}: conflict" in body
 
-    await wait_for(named, 20, f"/readyz 503 naming {conflict} in conflict")
+    await wait_for(named, 30, f"/readyz 503 naming {conflict} in conflict")
     _, body = await readyz(port)
     assert healthy not in body
     samples = await scrape(port)
@@ -110,8 +110,8 @@ async def mended(
     async def consumed() -> bool:
         return await consumers(connection, conflict) == processes
 
-    await wait_for(consumed, 30, f"{conflict} declared and consumed again")
-    await wait_for(lambda: answers(port, "/readyz", 200), 20, "/readyz 200 again")
+    await wait_for(consumed, 60, f"{conflict} declared and consumed again")
+    await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200 again")
 
 
 async def test_a_queue_declared_again_in_conflict_holds_only_itself(
@@ -122,7 +122,7 @@ async def test_a_queue_declared_again_in_conflict_holds_only_itself(
     backoff until the test deletes the queue, then the worker consumes it again."""
     a, b = f"{queue_name}-a", f"{queue_name}-b"
     worker, port = start([a, b], tmp_path)
-    await wait_for(lambda: answers(port, "/readyz", 200), 30, "/readyz 200")
+    await wait_for(lambda: answers(port, "/readyz", 200), 60, "/readyz 200")
     await declare_plain(connection, b)
     await reported(worker, port, tmp_path, a, b)
     await jobs_done(channel, a, tmp_path, 10)
@@ -149,7 +149,7 @@ async def test_a_queue_in_conflict_at_start(
     assert alone.returncode == 2, alone.stdout + alone.stderr
     assert f"queue {b!r} conflicts with the settings" in alone.stdout + alone.stderr
     worker, port = start([a, b], tmp_path)
-    await wait_for(lambda: consumers(connection, a), 30, f"{a} consumed")
+    await wait_for(lambda: consumers(connection, a), 60, f"{a} consumed")
     await reported(worker, port, tmp_path, a, b)
     await jobs_done(channel, a, tmp_path, 10)
     await mended(connection, port, b)
@@ -168,7 +168,7 @@ async def test_a_queue_in_conflict_under_two_processes(
     async def both_on_a() -> bool:
         return await consumers(connection, a) == 2
 
-    await wait_for(both_on_a, 30, f"two processes consuming {a}")
+    await wait_for(both_on_a, 60, f"two processes consuming {a}")
     await reported(worker, port, tmp_path, a, b)
     await jobs_done(channel, a, tmp_path, 10)
     await mended(connection, port, b, processes=2)
