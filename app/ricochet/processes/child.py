@@ -84,8 +84,9 @@ async def _report(orders: Connection, lifecycle: Lifecycle, metrics: Metrics) ->
     unready: list[str] | None = None
     while True:
         metrics.refresh()
-        if lifecycle.unready() != unready:
-            unready = lifecycle.unready()  # why it does not consume; nothing while it does
+        now = lifecycle.unready()  # why it does not consume; nothing while it does
+        if now != unready:
+            unready = now
             with contextlib.suppress(OSError):  # the parent is gone: read() stops the process
                 orders.send(unready)
         await asyncio.sleep(REPORT_S)
