@@ -15,6 +15,12 @@ class ConfigError(RicochetError):
     """Raised when settings, the handler reference or the broker's topology conflict (exit 2)."""
 
 
+class TopologyConflict(ConfigError):
+    """Raised when a queue or exchange of the topology was declared (by someone else) with other
+    arguments than the settings': only deleting it mends it. A worker of several queues reports
+    it and declares the queue again with backoff; a worker of one queue stops at start (exit 2)."""
+
+
 class BrokerUnavailable(RicochetError):
     """Raised when the broker cannot be reached within the startup wait (exit 1)."""
 

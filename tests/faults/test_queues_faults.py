@@ -6,9 +6,13 @@ twice was in flight when the fault came (at least once)."""
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 
+from ricochet.worker.redeclare import CONFLICT_MAX_WAIT_S, JITTER_S
+
 from tests.broker import Broker
+from tests.conflicts import declare_plain, delete_queue
 from tests.faults.harness import FaultRun, QueuesRun
 from tests.support import close_connections, consumers, wait_for
 
@@ -18,6 +22,10 @@ PREFETCH = {"a": 2, "b": 5, "c": 10}
 # queue is busy for about 6 s, long enough for rabbitmqctl to find and close a connection.
 SLEEP_S = 0.5
 JOBS_PER_PLACE = 12
+# Two queues for a conflict: a healthy one busy for about 6 s, and one put in conflict once its
+# first batch is done, given its second batch once mended.
+CONFLICT = {"a": 5, "b": 5}
+CONFLICT_BATCH = 20
 
 
 async def publish_all(queues: QueuesRun) -> None:
@@ -128,3 +136,44 @@ async def test_one_queue_deleted_with_jobs_in_flight_on_3_queues(
     assert said == [(event, deleted.settings.queue) for event in resubscribing]
     assert not any(line["event"] == "connection lost, reconnecting" for line in events)
     assert worker.starts == 1
+
+
+async def test_one_queue_declared_again_in_conflict_with_jobs_in_flight_on_2_queues(
+    fault_queues: Callable[..., QueuesRun],
+) -> None:
+    """Queue b, its first jobs done, is deleted and declared again as a plain classic queue
+    while a's jobs are in flight: the worker reports b in conflict and declares it again with
+    backoff, and every job of a completes, none twice, on the same connection. Once the conflict
+    is mended (b deleted), the worker declares and consumes b again, and b's next jobs all
+    complete: every id of both queues is accounted for."""
+    queues = fault_queues("one queue declared again in conflict, jobs on 2 queues", CONFLICT)
+    healthy, conflict = queues.runs
+    await healthy.publish(healthy.settings.prefetch * JOBS_PER_PLACE, sleep_s=SLEEP_S)
+    await conflict.publish(CONFLICT_BATCH)
+    worker = await queues.start_worker()
+    await wait_for(lambda: len(conflict.done()) == CONFLICT_BATCH, 30, "b's first jobs done")
+    await until_busy(QueuesRun(queues.tmp_path, [healthy]))
+    b = conflict.settings.queue
+    await declare_plain(conflict.connection, b)
+
+    def tries() -> list[dict[str, object]]:
+        said = (line for line in worker_events(queues) if line.get("queue") == b)
+        return [line for line in said if line["event"] == "queue in conflict, declaring it again"]
+
+    await wait_for(tries, 20, "b reported in conflict")
+    await healthy.until_settled()  # every job of a, while b is in conflict
+    assert worker.alive
+    assert len(tries()) >= 2  # declared again, with backoff, until mended
+    mended_at = time.monotonic()
+    await delete_queue(conflict.connection, b)
+    await conflict.wait_consumers(1)
+    consumed_after_s = time.monotonic() - mended_at
+    await conflict.publish(CONFLICT_BATCH)
+    tallies = await queues.account()
+    assert [tally.duplicates for tally in tallies] == [0, 0]
+    assert not ran_again(healthy)
+    events = worker_events(queues)
+    assert not any(line["event"] == "connection lost, reconnecting" for line in events)
+    assert {line["queue"] for line in events if line["level"] == "error"} == {b}
+    assert worker.starts == 1
+    assert consumed_after_s < CONFLICT_MAX_WAIT_S + JITTER_S + 5  # the backoff's cap, and some

@@ -381,7 +381,7 @@ def test_the_shared_levels_are_one_row(version: str) -> None:
         "ok",
         "25 levels (ricochet.delay.0-24), each exchange and queue as the settings declare it",
     )
-    assert len(found) < 30
+    assert len(found) < 50  # one row where 50 stood (an exchange and a queue a level)
 
 
 def test_a_level_not_as_declared_is_named_in_the_levels_row() -> None:

@@ -113,3 +113,15 @@ async def test_connections_beyond_the_cap_are_closed(monkeypatch: pytest.MonkeyP
         assert (await get(port, "/healthz"))[0] == 200
         for _, other in held[1:]:
             other.close()
+
+
+async def test_not_ready_names_its_reasons() -> None:
+    """/readyz 503 names each reason unready() gives, one a line."""
+    port = free_port()
+    reasons = ["orders: conflict (queue 'orders' conflicts with the settings)", "mail: connecting"]
+    async with serve_http(
+        LOOPBACK, port, CollectorRegistry(), lambda: False, unready=lambda: reasons
+    ):
+        status, _, text = await get(port, "/readyz")
+    assert status == 503
+    assert text.splitlines() == ["not ready", *reasons]

@@ -46,7 +46,7 @@ from ricochet.broker.plan import (
     plan,
     tier_source,
 )
-from ricochet.errors import ConfigError, ManagementUnavailable
+from ricochet.errors import ConfigError, ManagementUnavailable, TopologyConflict
 from ricochet.log import get_logger
 from ricochet.settings import Settings
 
@@ -101,9 +101,9 @@ class _Declarer:
         match step:
             case Conflict(spec, seen, differences):
                 why = seen.refusal or ", ".join(str(d) for d in differences)
-                raise ConfigError(f"queue {spec.name!r} conflicts with the settings: {why}")
+                raise TopologyConflict(f"queue {spec.name!r} conflicts with the settings: {why}")
             case ExchangeDiffers(x):
-                raise ConfigError(f"exchange {x.name!r} conflicts with the settings: {step}")
+                raise TopologyConflict(f"exchange {x.name!r} conflicts with the settings: {step}")
             case Unwanted():
                 pass
 
@@ -303,7 +303,8 @@ class _Declarer:
 
 
 async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
-    """Declare (idempotently) and reconcile the topology; ConfigError on a conflicting queue."""
+    """Declare (idempotently) and reconcile the topology; TopologyConflict on a conflicting
+    queue or exchange."""
     p = plan(settings, broker_version(connection))
     d = _Declarer(connection, settings, p)
     try:

@@ -1,6 +1,6 @@
 """One of the parent's worker processes: today's worker (run_worker), stopped by the parent's
-orders instead of its own signals, telling the parent whether it consumes in a beat from its
-event loop."""
+orders instead of its own signals, telling the parent in a beat from its event loop whether
+it consumes (and why not)."""
 
 import asyncio
 import contextlib
@@ -30,7 +30,7 @@ log = structlog.get_logger("ricochet.processes")
 # rather than start the process again, which would fail the same way.
 EXIT_CONFIG = 2
 # How often a process writes its state gauges for the parent's scrapes, and tells its parent
-# whether it consumes if that changed (else in its beat, every BEAT_S).
+# why it does not consume if that changed (else in its beat, every BEAT_S).
 REPORT_S = 0.1
 # The parent's orders.
 DRAIN = "drain"
@@ -38,10 +38,11 @@ FORCE = "force"
 
 
 class Beat(NamedTuple):
-    """What a process tells its parent from its event loop: whether it consumes, and the longest
-    its handlers may keep that loop from running (the parent's measure of a wedged process)."""
+    """What a process tells its parent from its event loop: why it does not consume (nothing
+    while it does), and the longest its handlers may keep that loop from running (the parent's
+    measure of a wedged process)."""
 
-    ready: bool
+    unready: list[str]
     longest_timeout_s: float
 
 
@@ -100,13 +101,14 @@ def parent_orders(
 async def _report(
     orders: Connection, lifecycle: Lifecycle, metrics: Metrics, longest_timeout_s: float
 ) -> None:
-    ready: bool | None = None
+    unready: list[str] | None = None
     beat_at = -math.inf
     while True:
         metrics.refresh()
         now = time.monotonic()
-        if lifecycle.ready != ready or now - beat_at >= BEAT_S:
-            ready, beat_at = lifecycle.ready, now
+        reasons = lifecycle.unready()  # why it does not consume; nothing while it does
+        if reasons != unready or now - beat_at >= BEAT_S:
+            unready, beat_at = reasons, now
             with contextlib.suppress(OSError):  # the parent is gone: read() stops the process
-                orders.send(Beat(ready, longest_timeout_s))
+                orders.send(Beat(unready, longest_timeout_s))
         await asyncio.sleep(REPORT_S)

@@ -47,7 +47,8 @@ class Place:
     process: BaseProcess | None = None
     orders: Connection | None = None
     started_at: float = 0.0
-    ready: bool = False  # what the process last reported: it consumes
+    # What the process last reported: why it does not consume; nothing while it does.
+    unready: list[str] = field(default_factory=lambda: ["starting"])
     beat_at: float | None = None  # when its last beat came; None before its first
     longest_timeout_s: float = 0.0  # what its last beat said of its handlers
 
@@ -56,6 +57,12 @@ class Place:
 
     def liveness(self, now: float) -> Liveness:
         return liveness(self.beat_at, now, self.longest_timeout_s)
+
+    def silence(self, now: float) -> list[str]:
+        """Why the process counts as not ready for its beats: nothing while they come."""
+        if self.beat_at is None or self.liveness(now) is Liveness.ALIVE:
+            return []
+        return [f"no beat for {now - self.beat_at:.0f} s"]
 
 
 class Parent:
@@ -80,10 +87,17 @@ class Parent:
     @property
     def ready(self) -> bool:
         """Every process runs, consumes and beats."""
+        return not self._lifecycle.stopping.is_set() and not self.unready
+
+    @property
+    def unready(self) -> list[str]:
+        """Why not every process consumes and beats, each reason named after its process."""
         now = time.monotonic()
-        return not self._lifecycle.stopping.is_set() and all(
-            p.ready and p.liveness(now) is Liveness.ALIVE for p in self._places
-        )
+        return [
+            f"process {p.index}: {why}"
+            for p in self._places
+            for why in [*p.unready, *p.silence(now)]
+        ]
 
     @property
     def healthy(self) -> bool:
@@ -126,7 +140,7 @@ class Parent:
         )
         process.start()
         theirs.close()  # the process's end is its own: its closing is how it sees the parent go
-        place.process, place.orders, place.ready = process, ours, False
+        place.process, place.orders, place.unready = process, ours, ["starting"]
         place.started_at, place.beat_at = time.monotonic(), None
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read_report, place)
@@ -139,9 +153,9 @@ class Parent:
             beat: child.Beat = place.orders.recv()
         except EOFError:  # the process ended: _ended says how
             asyncio.get_running_loop().remove_reader(place.orders.fileno())
-            place.ready = False
+            place.unready = ["ended"]
             return
-        place.ready, place.longest_timeout_s = beat
+        place.unready, place.longest_timeout_s = beat
         place.beat_at = time.monotonic()
 
     async def _watch(self) -> None:
@@ -161,7 +175,7 @@ class Parent:
                         longest_timeout_s=place.longest_timeout_s,
                     )
                     place.process.kill()
-                    place.ready, place.beat_at = False, None  # until _ended hears of its death
+                    place.unready, place.beat_at = ["killed"], None  # until _ended hears of it
 
     def _ended(self, place: Place) -> None:
         process, orders = place.process, place.orders
@@ -178,7 +192,7 @@ class Parent:
         # Its live gauges go; its counts stay.
         mark_process_dead(process.pid, self._folder)  # type: ignore[no-untyped-call]
         lived_s = time.monotonic() - place.started_at
-        place.process, place.orders, place.ready = None, None, False
+        place.process, place.orders, place.unready = None, None, ["ended"]
         if self._lifecycle.stopping.is_set():
             log.info("worker process exited", process=place.index, child_pid=process.pid)
             if not self.alive:
@@ -251,5 +265,6 @@ async def _serve(settings: Settings, count: int) -> int:
                 parent.registry,
                 lambda: parent.ready,
                 healthy=lambda: parent.healthy,
+                unready=lambda: parent.unready,
             ):
                 return await parent.run()

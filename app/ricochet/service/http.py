@@ -25,10 +25,13 @@ class _Refused(asyncio.Protocol):
 
 
 def routes(
-    registry: CollectorRegistry, ready: Callable[[], bool], healthy: Callable[[], bool]
+    registry: CollectorRegistry,
+    ready: Callable[[], bool],
+    healthy: Callable[[], bool],
+    unready: Callable[[], list[str]] = list,
 ) -> web.RouteTableDef:
     """The endpoints: metrics from the process's registry, liveness from healthy(), and
-    readiness from ready()."""
+    readiness from ready() (when not ready, /readyz names each reason unready() gives)."""
     table = web.RouteTableDef()
 
     @table.get("/metrics")
@@ -47,7 +50,8 @@ def routes(
     async def readyz(_: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready\n")
+        reasons = ["not ready", *unready()]
+        return web.Response(status=503, text="".join(f"{r}\n" for r in reasons))
 
     return table
 
@@ -60,10 +64,12 @@ async def serve_http(
     ready: Callable[[], bool],
     pages: Iterable[web.AbstractRouteDef] = (),
     healthy: Callable[[], bool] = lambda: True,
+    unready: Callable[[], list[str]] = list,
 ) -> AsyncIterator[None]:
     """Serve the endpoints, and a service's own pages, on host:port for the duration of the
     block (nothing when port is 0); /healthz answers 200 while the process runs, unless
-    healthy() says otherwise.
+    healthy() says otherwise; /readyz answers 200 while ready(), else 503 naming what unready()
+    says.
 
     Raises RicochetError when the port cannot be bound (in use, or not allowed).
     """
@@ -71,7 +77,7 @@ async def serve_http(
         yield
         return
     app = web.Application()
-    app.add_routes(routes(registry, ready, healthy))
+    app.add_routes(routes(registry, ready, healthy, unready))
     pages = list(pages)
     app.add_routes(pages)
     # aiohttp's keep-alive timer runs from the connection's start, also while a request's

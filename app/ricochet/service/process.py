@@ -36,13 +36,19 @@ class Lifecycle:
         self.forced = asyncio.Event()
         # Sessions serving now (a worker runs one per queue on its connection).
         self._serving = 0
-        # What the service does once connected (the worker: consuming), if it can stop doing it.
-        self.working: Callable[[], bool] = lambda: True
+        # What keeps the service from its work once connected, each named (the worker: the
+        # queues it does not consume, and why); nothing while it works.
+        self.not_working: Callable[[], list[str]] = list
 
     @property
     def ready(self) -> bool:
         """What /readyz says: connected and doing the service's work."""
-        return self._serving > 0 and self.working()
+        return not self.unready()
+
+    def unready(self) -> list[str]:
+        """Why /readyz says 503, each reason named; none while ready."""
+        reasons = self.not_working()
+        return reasons if reasons or self._serving > 0 else ["not connected"]
 
     def request_stop(self, signame: str = "stop") -> None:
         """A stop signal: the first drains, the second forces the exit."""
@@ -173,5 +179,6 @@ async def run_service(
             metrics.registry,
             lambda: lifecycle.ready,
             pages,
+            unready=lifecycle.unready,
         ):
             await serve(lifecycle)

@@ -2,7 +2,7 @@
 channel of its own, opened again whenever that channel alone is lost.
 
 A worker serves every queue of RICOCHET_QUEUES on one connection; what one queue does (full,
-paused, failing, deleted) never holds another back.
+paused, failing, deleted, in conflict) never holds another back.
 """
 
 import asyncio
@@ -14,9 +14,9 @@ from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.record import declare_recorded
 from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer
+from ricochet.errors import TopologyConflict
 from ricochet.handlers.invoker import Invoker
 from ricochet.observe.alerts import pause_alert
 from ricochet.observe.joblog import JobLog
@@ -26,14 +26,15 @@ from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 from ricochet.worker.consumer import Consumer
 from ricochet.worker.pause import PausePolicy, PauseWatch
+from ricochet.worker.redeclare import Redeclare
 from ricochet.worker.session import Session, State
 from ricochet.worker.settler import Settler
 from ricochet.worker.subscription import Subscription
 
 log = structlog.get_logger("ricochet.worker")
 
-# A queue whose channel keeps closing (a queue declared with other arguments, say) opens the
-# next one after this long, while the worker's other queues go on.
+# A queue whose channel keeps closing opens the next one after this long, while the worker's
+# other queues go on (a queue in conflict is declared again with the backoff of redeclare.py).
 REOPEN_PAUSE_S = 1.0
 
 
@@ -58,6 +59,7 @@ class QueueWorker:
         self._consumer: Consumer | None = None
         self._observers: list[Observer] = []
         self._session: Session | None = None
+        self._redeclare = Redeclare(settings, lifecycle)
         self._watch = PauseWatch(
             PausePolicy(
                 settings.pause_failure_ratio,
@@ -75,8 +77,25 @@ class QueueWorker:
 
     @property
     def state(self) -> State:
-        """What the queue worker does now: its session's state, else connecting."""
+        """What the queue worker does now: in conflict while its last declaration found the queue
+        so, else its session's state, else connecting."""
+        if self.conflict is not None:
+            return State.CONFLICT
         return State.CONNECTING if self._session is None else self._session.state
+
+    @property
+    def conflict(self) -> TopologyConflict | None:
+        """What keeps the queue's topology from being declared, while it does."""
+        return self._redeclare.conflict
+
+    @property
+    def unready(self) -> str | None:
+        """Why the queue is not consumed now, as /readyz names it; None while it is."""
+        state = self.state
+        if state is State.CONSUMING:
+            return None
+        why = f" ({self.conflict})" if self.conflict is not None else ""
+        return f"{self.settings.queue}: {state.value}{why}"
 
     @property
     def observers(self) -> list[Observer]:
@@ -105,20 +124,28 @@ class QueueWorker:
             )
         return self._consumer
 
-    async def declare(self, connection: AbstractConnection) -> Plan:
-        """Declare the queue's topology (and what every queue shares), and record it."""
-        return await declare_recorded(connection, self.settings)
+    async def declare(self, connection: AbstractConnection) -> Plan | None:
+        """Declare the queue's topology (and what every queue shares), and record it; None when
+        the queue is in conflict (conflict says how)."""
+        try:
+            return await self._redeclare.declare(connection)
+        except TopologyConflict:
+            return None
 
-    async def run(self, connection: AbstractConnection, declared: Plan) -> None:
+    async def run(self, connection: AbstractConnection, declared: Plan | None) -> None:
         """Sessions on new channels of the connection until a stop was requested and drained,
-        or the connection or the cancels are lost; the first on the topology just declared,
-        each next one after declaring it again."""
+        or the connection or the cancels are lost; the first on the topology just declared (or
+        once a queue in conflict at start is declared), each next one after declaring it
+        again."""
         retries = RetryLog(connection)  # one channel of the connection for its sessions' records
-        plan: Plan | None = declared
+        plan = declared
         while True:
+            if plan is None:
+                plan = await self._redeclare.again(connection)
+                if plan is None:  # a stop, or the connection closed
+                    return
             try:
-                await self._run_session(connection, retries, plan or await self.declare(connection))
-                plan = None
+                await self._run_session(connection, retries, plan)
             except CONNECTION_ERRORS as error:
                 if connection.is_closed:
                     raise
@@ -127,6 +154,7 @@ class QueueWorker:
                     queue=self.settings.queue,
                     error=str(error),
                 )
+            plan = None
             if (
                 self._lifecycle.stopping.is_set()
                 or connection.is_closed
@@ -166,6 +194,7 @@ class QueueWorker:
             self._watch,
             self._alert,
             self._cancels.lost,
+            lambda: self._redeclare.again(connection),
         )
         try:
             await self._session.run()

@@ -9,11 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from tenacity import wait_exponential_jitter
 
-from ricochet.backoff import backoff
-from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.record import declare_recorded
+from ricochet.broker.plan import Plan
 from ricochet.observe.alerts import PAUSED, RESUMED
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -22,9 +19,6 @@ from ricochet.worker.pause import PauseWatch
 from ricochet.worker.subscription import Subscription
 
 log = structlog.get_logger("ricochet.worker")
-
-# A queue that keeps going away (a quorum queue without a leader) is declared again this often.
-RESUBSCRIBE_MAX_WAIT_S = 5.0
 
 
 class State(enum.Enum):
@@ -35,6 +29,9 @@ class State(enum.Enum):
     CONSUMING = "consuming"
     PAUSED = "paused"  # most jobs failed transiently: taking none for a while
     RESUBSCRIBING = "resubscribing"  # the broker cancelled the consumer: declaring again
+    # The queue was declared (by someone else) with other arguments: declaring it again, with
+    # backoff, until it is deleted.
+    CONFLICT = "conflict"
     DRAINING = "draining"  # a stop was requested: letting the jobs in flight finish
 
 
@@ -52,6 +49,7 @@ class Session:
         watch: PauseWatch,
         alert: Callable[[str, float], Awaitable[None]],
         cancels_lost: asyncio.Event,
+        declare_again: Callable[[], Awaitable[Plan | None]],
     ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
@@ -62,6 +60,7 @@ class Session:
         self._watch = watch
         self._alert = alert
         self._cancels_lost = cancels_lost
+        self._declare_again = declare_again
         self._state = State.RECOVERING
         self._opening: asyncio.Task[None] | None = None
 
@@ -151,32 +150,16 @@ class Session:
         return True
 
     async def _subscribe_again(self) -> bool | None:
-        """Declare the topology again (the queue may be gone), with backoff: True when done,
-        False if the connection closed meanwhile, None if a stop was requested."""
+        """Declare the topology again (the queue may be gone, or in conflict), with backoff: True
+        when done, False if the connection closed meanwhile, None if a stop was requested."""
         self._state = State.RESUBSCRIBING
         log.warning(
             "not consuming: declaring the topology again before subscribing again",
             queue=self._settings.queue,
         )
-        retrying = backoff(
-            CONNECTION_ERRORS,
-            lambda state: log.warning(
-                "declaring again failed, retrying",
-                queue=self._settings.queue,
-                error=str(state.outcome.exception() if state.outcome else None),
-            ),
-            wait=wait_exponential_jitter(multiplier=0.1, max=RESUBSCRIBE_MAX_WAIT_S, jitter=0.1),
-        )
-
-        async def declare() -> bool:
-            async for attempt in retrying:
-                with attempt:
-                    if self._connection.is_closed:
-                        return False
-                    await declare_recorded(self._connection, self._settings)
+        if await self._declare_again() is not None:
             return True
-
-        return await self._lifecycle.unless_stopped(declare())
+        return None if self._lifecycle.stopping.is_set() else False
 
     async def _drain(self) -> None:
         """Take no more jobs; let those in flight finish within the shutdown timeout (or until a

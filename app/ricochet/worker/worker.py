@@ -21,6 +21,7 @@ from ricochet.service.process import (
 from ricochet.settings import Settings
 from ricochet.worker.leader import ScheduleLeader
 from ricochet.worker.queue_worker import QueueWorker
+from ricochet.worker.redeclare import exits_at_start
 from ricochet.worker.session import State
 
 log = structlog.get_logger("ricochet.worker")
@@ -44,7 +45,8 @@ class Worker:
             for queue in each
         ]
         self._leader = ScheduleLeader(settings, invoker.schedules, settings.queue_names, metrics)
-        lifecycle.working = lambda: self.state is State.CONSUMING
+        self._started = False  # it has consumed on a connection
+        lifecycle.not_working = self.not_consuming
 
     @property
     def state(self) -> State:
@@ -53,8 +55,13 @@ class Worker:
         states = (queue.state for queue in self.queues)
         return next((s for s in states if s is not State.CONSUMING), State.CONSUMING)
 
+    def not_consuming(self) -> list[str]:
+        """Each queue not consumed now, and why (/readyz names them)."""
+        return [why for why in (queue.unready for queue in self.queues) if why is not None]
+
     async def serve(self) -> None:
-        """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start."""
+        """Run until a stop is requested; raises BrokerUnavailable or ConfigError at start (a
+        TopologyConflict when no queue can be declared)."""
         queues = [queue.settings.queue for queue in self.queues]
         shown = queues[0] if len(queues) == 1 else f"{queues[0]} (+{len(queues) - 1} queues)"
         name = connection_name("worker", shown)
@@ -69,9 +76,14 @@ class Worker:
 
     async def _run_connection(self, connection: AbstractConnection) -> None:
         """Declare every queue, read the cancels, then consume every queue on the connection
-        until each has ended (a stop, or the connection lost)."""
+        until each has ended (a stop, or the connection lost); a queue in conflict is declared
+        again with backoff while the others are consumed."""
         # Declared first: the shared part holds the cancel store the reader starts from.
         declared = [await queue.declare(connection) for queue in self.queues]
+        conflicts = [queue.conflict for queue in self.queues if queue.conflict is not None]
+        if exits_at_start(not self._started, len(self.queues), len(conflicts)):
+            raise conflicts[0]
+        self._started = True
         await self.cancels.follow(connection)  # before any job: every cancel made until now
         runs = [
             asyncio.ensure_future(queue.run(connection, plan))
