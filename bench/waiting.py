@@ -18,7 +18,7 @@ In a vhost of its own, made for it and deleted after:
 
 The same jobs run first with no look, in a vhost made afresh: how late the broker alone brings
 them back, beside what the look adds. With --unreached-limit, the vhost's tiers and levels get
-the policy docs/operations.md gives for RabbitMQ 3.10 (a delivery limit no job reaches, so that
+the policy docs/waiting-jobs.md gives for RabbitMQ 3.10 (a delivery limit no job reaches, so that
 a job handed back goes to the head of its queue).
 
     .venv/bin/python -m bench.waiting                  # 100,000 jobs
@@ -69,7 +69,7 @@ BATCH = 500
 PER_ENTRY = 22
 RESULTS = ROOT / "bench" / "results" / "waiting.json"
 REASON = "ConnectionError: payments API: 503 Service Unavailable"
-# docs/operations.md's policy for RabbitMQ 3.10, on the bench's tiers and the vhost's levels.
+# docs/waiting-jobs.md's policy for RabbitMQ 3.10, on the bench's tiers and the vhost's levels.
 UNREACHED_LIMIT_POLICY = {
     "pattern": r"^(ricochet\.delay\.[0-9]+|.+\.retry\.[0-9]+(\.lane\.[0-9]+)?)$",
     "definition": {"delivery-limit": 1_000_000_000},

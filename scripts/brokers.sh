@@ -8,7 +8,7 @@
 #   build    make the chroots that are missing (debootstrap from Debian's archive, ~1 min each)
 #   start    build if needed, then start each broker with ricochet's plugins; idempotent. A chroot
 #            broker gets ricochet's config (config/advanced.config among it) when it starts; the
-#            local one keeps its own (docs/operations.md: What a broker restart costs waiting jobs)
+#            local one keeps its own (docs/broker-problems.md: What a broker restart costs waiting jobs)
 #   check    print each broker's version and ports; exit 1 if one does not answer
 #   stop     stop the chroot brokers and unmount what start mounted (the local one keeps running)
 #   env      print the test harness's variables for one broker (eval "$(scripts/brokers.sh env sid)")

@@ -357,7 +357,7 @@ class Settings(ClientSettings):
         le=1.0,
         description="pause when this share of the jobs finished in the window failed "
         "transiently; 0 turns pausing off (see [Pausing on failure spikes]"
-        "(operations.md#pausing-on-failure-spikes))",
+        "(pausing.md))",
     )
     pause_min_jobs: int = Field(
         20, ge=1, description="... and at least this many jobs finished in it"
@@ -397,7 +397,7 @@ class Settings(ClientSettings):
         SecretStr | None, BeforeValidator(_empty_is_none), AfterValidator(_check_token)
     ] = Field(
         None,
-        description="a secret: the [console](operations.md#the-console)'s replay, discard "
+        description="a secret: the [console](console.md)'s replay, discard "
         "and cancel forms work only for a request that carries it; unset, the console is "
         "read-only. Never logged or shown",
         json_schema_extra={

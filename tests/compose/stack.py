@@ -27,7 +27,8 @@ from tests.support import ROOT, free_port
 
 README = ROOT / "README.md"
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
-OPERATIONS = ROOT / "docs" / "operations.md"
+FAILED_JOBS = ROOT / "docs" / "failed-jobs.md"
+WAITING_JOBS = ROOT / "docs" / "waiting-jobs.md"
 # The images the tests cannot pull: scripts/engine.sh builds them and names them in these variables.
 IMAGE_VARIABLES = ("PYTHON_IMAGE", "RABBITMQ_IMAGE", "PROMETHEUS_IMAGE")
 # Every host port compose publishes; the machine's own RabbitMQ may hold the defaults.
@@ -96,7 +97,7 @@ def quickstart_commands() -> list[str]:
 def replay_commands() -> list[str]:
     """The replay commands of the operations guide's walk-through, with <id> to fill in."""
     found = commands(
-        section(OPERATIONS, "## A failing job, from publish to replay"),
+        section(FAILED_JOBS, "## A failing job, from publish to replay"),
         "docker compose exec worker ricochet replay",
     )
     assert len(found) == 2, found
@@ -109,7 +110,7 @@ def cancel_command() -> str:
     """The cancel of the operations guide's walk from an alert to the waiting view, with
     MESSAGE_ID to fill in."""
     heading = "## Jobs that keep failing, from alert to the waiting view to a cancel"
-    (found,) = commands(section(OPERATIONS, heading), "ricochet cancel ")
+    (found,) = commands(section(WAITING_JOBS, heading), "ricochet cancel ")
     assert "MESSAGE_ID" in found, found
     return found
 
@@ -305,7 +306,7 @@ class Stack:
         return {q["name"]: q for q in status["queues"]}
 
     def metrics_inside(self, service: str) -> str:
-        """A service's /metrics, read from its container (as docs/operations.md shows)."""
+        """A service's /metrics, read from its container (as docs/failed-jobs.md shows)."""
         code = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())"
         return self.compose("exec", "-T", service, "python", "-c", code)
 

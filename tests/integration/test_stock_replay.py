@@ -1,4 +1,4 @@
-"""The replay procedures with the stock tools, run exactly as docs/operations.md writes them."""
+"""The replay procedures with the stock tools, run exactly as docs/stock-tools.md writes them."""
 
 import os
 import re
@@ -23,10 +23,10 @@ from tests.support import ROOT, StartWorker, depth, make_settings, take, wait_fo
 
 
 def procedure(name: str) -> str:
-    """The shell block that follows `<!-- procedure: NAME -->` in docs/operations.md."""
-    doc = (ROOT / "docs" / "operations.md").read_text()
+    """The shell block that follows `<!-- procedure: NAME -->` in docs/stock-tools.md."""
+    doc = (ROOT / "docs" / "stock-tools.md").read_text()
     found = re.search(rf"<!-- procedure: {name} -->\n```sh\n(.*?)```", doc, re.DOTALL)
-    assert found, f"docs/operations.md has no procedure {name}"
+    assert found, f"docs/stock-tools.md has no procedure {name}"
     return found.group(1)
 
 
@@ -68,7 +68,7 @@ def management_port() -> int:
 @pytest.fixture
 def rabbitmqadmin(tools: Path, connection: AbstractConnection) -> Path:
     """rabbitmqadmin v1, downloaded from the broker's management plugin, on PATH. RabbitMQ 4.3
-    no longer serves it, as docs/operations.md says: the v1 procedure is not for those brokers."""
+    no longer serves it, as docs/stock-tools.md says: the v1 procedure is not for those brokers."""
     url = urllib.parse.urljoin(BROKER.management_url, "cli/rabbitmqadmin")
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -108,7 +108,7 @@ async def test_rabbitmqadmin_moves_one_job_back_with_a_full_budget(
     start_worker: StartWorker,
     rabbitmqadmin: Path,
 ) -> None:
-    """The rabbitmqadmin procedure of docs/operations.md takes the oldest copy off Q.failed and
+    """The rabbitmqadmin procedure of docs/stock-tools.md takes the oldest copy off Q.failed and
     puts the job on Q with its body and properties; the worker handles it as attempt 1 of a full
     budget."""
     names = Names(queue_name)
@@ -146,7 +146,7 @@ async def test_shovel_moves_failed_jobs_back(
     shovel: str,
     moves: int,
 ) -> None:
-    """The shovel procedures of docs/operations.md (rabbitmqctl, rabbitmqadmin v2) move the
+    """The shovel procedures of docs/stock-tools.md (rabbitmqctl, rabbitmqadmin v2) move the
     oldest copies of Q.failed to Q, all of them or one, body and properties intact, and remove
     themselves."""
     path: Path = request.getfixturevalue(tool)

@@ -317,7 +317,7 @@ async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it
 async def test_a_tier_under_a_delivery_limit_no_job_reaches_is_read(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
-    """The policy docs/operations.md gives RabbitMQ 3.10 (a delivery limit of a billion on the
+    """The policy docs/waiting-jobs.md gives RabbitMQ 3.10 (a delivery limit of a billion on the
     tiers, so that a job handed back goes to its queue's head) is no limit a look must refuse,
     on any broker: the look lists the tier's job and leaves it there."""
     names = Names(queue_name)
@@ -331,10 +331,10 @@ async def test_a_tier_under_a_delivery_limit_no_job_reaches_is_read(
 
 @contextlib.asynccontextmanager
 async def returns_at_head(tier: str) -> AsyncIterator[None]:
-    """docs/operations.md's policy for RabbitMQ 3.10 on one tier, for the time of the block."""
+    """docs/waiting-jobs.md's policy for RabbitMQ 3.10 on one tier, for the time of the block."""
     policy = f"{tier}.returns-at-head"
     pattern = f"^{re.escape(tier)}$"
-    limit = 1_000_000_000  # docs/operations.md's: a billion looks
+    limit = 1_000_000_000  # docs/waiting-jobs.md's: a billion looks
     definition = json.dumps({"delivery-limit": limit})
     BROKER.rabbitmqctl("set_policy", "--apply-to", "queues", policy, pattern, definition)
     try:

@@ -546,9 +546,9 @@ LOWER_TIMEOUT = (
     "dead_letter_worker_publisher_confirm_timeout (3 minutes by default), so after a restart "
     "they can wait that long: set it to 5 s in the broker's advanced.config "
     "(`[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].`) and restart it, "
-    "see docs/operations.md: What a broker restart costs waiting jobs; if they stay longer than "
-    "the timeout, their target refuses them or no binding leads there (see the bindings and "
-    "policies checks)"
+    "see docs/broker-problems.md: What a broker restart costs waiting jobs; if they stay "
+    "longer than the timeout, their target refuses them or no binding leads there (see the "
+    "bindings and policies checks)"
 )
 
 
@@ -590,8 +590,8 @@ def stranded_check(plan: Plan, state: BrokerState, leader_change_strands: bool) 
         stranding = (
             [
                 "RabbitMQ before 3.10.20 can also strand them for good after a leader change "
-                "(docs/operations.md: A quorum queue that stops dead-lettering): give the queue "
-                "a new leader, with every node running",
+                "(docs/broker-problems.md: A quorum queue that stops dead-lettering): give the "
+                "queue a new leader, with every node running",
                 *new_leaders,
             ]
             if leader_change_strands

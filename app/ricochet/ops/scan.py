@@ -30,7 +30,8 @@ while a limit stands, since every read brings each copy it reads one return near
 read and then refused would too, so no margin keeps a console polled long enough safe); on
 4.3 it refuses once a copy it reads is so near the limit that two cut-off reads would drop it,
 handing every copy back by a nack, which costs them nothing. Either way it raises
-DeliveryLimitRefusal, saying how to lift the limit. (4.x lifts it on Q.failed, docs/design.md.)
+DeliveryLimitRefusal, saying how to lift the limit. (4.x lifts it on Q.failed:
+docs/reading-failed-queue.md.)
 """
 
 import asyncio
