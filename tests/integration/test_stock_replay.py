@@ -31,7 +31,12 @@ def procedure(name: str) -> str:
 
 
 def run_procedure(name: str, queue: str, cwd: Path) -> None:
-    env = {**os.environ, "RICOCHET_QUEUE": queue, "PATH": f"{cwd}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "RICOCHET_QUEUE": queue,
+        "VHOST": urllib.parse.quote(BROKER.vhost, safe=""),
+        "PATH": f"{cwd}:{os.environ['PATH']}",
+    }
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", procedure(name)],
         cwd=cwd,
