@@ -6,6 +6,7 @@ PYTEST_ARGS ?=
 # The suites run over JOBS pytest-xdist processes (the tests wait on brokers far more than they
 # compute), each process in a vhost of its own (tests/broker.py) and each fault process with a
 # private node of its own; a test file stays on one process (its module fixtures are set up once).
+# The timing rows (-m timing) run after the rest, one at a time (scripts/pytest-phases.sh).
 JOBS ?= 4
 PARALLEL = -n $(JOBS) --dist loadfile
 # bench/ is linted once it exists.
@@ -37,7 +38,7 @@ tools:  ## the Debian packages the tests use besides the broker (prometheus, npm
 # Without a broker on the tests' URL, scripts/test-broker.sh runs them on the compose stack's
 # RabbitMQ (Docker), leaving out (and naming) the fault tests that need a local rabbitmq-server.
 test: install tools lint lint-docker typecheck docs-build  ## lint, type-check, build the docs, then every test against the local RabbitMQ
-	scripts/test-broker.sh $(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
+	scripts/test-broker.sh scripts/pytest-phases.sh $(JOBS) $(BIN)/python $(PYTEST_ARGS)
 
 # The broker matrix: scripts/brokers.sh builds (once) and starts RabbitMQ 4.0 and the newest 4.x
 # in chroots beside the machine's own; scripts/test-matrix.sh runs the integration tests and the
@@ -66,7 +67,7 @@ BROKER_TESTS ?= $(BROKER_DECIDES:%=tests/integration/test_%.py) \
 MATRIX_JOBS ?= 2
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
 	scripts/brokers.sh start $(BROKERS)
-	scripts/test-matrix.sh "$(BROKERS)" $(BIN)/python -m pytest -n $(MATRIX_JOBS) --dist loadfile \
+	scripts/test-matrix.sh "$(BROKERS)" scripts/pytest-phases.sh $(MATRIX_JOBS) $(BIN)/python \
 		$(BROKER_TESTS) $(PYTEST_ARGS)
 
 # The Quickstart (docs/getting-started.md) on a real Docker engine (tests/compose): scripts/engine.sh installs

@@ -27,10 +27,17 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# A fault row's own bound, where it has none: its processes share two cores with the other
+# pytest processes' tests, and a row of thousands of jobs took over two minutes beside them.
+FAULT_TIMEOUT_S = 300
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/faults/" in str(item.path):
             item.add_marker(pytest.mark.faults)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(FAULT_TIMEOUT_S))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -32,6 +32,10 @@ from tests.support import (
     wait_for,
 )
 
+# Rows here assert how late each wait of a ladder ends: run apart from the other tests' load.
+pytestmark = pytest.mark.timing
+
+
 QUEUE_TYPES = ["quorum", "classic"]
 # Section 15: a wait ends no earlier than asked, and no later than max(1 s, 10 %) after it on an
 # idle worker.

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aio_pika.abc import AbstractConnection
 from ricochet import Job, Router
 from ricochet.broker.schedule_store import read_states
@@ -57,6 +58,7 @@ def assert_unbroken(ids: list[str], period_ms: int) -> None:
     assert all(t % period_ms == 0 for t in times)
 
 
+@pytest.mark.timing
 async def test_occurrences_are_enqueued_at_their_time(start_worker: StartWorker) -> None:
     """Each occurrence falls on a multiple of the period since the epoch, runs once, no earlier
     than its time and within 1 s after it on an idle worker; a new schedule catches up nothing

@@ -32,6 +32,10 @@ from tests.support import (
     wait_for,
 )
 
+# Every row here asserts how late a wait ends: run apart from the other tests' load.
+pytestmark = pytest.mark.timing
+
+
 QUEUE_TYPES = ["quorum", "classic"]
 # An idle worker runs a due job within this of its time (SPEC section 15).
 ON_TIME_S = 1.0
