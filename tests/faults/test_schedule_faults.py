@@ -1,6 +1,7 @@
 """Faults of recurring jobs (SPEC 22): the leading worker process killed, its connection dropped,
-or the broker restarted, with a schedule `every` 1 s and two worker processes; and the monitor
-killed in the middle of a relaunch of failed jobs.
+or the broker restarted, with a schedule `every` 1 s and two worker processes; the state the
+leader recorded forged into the future before it is killed (SPEC 24); and the monitor killed in
+the middle of a relaunch of failed jobs.
 
 A schedule's accounting: every occurrence a leader logged as enqueued ran (or was still queued
 when the workers stopped), the occurrences that ran form an unbroken sequence of the period
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.schedule_store import Entry, write_state
 from ricochet.delivery.retry import FailureKind
 from ricochet.names import Names
 
@@ -181,6 +184,69 @@ async def test_connection_of_the_leader_dropped(
     await after_takeover(run)
     await account_occurrences(run, held_ms, closed_ms)
     assert [w.starts for w in run.workers] == [1, 1]  # the leader connected again, not restarted
+
+
+async def test_state_forged_into_the_future_then_the_leader_killed(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """The leader is held still, a record saying its last occurrence is an hour ahead is written
+    to the store (as anyone with write access to the vhost could), and the leader is killed with
+    SIGKILL: the follower leads within 10 s, logs the state as ahead of the clock and counts it
+    as now, and enqueues every occurrence from then on, each within 1 s of falling due, instead
+    of none for an hour. The occurrences the forged record hid (from the hold to the takeover)
+    are the only ones not run: each is accounted for as hidden, none lost elsewhere."""
+    run = ticking(fault_run, "schedules: the state forged an hour ahead, the leader killed")
+    leader, follower = await two_workers(run)
+    held_ms = await hold(leader)
+    forged = now_ms() + 3_600_000
+    channel = await confirming_channel(run.connection)
+    await write_state(channel, run.settings.queue, {"tick": Entry(forged, 0)})
+    await channel.close()
+    killed_ms = now_ms()
+    leader.kill()
+    await after_takeover(run)
+    [clamp] = [
+        e
+        for e in follower.events()
+        if e["event"] == "schedule state ahead of the clock: counted as now"
+    ]
+    assert (clamp["schedule"], clamp["recorded_last"]) == ("tick", forged)
+    led_ms = clamp["now"]
+    assert killed_ms <= led_ms <= killed_ms + TAKEOVER_MS
+    for worker in run.workers:
+        if worker.alive:
+            assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
+    channel = await run.connection.channel()
+    queued = [str(m.message_id) for m in await take_all(channel, run.settings.queue)]
+    await channel.close()
+    runs = ran(run)
+    done = Counter(message_id for message_id, _ in runs)
+    ids = set(done) | set(queued)
+    times = sorted(occurrence_ms(i) for i in ids)
+    before = [t for t in times if t < led_ms]
+    after = [t for t in times if t > led_ms]
+    # Up to the hold, and from the takeover on, an unbroken sequence; between them, hidden.
+    assert before
+    assert max(before) <= held_ms, (before[-3:], held_ms)
+    assert after == list(range(after[0], after[-1] + 1, PERIOD_MS)), after
+    assert after[0] == (led_ms // PERIOD_MS + 1) * PERIOD_MS
+    hidden = range(max(before) + PERIOD_MS, after[0], PERIOD_MS)
+    assert set(times) == set(range(times[0], times[-1] + 1, PERIOD_MS)) - set(hidden)
+    assert len(hidden) <= (led_ms - held_ms) // PERIOD_MS + 1
+    late = {m: at - occurrence_ms(m) for m, at in runs if occurrence_ms(m) > led_ms}
+    assert max(late.values()) <= PERIOD_MS, max(late.items(), key=lambda kv: kv[1])
+    lost = run.logged("schedule occurrence enqueued") - ids
+    tally = Tally(
+        fault=run.name,
+        published=len(ids),
+        completed=len(done),
+        failed=0,
+        lost=len(lost),
+        duplicates=sum(done.values()) - len(done) + len(set(done) & set(queued)),
+    )
+    TALLIES.append(tally)
+    assert not lost, sorted(lost)
+    assert tally.duplicates == 0, tally
 
 
 @pytest.mark.skipif(

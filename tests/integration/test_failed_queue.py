@@ -271,6 +271,37 @@ async def test_reading_under_a_delivery_limit_policy_drops_no_copy(
         assert "delivery limit of 3" in listed.stderr
 
 
+async def test_a_delivery_limit_policy_set_a_moment_before_a_scan_is_honoured(
+    queue_name: str, connection: AbstractConnection, channel: AbstractChannel
+) -> None:
+    """SPEC 24: five copies in Q.failed, a delivery-limit policy of 3 set on it, and at once four
+    lists, then `ricochet failed list --json`: every copy is still there after. A scan reads the
+    policy definitions, which are current, not the queue's statistics, which show a new policy
+    only after the stats interval (on 3.10 and 4.0 the fourth list used to leave Q.failed
+    empty). Before 4.3 each list refuses, naming the limit; on 4.3 each reads all five."""
+    await declare(connection, make_settings(queue_name))
+    ids = [f"c{i}" for i in range(5)]
+    for message_id in ids:
+        await publish_failed(channel, queue_name, message_id, KeyError("address"))
+    names = Names(queue_name)
+    policy = add_policy(names.failed, {"delivery-limit": 3})
+    try:
+        seen = await read_repeatedly(connection, names, 4)
+        listed = run_cli(["failed", "list", "--json"], ricochet_env(make_settings(queue_name)))
+    finally:
+        remove_policy(policy)
+    assert await failed_ids(channel, queue_name) == ids
+    version = broker_version(connection)
+    if version is not None and version >= (4, 3):
+        assert seen == [ids] * 4
+        assert listed.returncode == 0, listed.stderr
+        assert [json.loads(line)["message_id"] for line in listed.stdout.splitlines()] == ids
+    else:
+        assert all(isinstance(s, str) and "delivery limit of 3" in s for s in seen), seen
+        assert listed.returncode == 1, listed.stdout
+        assert "delivery limit of 3" in listed.stderr
+
+
 async def test_a_failed_queue_with_rabbitmq_4s_default_limit_is_not_read_away(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:

@@ -11,7 +11,10 @@ import aiohttp
 import pytest
 from aio_pika.abc import AbstractConnection
 from ricochet import Job, Router
-from ricochet.broker.schedule_store import read_states
+from ricochet.broker.declare import declare
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.schedule_store import Entry, read_states, write_state
+from structlog.testing import capture_logs
 
 from tests.support import (
     StartWorker,
@@ -175,3 +178,46 @@ async def test_the_schedules_command_and_the_console_list_each_schedule(
         for process in (monitor, worker):
             process.terminate()
             assert process.wait(30) == 0
+
+
+async def test_an_absurd_or_future_state_stops_no_schedule(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """SPEC 24: the store holds, for one schedule of the queue, a last occurrence of 10**18 ms
+    (past any date) and, for another, one an hour ahead. The first is ignored (logged) and starts
+    afresh, the second counts as now (logged); every schedule of the queue, those two and one
+    with no state, enqueues each occurrence on time."""
+    router, ran = Router(), []
+    names = ("absurd", "ahead", "fresh")
+    for name in names:
+        router.schedule(name, "tick", every=EVERY_S)
+
+    @router.handler("tick")
+    async def tick(job: Job) -> None:
+        ran.append((str(job.message_id), time.time_ns() // 1_000_000))
+
+    now_ms = time.time_ns() // 1_000_000
+    forged = {"absurd": Entry(10**18, 0), "ahead": Entry(now_ms + 3_600_000, 0)}
+    await declare(connection, make_settings(queue_name))
+    channel = await confirming_channel(connection)
+    await write_state(channel, queue_name, forged)
+    await channel.close()
+    with capture_logs() as logs:
+        await start_worker(router)
+
+        def each_three() -> bool:
+            return all(sum(m.startswith(f"{n}@") for m, _ in ran) >= 3 for n in names)
+
+        await wait_for(each_three, 15, "three occurrences of each schedule")
+    for name in names:
+        mine = [(m, at) for m, at in ran if m.startswith(f"{name}@")]
+        assert_unbroken([m for m, _ in mine], EVERY_S * 1000)
+        for message_id, at in mine:
+            assert 0 <= at - occurrence_ms(message_id) <= 1000, (message_id, at)
+    events = [(e["event"], e.get("schedules"), e.get("schedule")) for e in logs]
+    assert (
+        "schedule state recorded cannot be read: ignored, the schedule starts afresh",
+        ["absurd"],
+        None,
+    ) in events
+    assert ("schedule state ahead of the clock: counted as now", None, "ahead") in events

@@ -4,7 +4,7 @@
 from typing import Any
 
 import pytest
-from ricochet.ops.limits import DeliveryLimit, delivery_limit
+from ricochet.ops.limits import DeliveryLimit, current_policies, delivery_limit
 
 V3, V40, V43 = (3, 10, 8), (4, 0, 5), (4, 3, 6)
 
@@ -59,3 +59,67 @@ def test_delivery_limit_names_what_sets_it() -> None:
     default = delivery_limit(queue(), V40)
     assert default is not None
     assert "declared without x-delivery-limit" in default.source
+
+
+def policy(
+    name: str, pattern: str, limit: int, priority: int = 0, apply_to: str = "all"
+) -> dict[str, Any]:
+    """A policy as GET /api/policies/{vhost} lists it, setting delivery-limit."""
+    return {
+        "vhost": "v",
+        "name": name,
+        "pattern": pattern,
+        "apply-to": apply_to,
+        "definition": {"delivery-limit": limit},
+        "priority": priority,
+    }
+
+
+FAILED = "jobs.failed"
+# (policies, operator policies, the policy and operator policy applied, the delivery-limit set)
+POLICIES = [
+    ([], [], None, None, None),
+    ([policy("a", r"^jobs\.failed$", 3)], [], "a", None, 3),
+    # The pattern matches anywhere in the name, as re:run does.
+    ([policy("a", r"failed", 3)], [], "a", None, 3),
+    ([policy("a", r"^failed", 3)], [], None, None, None),
+    ([policy("a", r"^jobs$", 3)], [], None, None, None),
+    # The highest priority wins, whatever the limit; equal priorities go by name.
+    ([policy("a", "jobs", 3, 1), policy("b", "failed", 7, 2)], [], "b", None, 7),
+    ([policy("b", "jobs", 3, 5), policy("a", "failed", 7, 1)], [], "b", None, 3),
+    ([policy("b", "jobs", 3), policy("a", "failed", 7)], [], "a", None, 7),
+    # apply-to: the queue's type, queues and all cover a quorum queue; the others do not.
+    ([policy("a", "jobs", 3, apply_to="quorum_queues")], [], "a", None, 3),
+    ([policy("a", "jobs", 3, apply_to="queues")], [], "a", None, 3),
+    ([policy("a", "jobs", 3, apply_to="classic_queues")], [], None, None, None),
+    ([policy("a", "jobs", 3, apply_to="exchanges")], [], None, None, None),
+    ([policy("a", "jobs", 3, 9, "exchanges"), policy("b", "jobs", 5)], [], "b", None, 5),
+    # An operator policy applies beside the policy; of a limit both set, the lower.
+    ([], [policy("op", "jobs", 4)], None, "op", 4),
+    ([policy("a", "jobs", 3)], [policy("op", "jobs", 4)], "a", "op", 3),
+    ([policy("a", "jobs", 30)], [policy("op", "jobs", 4)], "a", "op", 4),
+]
+
+
+@pytest.mark.parametrize(("policies", "operator", "name", "op_name", "limit"), POLICIES)
+def test_the_policies_a_queue_has_come_from_their_definitions(
+    policies: list[dict[str, Any]],
+    operator: list[dict[str, Any]],
+    name: str | None,
+    op_name: str | None,
+    limit: int | None,
+) -> None:
+    """Which policy and operator policy the broker applies to Q.failed, read from the vhost's
+    definitions (current) rather than the queue's statistics (a stats interval behind: here
+    they still say no policy)."""
+    found: dict[str, Any] = {"name": FAILED, "type": "quorum", "arguments": {}, "policy": None}
+    current = current_policies(found, policies, operator)
+    assert current is not None
+    assert (current["policy"], current["operator_policy"]) == (name, op_name)
+    assert current["effective_policy_definition"].get("delivery-limit") == limit
+    assert current["arguments"] == {}
+
+
+def test_a_pattern_python_cannot_read_leaves_it_to_the_statistics() -> None:
+    found = {"name": FAILED, "type": "quorum", "arguments": {}}
+    assert current_policies(found, [policy("a", "(?<x>jobs)", 3, 9)], []) is None

@@ -98,6 +98,17 @@ class Api:
         )
         return answer
 
+    async def policies(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The vhost's policies and operator policies, as defined now (the policymaker tag reads
+        the first, administrator the second)."""
+        found = [
+            await self.get(f"{kind}/{quote(vhost, safe='')}")
+            for kind in ("policies", "operator-policies")
+        ]
+        if not all(isinstance(listed, list) for listed in found):
+            raise ManagementUnavailable(f"the management API lists no policies of {vhost!r}")
+        return found[0], found[1]
+
 
 @asynccontextmanager
 async def open_api(management_url: str, amqp_url: str) -> AsyncIterator[Api]:

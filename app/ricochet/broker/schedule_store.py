@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.headers import RECORD_QUEUE, STREAM_OFFSET
 from ricochet.names import SHARED
+
+log = structlog.get_logger("ricochet.schedules")
 
 STATE = "schedules"
 MARKER = "marker"
@@ -32,6 +35,9 @@ READ_WINDOW_S = 2 * CHECKPOINT_S
 READ_PREFETCH = 1000
 # A reader that has not seen its own marker by then gives up (the store does not answer).
 READ_TIMEOUT_S = 60.0
+# The latest instant a record may hold: the last millisecond a datetime can name (an occurrence is
+# named by its time). Anything later is not a time a leader wrote.
+LATEST_MS = (dt.datetime.max - dt.datetime(1970, 1, 1)) // dt.timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)
@@ -59,27 +65,39 @@ def encode_state(state: Mapping[str, Entry]) -> bytes:
     ).encode()
 
 
-def decode_state(body: bytes) -> State:
-    """A record's state; entries that cannot be read are left out (pure)."""
+def decode_state(body: bytes) -> tuple[State, list[str]]:
+    """A record's state, and the names of the entries left out because they cannot be read (an
+    instant that is not a whole number of ms from the epoch to LATEST_MS); a body that cannot be
+    read at all names "*" (pure)."""
     try:
         raw = json.loads(body)
-    except ValueError:
-        return {}
+    except (ValueError, RecursionError):
+        return {}, ["*"]
     if not isinstance(raw, dict):
-        return {}
+        return {}, ["*"]
     state: State = {}
+    unreadable: list[str] = []
     for name, value in raw.items():
-        if not isinstance(value, dict):
-            continue
-        last, since = _ms(value.get("last")), _ms(value.get("since"))
-        if since is not None and (last is not None or value.get("last") is None):
-            state[name] = Entry(last, since)
-    return state
+        entry = _entry(value)
+        if entry is None:
+            unreadable.append(name)
+        else:
+            state[name] = entry
+    return state, unreadable
+
+
+def _entry(value: Any) -> Entry | None:
+    if not isinstance(value, dict):
+        return None
+    last, since = _ms(value.get("last")), _ms(value.get("since"))
+    if since is None or (last is None and value.get("last") is not None):
+        return None
+    return Entry(last, since)
 
 
 def _ms(value: Any) -> int | None:
     """An instant as a record spells it, else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= LATEST_MS:
         return value
     return None
 
@@ -109,7 +127,16 @@ async def read_states(connection: AbstractConnection, queues: Collection[str]) -
     missing = set(queues) - found.keys()
     if missing:
         found |= await _read(connection, missing, "first")
-    return {queue: decode_state(body) for queue, body in found.items()}
+    states: dict[str, State] = {}
+    for queue, body in found.items():
+        states[queue], unreadable = decode_state(body)
+        if unreadable:
+            log.warning(
+                "schedule state recorded cannot be read: ignored, the schedule starts afresh",
+                queue=queue,
+                schedules=unreadable,
+            )
+    return states
 
 
 async def _read(

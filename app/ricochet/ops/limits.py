@@ -1,6 +1,14 @@
 """Which of a queue's arguments and policies RabbitMQ applies, and so the delivery limit a queue
 has (pure): what doctor's policy check reports, and what a scan of the failed queue heeds. Both
 read the management API's object for a queue (type, arguments, policies, effective definition).
+A scan first brings the object's policies up to date from the policy definitions themselves
+(current_policies): the object's own come from queue statistics, which show a policy only one
+stats interval after it is set.
+
+Of the policies of a vhost, the broker applies to a queue the one of highest priority whose
+apply-to covers the queue's type and whose pattern matches somewhere in its name; the same for
+operator policies; and merges the two definitions key by key, the lower value for a limit (as
+for arguments below), the operator policy's for the rest.
 
 A policy key the queue's own arguments do not set always applies. When both set it, RabbitMQ
 takes the lower of the limits (the higher delivery limit when one is negative, meaning none, on
@@ -8,6 +16,7 @@ RabbitMQ 4), the quorum queue's policy for overflow, and the argument for the re
 (dead-lettering, queue mode).
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +38,51 @@ DEFAULT_DELIVERY_LIMIT = 20
 # that means none, and under any limit its quorum queue hands a returned message back at its
 # head, where it expires on time (without one, 3.x appends it behind the rest).
 UNREACHED_DELIVERY_LIMIT = 1_000_000
+
+
+# What a policy's apply-to says when it covers a queue of each type, besides "all" and "queues".
+APPLY_TO = {"classic": "classic_queues", "quorum": "quorum_queues", "stream": "streams"}
+
+
+def current_policies(
+    queue: JSON, policies: list[JSON], operator_policies: list[JSON]
+) -> JSON | None:
+    """The queue's object with its policy, operator_policy and effective_policy_definition as
+    the vhost's policy definitions give them now; None when a pattern that could apply is not
+    one Python reads (then only the statistics can say)."""
+    try:
+        policy, operator_policy = _applied(queue, policies), _applied(queue, operator_policies)
+    except re.error:
+        return None
+    definition = dict(policy[1]) if policy else {}
+    for key, value in (operator_policy[1] if operator_policy else {}).items():
+        mine = definition.get(key)
+        lower = key in LOWER_WINS and isinstance(mine, int) and isinstance(value, int)
+        definition[key] = min(mine, value) if lower else value
+    return queue | {
+        "policy": policy[0] if policy else None,
+        "operator_policy": operator_policy[0] if operator_policy else None,
+        "effective_policy_definition": definition,
+    }
+
+
+def _applied(queue: JSON, policies: list[JSON]) -> tuple[str, JSON] | None:
+    """(name, definition) of the policy the broker applies to the queue, if any; re.error for a
+    pattern Python cannot read. Of equal priorities the first by name, as the broker's store
+    lists them."""
+    covers = {"all", "queues", APPLY_TO.get(str(queue.get("type")))}
+    best: tuple[int, str, JSON] | None = None
+    for policy in sorted(policies, key=lambda p: str(p.get("name"))):
+        priority, definition = policy.get("priority", 0), policy.get("definition")
+        if (
+            policy.get("apply-to", "all") in covers
+            and isinstance(priority, int)
+            and isinstance(definition, dict)
+            and (best is None or priority > best[0])
+            and re.search(str(policy.get("pattern")), str(queue.get("name"))) is not None
+        ):
+            best = (priority, str(policy.get("name")), definition)
+    return None if best is None else best[1:]
 
 
 def reached(limit: int, rabbitmq_4: bool) -> bool:

@@ -3,18 +3,25 @@ process of its own. Of all the worker processes, the one whose connection holds 
 (broker/schedule_lead.py) enqueues that queue's occurrences; the others look for the lead every
 LEAD_PROBE_S and take it once the broker has dropped it with the leader's connection.
 
-A new leader reads the state its predecessor recorded (broker/schedule_store.py), enqueues what
-catch_up says and logs what it skips, then enqueues each occurrence as it falls due, through a
-Client (the application's own publish path: persistent, confirmed, message_id
-`<name>@<time>`), and records the new state after each. An occurrence enqueued by a leader that
-died before recording it is enqueued again by the next, with the same message_id.
+A new leader reads the state its predecessor recorded (broker/schedule_store.py), then, in
+rounds, enqueues what catch_up says and logs what it skips, through a Client (the application's
+own publish path: persistent, confirmed, message_id `<name>@<time>`), and records the new state
+after each. An occurrence enqueued by a leader that died before recording it is enqueued again
+by the next, with the same message_id.
+
+Neither the clock nor the recorded state is trusted: a recorded instant ahead of the clock (a
+forged record, a leader whose clock ran ahead, this one's clock set back) counts as now; a clock
+that jumps is seen (schedules/catchup.py) and what it jumped over is caught up like a time with
+no worker; a round is at most WAKE_S away, so a clock set back never holds a schedule longer;
+and one schedule's failure is logged while the others go on.
 """
 
 import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -25,8 +32,7 @@ from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
 from ricochet.client.client import Client
 from ricochet.observe.metrics import Metrics
-from ricochet.schedules.catchup import catch_up
-from ricochet.schedules.rules import Rule
+from ricochet.schedules.catchup import Reading, Skipped, catch_up, jumped
 from ricochet.schedules.schedule import Schedule
 from ricochet.settings import Settings
 
@@ -43,15 +49,28 @@ BATCH = 256
 CHECKPOINT_MS = round(CHECKPOINT_S * 1000)
 # The state of a schedule that no worker runs any more is forgotten this long after its last.
 KEEP_MS = 31 * 86_400_000
+# A leader reads its clock at least this often, whenever the next occurrence falls due.
+WAKE_S = 2.0
 
 
 class LeadLost(Exception):
     """The lead went to another connection, or was deleted, while this one led."""
 
 
+def reading() -> Reading:
+    """The wall clock and the monotonic clock, now."""
+    return Reading(time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000)
+
+
 def now_ms() -> int:
     """The wall clock, in milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
+
+
+def clamped(entry: Entry, now_ms: int) -> Entry:
+    """An entry whose instants are at most now_ms: one recorded ahead of the clock counts as now."""
+    last_ms = None if entry.last_ms is None else min(entry.last_ms, now_ms)
+    return Entry(last_ms, min(entry.since_ms, now_ms))
 
 
 def leading_state(recorded: State, schedules: Sequence[Schedule], led_ms: int) -> State:
@@ -68,12 +87,56 @@ def leading_state(recorded: State, schedules: Sequence[Schedule], led_ms: int) -
     return state
 
 
-def due_until(rule: Rule, accounted_ms: int, until_ms: int) -> Iterator[int]:
-    """The occurrences after accounted_ms, up to until_ms."""
-    at = rule.after(accounted_ms)
-    while at is not None and at <= until_ms:
-        yield at
-        at = rule.after(at)
+@dataclass(frozen=True)
+class Round:
+    """What one round of a leader does (see plan_round)."""
+
+    state: State
+    due: list[tuple[int, Schedule]]
+    wake_ms: int | None
+    skipped: list[tuple[Schedule, Skipped]]
+    ahead: list[tuple[Schedule, Entry]]
+    failed: list[tuple[Schedule, Exception]]
+
+
+def plan_round(schedules: Sequence[Schedule], state: State, seen_ms: int, now_ms: int) -> Round:
+    """A round at now_ms, for a leader that has seen its clock run since seen_ms (pure): the
+    state with each entry ahead of the clock clamped (ahead: those entries as they were), the
+    occurrences due in order, what catch_up skips, and when the next occurrence falls due. A
+    schedule whose rule raises is left out of the round (failed) and starts afresh."""
+    kept_state = dict(state)
+    due: list[tuple[int, Schedule]] = []
+    upcoming: list[int] = []
+    skipped: list[tuple[Schedule, Skipped]] = []
+    ahead: list[tuple[Schedule, Entry]] = []
+    failed: list[tuple[Schedule, Exception]] = []
+    for schedule in schedules:
+        entry = state[schedule.name]
+        kept = clamped(entry, now_ms)
+        if kept != entry:
+            ahead.append((schedule, entry))
+        try:
+            caught = catch_up(schedule.rule, kept.accounted_ms, seen_ms, now_ms)
+            next_ms = schedule.rule.after(max([kept.accounted_ms, *caught.due]))
+        except Exception as error:  # one schedule's failure is not the others'
+            failed.append((schedule, error))
+            kept_state[schedule.name] = Entry(None, now_ms + 1)
+            continue
+        kept_state[schedule.name] = kept
+        due.extend((at, schedule) for at in caught.due)
+        if caught.skipped is not None:
+            skipped.append((schedule, caught.skipped))
+        if next_ms is not None:
+            upcoming.append(next_ms)
+    due.sort(key=lambda d: d[0])
+    return Round(kept_state, due, min(upcoming, default=None), skipped, ahead, failed)
+
+
+def sleep_s(wake_ms: int | None, now_ms: int) -> float:
+    """How long a leader sleeps until its next round: until wake_ms, at most WAKE_S."""
+    if wake_ms is None:
+        return WAKE_S
+    return min(max(0.0, (wake_ms - now_ms) / 1000), WAKE_S)
 
 
 class ScheduleLeader:
@@ -90,7 +153,7 @@ class ScheduleLeader:
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._started_ms = now_ms()
+        self._started = reading()
         self._by_queue: dict[str, list[Schedule]] = {}
         self._elsewhere: list[Schedule] = []
         for schedule in schedules:
@@ -139,7 +202,8 @@ class _QueueLead:
     ) -> None:
         self._settings = leader._settings
         self._metrics = leader._metrics
-        self._started_ms = leader._started_ms
+        self._previous = leader._started
+        self._seen_ms = leader._started.wall_ms
         self._connection = connection
         self._queue = queue
         self._schedules = schedules
@@ -171,6 +235,7 @@ class _QueueLead:
 
     async def _lead(self, channel: AbstractChannel) -> None:
         while not self._holding:
+            self._tick()
             if not await lead_is_held(channel, self._queue):
                 self._holding = await take_lead(self._connection, self._queue)
             if not self._holding:
@@ -184,64 +249,73 @@ class _QueueLead:
             settings.amqp_url, self._queue, connect_timeout_s=settings.connect_timeout_s
         ) as client:
             recorded = await read_states(self._connection, [self._queue])
-            self._state = leading_state(recorded.get(self._queue, {}), self._schedules, now_ms())
-            await self._catch_up(client, channel)
+            self._state = leading_state(
+                recorded.get(self._queue, {}), self._schedules, self._tick()
+            )
+            await self._record(channel)  # a new schedule's start, before anything else
             await self._follow(client, channel)
 
-    async def _catch_up(self, client: Client, channel: AbstractChannel) -> None:
-        now = now_ms()
-        due: list[tuple[int, Schedule]] = []
-        for schedule in self._schedules:
-            accounted = self._state[schedule.name].accounted_ms
-            result = catch_up(schedule.rule, accounted, self._started_ms, now)
-            if result.skipped is not None:
-                log.warning(
-                    "schedule occurrences skipped: no worker ran when they fell due",
-                    queue=self._queue,
-                    schedule=schedule.name,
-                    skipped=result.skipped.count,
-                    first=schedule.occurrence_id(result.skipped.first_ms),
-                    last=schedule.occurrence_id(result.skipped.last_ms),
-                )
-            due.extend((at, schedule) for at in result.due)
-        pending = sorted(due, key=lambda d: d[0])
-        await self._record(channel)  # a new schedule's start, before anything else
-        while pending:
-            pending = await self._enqueue(client, channel, pending)
+    def _tick(self) -> int:
+        """The wall clock, now; from now on if it jumped since the last reading."""
+        current = reading()
+        if jumped(self._previous, current):
+            log.warning(
+                "the clock jumped: what it jumped over is caught up like a time with no worker",
+                queue=self._queue,
+                jumped_ms=(current.wall_ms - self._previous.wall_ms)
+                - (current.mono_ms - self._previous.mono_ms),
+            )
+            self._seen_ms = current.wall_ms
+        self._previous = current
+        return current.wall_ms
 
     async def _follow(self, client: Client, channel: AbstractChannel) -> None:
         while True:
-            now = now_ms()
-            due = sorted(
-                (
-                    (at, schedule)
-                    for schedule in self._schedules
-                    for at in due_until(schedule.rule, self._state[schedule.name].accounted_ms, now)
-                ),
-                key=lambda d: d[0],
-            )
-            if due:
-                while due:
-                    due = await self._enqueue(client, channel, due)
-            elif now - self._written_ms >= CHECKPOINT_MS:
+            now = self._tick()
+            round_ = plan_round(self._schedules, self._state, self._seen_ms, now)
+            self._state = round_.state
+            self._report(round_, now)
+            if round_.due:
+                await self._enqueue(client, channel, round_.due)
+            elif not 0 <= now - self._written_ms < CHECKPOINT_MS:
                 await self._record(channel)
-            await asyncio.sleep(max(0.0, (self._wake_ms() - now_ms()) / 1000))
+            await asyncio.sleep(sleep_s(round_.wake_ms, self._tick()))
 
-    def _wake_ms(self) -> int:
-        """When the next occurrence falls due, or the next checkpoint, whichever comes first."""
-        upcoming = [
-            at
-            for schedule in self._schedules
-            if (at := schedule.rule.after(self._state[schedule.name].accounted_ms)) is not None
-        ]
-        return min([*upcoming, self._written_ms + CHECKPOINT_MS])
+    def _report(self, round_: Round, now: int) -> None:
+        """Log what a round clamped, skipped and failed."""
+        for schedule, entry in round_.ahead:
+            log.warning(
+                "schedule state ahead of the clock: counted as now",
+                queue=self._queue,
+                schedule=schedule.name,
+                recorded_last=entry.last_ms,
+                recorded_since=entry.since_ms,
+                now=now,
+            )
+        for schedule, skipped in round_.skipped:
+            log.warning(
+                "schedule occurrences skipped: no worker ran, or the clock jumped, when they "
+                "fell due",
+                queue=self._queue,
+                schedule=schedule.name,
+                skipped=skipped.count,
+                first=schedule.occurrence_id(skipped.first_ms),
+                last=schedule.occurrence_id(skipped.last_ms),
+            )
+        for schedule, error in round_.failed:
+            log.error(
+                "schedule failed: it starts afresh, the others go on",
+                queue=self._queue,
+                schedule=schedule.name,
+                error=f"{type(error).__name__}: {error}",
+            )
 
     async def _enqueue(
         self, client: Client, channel: AbstractChannel, due: list[tuple[int, Schedule]]
-    ) -> list[tuple[int, Schedule]]:
+    ) -> None:
         """Enqueue the occurrences, BATCH at a time, and record how far each schedule got: a
-        schedule stops at its first occurrence the broker did not confirm. Returns what is left
-        to enqueue (after RETRY_S), that occurrence and those after it.
+        schedule stops at its first occurrence the broker did not confirm, which the next round
+        (after RETRY_S) finds due again, while the other schedules go on.
 
         Each batch goes out once the broker has said the lead is still this connection's: the
         enqueues take the Client's connection, which outlives a closed lead."""
@@ -276,8 +350,7 @@ class _QueueLead:
             await self._record(channel)
             if stopped:
                 await asyncio.sleep(RETRY_S)
-                return [(at, s) for at, s in due[start:] if at > self._state[s.name].accounted_ms]
-        return []
+                return
 
     def _occurred(self, schedule: Schedule, at_ms: int) -> None:
         entry = self._state[schedule.name]
