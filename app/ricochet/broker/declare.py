@@ -30,9 +30,11 @@ from ricochet.broker.diff import (
     Unwanted,
     diff,
     diff_own,
+    held_delay_ms,
     quorum_tier_kept,
     reconcile,
     seen_in_refusal,
+    tier_routes,
 )
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import (
@@ -64,6 +66,10 @@ class _Declarer:
         self._settings = settings
         self._plan = p
         self._channel = KeptChannel(connection)
+        # What the broker keeps with an older delay, as far as the steps applied tell.
+        self.kept: dict[str, int | None] = dict(p.kept)
+        # Whether a step stopped routing to a tier or lane whose delay changed.
+        self.rerouted = False
 
     async def channel(self) -> AbstractChannel:
         return await self._channel.get()
@@ -128,6 +134,7 @@ class _Declarer:
             await (await self.channel()).declare_queue(
                 spec.name, durable=True, arguments=spec.arguments
             )
+            self.kept.pop(spec.name, None)
             return
         except ChannelPreconditionFailed as error:
             seen = seen_in_refusal(spec, str(error))
@@ -154,6 +161,7 @@ class _Declarer:
         spec, k = step.spec, step.tier
         n = self._plan.names
         what = "tier" if spec.name == n.tier(k) else "lane"
+        self.rerouted = True
         if what == "tier":
             await self.stop_routing(k)
         else:
@@ -164,11 +172,14 @@ class _Declarer:
             await (await self.channel()).declare_queue(
                 spec.name, durable=True, arguments=spec.arguments
             )
+            self.kept.pop(spec.name, None)
             log.info(f"{what} redeclared", queue=spec.name, delay_ms=spec.delay_ms)
         else:
+            self.kept[spec.name] = held_delay_ms(step.seen)
             log.warning(
                 f"{what} keeps its old delay until it drains",
                 queue=spec.name,
+                delay_ms=self.kept[spec.name],
                 wanted_delay_ms=spec.delay_ms,
                 messages=kept.messages,
                 reason=kept.reason,
@@ -311,7 +322,26 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
             await d.apply(step)
     finally:
         await d.close()
-    return p
+    return p.keeping(d.kept)
+
+
+async def declare_tier_again(
+    connection: AbstractConnection, settings: Settings, p: Plan, k: int
+) -> Plan:
+    """Declare tier k of a declared plan again, its queue and lanes as a start does: one the
+    broker keeps with an older delay is unbound and, if empty, deleted and declared with the
+    planned one (if it holds jobs, it stays as it is), then routed to again. Return the plan with
+    what the broker keeps now."""
+    d = _Declarer(connection, settings, p)
+    try:
+        for spec in p.waiting_of(k):
+            await d.apply(DeclareQueue(spec, tier=k))
+        if d.rerouted:
+            for step in tier_routes(p, k):
+                await d.apply(step)
+    finally:
+        await d.close()
+    return p.keeping(d.kept)
 
 
 async def declare_failed_side(connection: AbstractConnection, settings: Settings) -> Plan:

@@ -6,6 +6,7 @@ paused, failing, deleted) never holds another back.
 """
 
 import asyncio
+import contextlib
 
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -14,7 +15,6 @@ from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.record import declare_recorded
 from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer
 from ricochet.handlers.invoker import Invoker
@@ -24,6 +24,7 @@ from ricochet.observe.metrics import Metrics, QueueMetrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
+from ricochet.worker.applied import AppliedPlan
 from ricochet.worker.consumer import Consumer
 from ricochet.worker.pause import PausePolicy, PauseWatch
 from ricochet.worker.session import Session, State
@@ -58,6 +59,7 @@ class QueueWorker:
         self._consumer: Consumer | None = None
         self._observers: list[Observer] = []
         self._session: Session | None = None
+        self._applied = AppliedPlan(settings)
         self._watch = PauseWatch(
             PausePolicy(
                 settings.pause_failure_ratio,
@@ -93,7 +95,7 @@ class QueueWorker:
         """The queue worker's consumer, made for the topology of its first session and kept for the
         next: a lost session's jobs run on in it."""
         if self._consumer is None:
-            self._observers = [self._metrics, JobLog(plan.tiers), self._watch]
+            self._observers = [self._metrics, JobLog(lambda: self._applied.plan), self._watch]
             self._consumer = Consumer(
                 plan.names,
                 self.settings.max_retries,
@@ -107,33 +109,44 @@ class QueueWorker:
 
     async def declare(self, connection: AbstractConnection) -> Plan:
         """Declare the queue's topology (and what every queue shares), and record it."""
-        return await declare_recorded(connection, self.settings)
+        return await self._applied.declare(connection)
 
     async def run(self, connection: AbstractConnection, declared: Plan) -> None:
         """Sessions on new channels of the connection until a stop was requested and drained,
         or the connection or the cancels are lost; the first on the topology just declared,
-        each next one after declaring it again."""
+        each next one after declaring it again. Meanwhile a tier kept at an older delay is
+        declared again once empty."""
         retries = RetryLog(connection)  # one channel of the connection for its sessions' records
         plan: Plan | None = declared
-        while True:
-            try:
-                await self._run_session(connection, retries, plan or await self.declare(connection))
-                plan = None
-            except CONNECTION_ERRORS as error:
-                if connection.is_closed:
-                    raise
-                log.warning(
-                    "queue not consumed: its channel failed, opening another",
-                    queue=self.settings.queue,
-                    error=str(error),
-                )
-            if (
-                self._lifecycle.stopping.is_set()
-                or connection.is_closed
-                or self._cancels.lost.is_set()
-            ):
-                return
-            await self._lifecycle.unless_stopped(asyncio.sleep(REOPEN_PAUSE_S))
+        kept = asyncio.get_running_loop().create_task(
+            self._applied.declare_kept_once_empty(connection)
+        )
+        try:
+            while True:
+                try:
+                    await self._run_session(
+                        connection, retries, plan or await self.declare(connection)
+                    )
+                    plan = None
+                except CONNECTION_ERRORS as error:
+                    if connection.is_closed:
+                        raise
+                    log.warning(
+                        "queue not consumed: its channel failed, opening another",
+                        queue=self.settings.queue,
+                        error=str(error),
+                    )
+                if (
+                    self._lifecycle.stopping.is_set()
+                    or connection.is_closed
+                    or self._cancels.lost.is_set()
+                ):
+                    return
+                await self._lifecycle.unless_stopped(asyncio.sleep(REOPEN_PAUSE_S))
+        finally:
+            kept.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await kept
 
     async def _run_session(
         self, connection: AbstractConnection, retries: RetryLog, plan: Plan
@@ -166,6 +179,7 @@ class QueueWorker:
             self._watch,
             self._alert,
             self._cancels.lost,
+            self.declare,
         )
         try:
             await self._session.run()

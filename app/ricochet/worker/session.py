@@ -13,7 +13,7 @@ from tenacity import wait_exponential_jitter
 
 from ricochet.backoff import backoff
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.record import declare_recorded
+from ricochet.broker.plan import Plan
 from ricochet.observe.alerts import PAUSED, RESUMED
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -52,6 +52,7 @@ class Session:
         watch: PauseWatch,
         alert: Callable[[str, float], Awaitable[None]],
         cancels_lost: asyncio.Event,
+        declare: Callable[[AbstractConnection], Awaitable[Plan]],
     ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
@@ -62,6 +63,7 @@ class Session:
         self._watch = watch
         self._alert = alert
         self._cancels_lost = cancels_lost
+        self._declare = declare
         self._state = State.RECOVERING
         self._opening: asyncio.Task[None] | None = None
 
@@ -173,7 +175,7 @@ class Session:
                 with attempt:
                     if self._connection.is_closed:
                         return False
-                    await declare_recorded(self._connection, self._settings)
+                    await self._declare(self._connection)
             return True
 
         return await self._lifecycle.unless_stopped(declare())
