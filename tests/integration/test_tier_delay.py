@@ -10,10 +10,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet.broker import redeclaring
+from ricochet.broker.declare import declare
 from ricochet.broker.record import declare_recorded
 from ricochet.names import Names
+from structlog.testing import capture_logs
 
+from tests.broker import BROKER
 from tests.support import (
     api_queue,
     consumers,
@@ -144,3 +150,32 @@ async def test_a_kept_tier_shows_its_delay_and_is_declared_again_once_empty(
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 30)
+
+
+async def test_a_tier_is_declared_again_by_one_declarer_at_a_time(
+    connection: AbstractConnection, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another connection holds the lock for declaring the queue's tiers again, a declare
+    with another delay leaves even an empty tier as it is, saying why; once that connection is
+    gone (the broker deletes its lock with it), the next declare declares the tier again."""
+    monkeypatch.setattr(redeclaring, "LOCK_WAIT_S", 1.0)
+    n = Names(queue_name)
+    await declare(connection, make_settings(queue_name, max_retries=1, retry_delay_ms=OLD_MS))
+    after = make_settings(queue_name, max_retries=1, retry_delay_ms=NEW_MS)
+    other = await aio_pika.connect(BROKER.amqp_url)
+    try:
+        holder = await other.channel()
+        await holder.declare_queue(
+            n.redeclaring, exclusive=True, arguments={"x-queue-type": "classic"}
+        )
+        with capture_logs() as logs:
+            declared = await declare(connection, after)
+    finally:
+        await other.close()
+    assert declared.kept == {n.tier(1): OLD_MS}
+    [kept] = [log for log in logs if log["event"] == "tier keeps its old delay until it drains"]
+    assert (kept["queue"], kept["reason"]) == (n.tier(1), "another declarer holds the lock")
+    assert await _ttl_is(n.tier(1), OLD_MS)()
+
+    assert (await declare(connection, after)).kept == {}
+    assert await _ttl_is(n.tier(1), NEW_MS)()

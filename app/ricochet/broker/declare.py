@@ -44,11 +44,13 @@ from ricochet.broker.plan import (
     Binding,
     Exchange,
     Plan,
+    QueueSpec,
     delivery_limit_policy_command,
     hold_binding,
     plan,
     tier_source,
 )
+from ricochet.broker.redeclaring import redeclaring
 from ricochet.errors import ConfigError, ManagementUnavailable
 from ricochet.settings import Settings
 
@@ -63,6 +65,7 @@ class _Declarer:
     closes one."""
 
     def __init__(self, connection: AbstractConnection, settings: Settings, p: Plan) -> None:
+        self._connection = connection
         self._settings = settings
         self._plan = p
         self._channel = KeptChannel(connection)
@@ -157,7 +160,18 @@ class _Declarer:
 
     async def redeclare_when_empty(self, step: DelayDiffers) -> None:
         """Stop routing to a tier or lane whose delay changed; redeclare it if it is empty, else
-        it keeps its old delay until it drains (the next start looks again)."""
+        it keeps its old delay until it drains (a running worker looks again). One declarer at
+        a time does it, each looking again first whether another did it meanwhile."""
+        spec = step.spec
+        async with redeclaring(self._connection, self._plan.names) as held:
+            if not held:
+                self._keep(step, Kept(None, "another declarer holds the lock"))
+            elif await self.as_planned(spec):
+                self.kept.pop(spec.name, None)
+            else:
+                await self._redeclare_when_empty(step)
+
+    async def _redeclare_when_empty(self, step: DelayDiffers) -> None:
         spec, k = step.spec, step.tier
         n = self._plan.names
         what = "tier" if spec.name == n.tier(k) else "lane"
@@ -175,15 +189,31 @@ class _Declarer:
             self.kept.pop(spec.name, None)
             log.info(f"{what} redeclared", queue=spec.name, delay_ms=spec.delay_ms)
         else:
-            self.kept[spec.name] = held_delay_ms(step.seen)
-            log.warning(
-                f"{what} keeps its old delay until it drains",
-                queue=spec.name,
-                delay_ms=self.kept[spec.name],
-                wanted_delay_ms=spec.delay_ms,
-                messages=kept.messages,
-                reason=kept.reason,
+            self._keep(step, kept)
+
+    def _keep(self, step: DelayDiffers, kept: Kept) -> None:
+        spec = step.spec
+        what = "tier" if spec.name == self._plan.names.tier(step.tier) else "lane"
+        self.kept[spec.name] = held_delay_ms(step.seen)
+        log.warning(
+            f"{what} keeps its old delay until it drains",
+            queue=spec.name,
+            delay_ms=self.kept[spec.name],
+            wanted_delay_ms=spec.delay_ms,
+            messages=kept.messages,
+            reason=kept.reason,
+        )
+
+    async def as_planned(self, spec: QueueSpec) -> bool:
+        """Whether the queue is declared as planned (another declarer did it), declaring it so
+        if it is missing; False when the broker refuses (it differs still)."""
+        try:
+            await (await self.channel()).declare_queue(
+                spec.name, durable=True, arguments=spec.arguments
             )
+        except ChannelPreconditionFailed:
+            return False
+        return True
 
     async def stop_routing(self, k: int) -> None:
         """Stop routing to tier k's queue, which exists: straight from its source, or through

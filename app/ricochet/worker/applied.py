@@ -5,11 +5,11 @@ planned delay once it is empty.
 A tier's delay is its queue's x-message-ttl, fixed for the queue's life: it changes only by
 deleting the queue, which must hold nothing. So while a tier is kept, the worker looks every few
 seconds (a passive declare, on one channel) whether it is empty, and then declares it as a start
-does (broker/declare.py): unbound first, deleted only if still empty (a classic queue by
-queue.delete if-empty, which the broker refuses when a job came in meanwhile; a quorum queue,
-which cannot, once the management API shows it empty), declared with the planned delay and
-routed to again. The record of the topology is written again, so that every tool shows the
-delay the broker applies.
+does (broker/declare.py), one declarer at a time (broker/redeclaring.py): unbound first, deleted
+only if still empty (a classic queue by queue.delete if-empty, which the broker refuses when a
+job came in meanwhile; a quorum queue, which cannot, once the management API shows it empty),
+declared with the planned delay and routed to again. The record of the topology is written
+again, so that every tool shows the delay the broker applies.
 """
 
 import asyncio
@@ -37,6 +37,9 @@ class AppliedPlan:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._plan: Plan | None = None
+        # One declare of the queue's tiers at a time in the process: a lock held by the
+        # connection (broker/redeclaring.py) keeps out only other connections.
+        self._declaring = asyncio.Lock()
 
     @property
     def plan(self) -> Plan:
@@ -46,8 +49,9 @@ class AppliedPlan:
 
     async def declare(self, connection: AbstractConnection) -> Plan:
         """Declare the queue's topology (and what every queue shares), and record it."""
-        self._plan = await declare_recorded(connection, self._settings)
-        return self._plan
+        async with self._declaring:
+            self._plan = await declare_recorded(connection, self._settings)
+            return self._plan
 
     async def declare_kept_once_empty(self, connection: AbstractConnection) -> None:
         """Every KEPT_CHECK_S, declare again each kept tier that is empty, until the connection
@@ -79,9 +83,9 @@ class AppliedPlan:
                 depth = await read_depth(await channel.get(), spec.name)
                 if depth is not None and depth.messages:
                     return
-        after = await declare_tier_again(connection, self._settings, before, k)
-        # A declare of the whole topology (a session subscribing again) may have run meanwhile.
-        if self._plan is before:
-            self._plan = after
-        if after.kept != before.kept:
-            await record_declared(connection, self._settings, after)
+        async with self._declaring:
+            if self._plan is not before:  # declared whole meanwhile (a session subscribing again)
+                return
+            self._plan = await declare_tier_again(connection, self._settings, before, k)
+            if self._plan.kept != before.kept:
+                await record_declared(connection, self._settings, self._plan)
