@@ -111,6 +111,7 @@ async def test_a_kept_tier_shows_its_delay_and_is_declared_again_once_empty(
             tiers = await asyncio.to_thread(_tier_delays, env)
             assert (tiers[n.tier(1)], tiers[n.tier(2)]) == (OLD_MS, 2 * NEW_MS)
             rows = await asyncio.to_thread(_waiting, env)
+            assert [r["message_id"] for r in rows].count("first") == 1, rows
             [row] = [r for r in rows if r["message_id"] == "first"]
             due = dt.datetime.fromisoformat(row["due_at"]).timestamp()
             # Due when tier 1's delay has run since the job came: 20 s, not 1 s, after its failure.
