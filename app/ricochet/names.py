@@ -150,6 +150,12 @@ class Names:
     def tier(self, k: int) -> str:
         return f"{self.queue}.retry.{k}"
 
+    @property
+    def redeclaring(self) -> str:
+        """The exclusive queue a declarer holds as its lock while it deletes and declares again
+        a tier whose delay changed (broker/redeclaring.py)."""
+        return f"{self.queue}.retry.redeclaring"
+
     def lanes(self, k: int) -> str:
         """The random exchange that spreads tier k's jobs over its lanes (with jitter)."""
         return f"{self.queue}.retry.{k}.lanes"
@@ -198,7 +204,7 @@ class Names:
 # share its objects with the queue it derives from.
 _DERIVED = re.compile(
     r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return|return\.queue"
-    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|delay\.\d+)"
+    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|retry\.redeclaring|delay\.\d+)"
 )
 
 

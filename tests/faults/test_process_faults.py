@@ -5,10 +5,12 @@ GIL."""
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import psutil
 
 from tests.faults.harness import FaultRun, Supervisor, WorkerProcess, progress
@@ -120,6 +122,59 @@ async def test_jobs_waiting_in_tiers_across_changed_settings(
     tally = await run.account(expected_failed=set(doomed))
     assert set(flaky) <= set(run.done())
     assert tally.duplicates == 0
+
+
+async def test_a_kept_tier_declared_again_while_jobs_fail_into_it(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """Tier 1 holds jobs when a worker of two processes starts with a shorter delay, and jobs
+    keep failing into it in bursts at uneven gaps, so that it empties and fills again while both
+    processes look every 2 s whether to declare it again: it is declared again once empty, and
+    every job completes, none lost. Classic queues: the private node has no management API,
+    which a quorum tier's deletion asks."""
+    run = fault_run(
+        "a kept tier declared again while jobs fail into it",
+        queue_type="classic",
+        max_retries=2,
+        retry_delay_ms=1_500,
+    )
+    await run.publish(20, fail=1)  # declares tier 1 with 1.5 s; they wait in Q for the worker
+    fed = asyncio.Event()
+
+    async def feed_tier_1() -> None:
+        """Keep tier 1 holding jobs (each back in Q after 1.5 s) until the worker declared."""
+        channel = await run.connection.channel(publisher_confirms=True)
+        while not fed.is_set():
+            message_id = f"fed-{len(run.published)}"
+            message = aio_pika.Message(
+                b"{}", message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+            )
+            await channel.default_exchange.publish(message, routing_key=run.names.tier(1))
+            run.published.append(message_id)
+            await asyncio.sleep(0.1)
+        await channel.close()
+
+    feeder = asyncio.create_task(feed_tier_1())
+    await asyncio.sleep(2)
+    worker = run.worker(retry_delay_ms=200, processes=2).start()
+    await run.wait_consumers(2)
+    fed.set()
+    await feeder
+    events = worker.events()
+    assert any(e["event"] == "tier keeps its old delay until it drains" for e in events)
+    gaps = random.Random(27)
+    for _ in range(15):
+        await run.publish(10, fail=1)
+        await asyncio.sleep(gaps.uniform(0.3, 3.0))
+
+    def redeclared() -> bool:
+        return any(
+            e["event"] == "tier redeclared" and e["queue"] == run.names.tier(1)
+            for e in worker.events()
+        )
+
+    await wait_for(redeclared, 30, "tier 1 declared again")
+    await run.account()
 
 
 def worker_processes(parent: WorkerProcess) -> list[psutil.Process]:

@@ -29,9 +29,11 @@ from ricochet.broker.diff import (
     Unwanted,
     diff,
     diff_own,
+    held_delay_ms,
     quorum_tier_kept,
     reconcile,
     seen_in_refusal,
+    tier_routes,
 )
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import (
@@ -41,11 +43,13 @@ from ricochet.broker.plan import (
     Binding,
     Exchange,
     Plan,
+    QueueSpec,
     delivery_limit_policy_command,
     hold_binding,
     plan,
     tier_source,
 )
+from ricochet.broker.redeclaring import redeclaring
 from ricochet.errors import ConfigError, ManagementUnavailable, TopologyConflict
 from ricochet.log import get_logger
 from ricochet.settings import Settings
@@ -61,9 +65,14 @@ class _Declarer:
     closes one."""
 
     def __init__(self, connection: AbstractConnection, settings: Settings, p: Plan) -> None:
+        self._connection = connection
         self._settings = settings
         self._plan = p
         self._channel = KeptChannel(connection)
+        # What the broker keeps with an older delay, as far as the steps applied tell.
+        self.kept: dict[str, int | None] = dict(p.kept)
+        # Whether a step stopped routing to a tier or lane whose delay changed.
+        self.rerouted = False
 
     async def channel(self) -> AbstractChannel:
         return await self._channel.get()
@@ -128,6 +137,7 @@ class _Declarer:
             await (await self.channel()).declare_queue(
                 spec.name, durable=True, arguments=spec.arguments
             )
+            self.kept.pop(spec.name, None)
             return
         except ChannelPreconditionFailed as error:
             seen = seen_in_refusal(spec, str(error))
@@ -150,10 +160,22 @@ class _Declarer:
 
     async def redeclare_when_empty(self, step: DelayDiffers) -> None:
         """Stop routing to a tier or lane whose delay changed; redeclare it if it is empty, else
-        it keeps its old delay until it drains (the next start looks again)."""
+        it keeps its old delay until it drains (a running worker looks again). One declarer at
+        a time does it, each looking again first whether another did it meanwhile."""
+        spec = step.spec
+        async with redeclaring(self._connection, self._plan.names) as held:
+            if not held:
+                self._keep(step, Kept(None, "another declarer holds the lock"))
+            elif await self.as_planned(spec):
+                self.kept.pop(spec.name, None)
+            else:
+                await self._redeclare_when_empty(step)
+
+    async def _redeclare_when_empty(self, step: DelayDiffers) -> None:
         spec, k = step.spec, step.tier
         n = self._plan.names
         what = "tier" if spec.name == n.tier(k) else "lane"
+        self.rerouted = True
         if what == "tier":
             await self.stop_routing(k)
         else:
@@ -164,15 +186,34 @@ class _Declarer:
             await (await self.channel()).declare_queue(
                 spec.name, durable=True, arguments=spec.arguments
             )
+            self.kept.pop(spec.name, None)
             log.info(f"{what} redeclared", queue=spec.name, delay_ms=spec.delay_ms)
         else:
-            log.warning(
-                f"{what} keeps its old delay until it drains",
-                queue=spec.name,
-                wanted_delay_ms=spec.delay_ms,
-                messages=kept.messages,
-                reason=kept.reason,
+            self._keep(step, kept)
+
+    def _keep(self, step: DelayDiffers, kept: Kept) -> None:
+        spec = step.spec
+        what = "tier" if spec.name == self._plan.names.tier(step.tier) else "lane"
+        self.kept[spec.name] = held_delay_ms(step.seen)
+        log.warning(
+            f"{what} keeps its old delay until it drains",
+            queue=spec.name,
+            delay_ms=self.kept[spec.name],
+            wanted_delay_ms=spec.delay_ms,
+            messages=kept.messages,
+            reason=kept.reason,
+        )
+
+    async def as_planned(self, spec: QueueSpec) -> bool:
+        """Whether the queue is declared as planned (another declarer did it), declaring it so
+        if it is missing; False when the broker refuses (it differs still)."""
+        try:
+            await (await self.channel()).declare_queue(
+                spec.name, durable=True, arguments=spec.arguments
             )
+        except ChannelPreconditionFailed:
+            return False
+        return True
 
     async def stop_routing(self, k: int) -> None:
         """Stop routing to tier k's queue, which exists: straight from its source, or through
@@ -312,7 +353,26 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
             await d.apply(step)
     finally:
         await d.close()
-    return p
+    return p.keeping(d.kept)
+
+
+async def declare_tier_again(
+    connection: AbstractConnection, settings: Settings, p: Plan, k: int
+) -> Plan:
+    """Declare tier k of a declared plan again, its queue and lanes as a start does: one the
+    broker keeps with an older delay is unbound and, if empty, deleted and declared with the
+    planned one (if it holds jobs, it stays as it is), then routed to again. Return the plan with
+    what the broker keeps now."""
+    d = _Declarer(connection, settings, p)
+    try:
+        for spec in p.waiting_of(k):
+            await d.apply(DeclareQueue(spec, tier=k))
+        if d.rerouted:
+            for step in tier_routes(p, k):
+                await d.apply(step)
+    finally:
+        await d.close()
+    return p.keeping(d.kept)
 
 
 async def declare_failed_side(connection: AbstractConnection, settings: Settings) -> Plan:

@@ -25,10 +25,12 @@ from ricochet.broker.plan import (
     Plan,
     QueueSpec,
     SharedPlan,
+    hold_binding,
     return_route,
     stale_bindings,
     stale_lanes,
     stale_tiers,
+    tier_source,
 )
 from ricochet.names import SHARED, return_key
 
@@ -261,6 +263,20 @@ def seen_in_refusal(spec: QueueSpec, refusal: str) -> QueueSeen:
     return QueueSeen(queue_type, arguments, refusal=refusal)
 
 
+def held_delay_ms(seen: QueueSeen) -> int | None:
+    """The delay a queue seen with another one holds its jobs (pure): its x-message-ttl, which a
+    refused declaration spells as a string, the management API as a number; None when it has
+    none, or one that is no whole number of milliseconds."""
+    value = seen.arguments.get(TTL)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
 @dataclass(frozen=True)
 class Kept:
     """Why a waiting queue that a start wanted gone was kept: the jobs it holds (None when not
@@ -334,9 +350,7 @@ def diff_own(p: Plan, held: Held) -> list[Step]:
     settings' tiers, lanes and bindings are retired."""
     n = p.names
     waiting = [
-        DeclareQueue(spec, tier=k)
-        for k, tier in enumerate(p.tiers, start=1)
-        for spec in (tier, *p.lanes_of(k))
+        DeclareQueue(spec, tier=k) for k in range(1, len(p.tiers) + 1) for spec in p.waiting_of(k)
     ]
     # Stale bindings go before new ones: a key with no binding falls through to tier 1, while
     # a key bound twice for a moment would copy the job. The first-tier exchange is an
@@ -410,6 +424,18 @@ def _unbinds(p: Plan, held: Held) -> list[Step]:
         for b in held.bindings
         if b.source != "" and (b in stale or b.destination in retired)
     ]
+
+
+def tier_routes(p: Plan, k: int) -> list[Step]:
+    """The steps that route tier k's jobs into its queue and lanes again, after a declare of the
+    tier alone stopped routing to them (its delay changed): diff_own's bindings into them, then
+    the hold on Q goes, as in diff_own's order (pure)."""
+    n = p.names
+    queues = {spec.name for spec in p.waiting_of(k)}
+    source = tier_source(n, k, jittered=p.jittered)
+    binds: list[Step] = [Bind(b) for b in p.bindings if b == source or b.destination in queues]
+    hold: list[Step] = [Unbind(hold_binding(n))] if k == 1 and not p.jittered else []
+    return [*binds, *hold]
 
 
 def _unwanted(p: Plan, held: Held) -> list[Step]:

@@ -8,7 +8,8 @@ left that this plan does not want (stale tiers, lanes and bindings) is named her
 """
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import aio_pika
@@ -155,6 +156,9 @@ class Plan:
     # The lanes of jittered tiers (none without jitter), tier by tier.
     lanes: list[QueueSpec]
     shared: SharedPlan
+    # The tiers and lanes a declare found with another delay and kept (they held jobs), by name:
+    # the x-message-ttl the broker holds for each (None: it has none), until one is declared again.
+    kept: Mapping[str, int | None] = field(default_factory=dict)
 
     @property
     def jittered(self) -> bool:
@@ -163,6 +167,28 @@ class Plan:
     def lanes_of(self, k: int) -> list[QueueSpec]:
         """Tier k's lanes 1..LANES-1 (none without jitter)."""
         return self.lanes[(k - 1) * (LANES - 1) : k * (LANES - 1)]
+
+    def waiting_of(self, k: int) -> list[QueueSpec]:
+        """Tier k's queue and its lanes: where its jobs wait."""
+        return [self.tiers[k - 1], *self.lanes_of(k)]
+
+    def applied_delay_ms(self, spec: QueueSpec) -> int | None:
+        """The delay the broker applies to a queue of the plan: a kept tier or lane waits its
+        older one until it is declared again, any other its planned one. What every tool shows
+        of a tier's delay (logs, status, waiting, the console) is this."""
+        return self.kept.get(spec.name, spec.delay_ms)
+
+    def kept_tiers(self) -> list[int]:
+        """The tiers whose queue or a lane the broker keeps with an older delay."""
+        return [
+            k
+            for k in range(1, len(self.tiers) + 1)
+            if any(spec.name in self.kept for spec in self.waiting_of(k))
+        ]
+
+    def keeping(self, kept: Mapping[str, int | None]) -> "Plan":
+        """This plan with the broker keeping these tiers and lanes at these delays."""
+        return replace(self, kept=dict(kept))
 
 
 def _dead_lettering(queue_type: str) -> dict[str, Any]:

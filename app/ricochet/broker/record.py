@@ -6,10 +6,15 @@ broker's URL and the queue's name: it neither needs the worker's retry settings 
 or deletes a tier the worker declared. AMQP cannot read a queue's arguments back, so the record is
 a message: one persistent JSON object in a classic queue of length one, read without taking it
 (basic.get, then handed back). A classic queue counts no deliveries, so reading spends nothing.
+
+The record also says which tiers the declaration found with an older delay and kept (they held
+jobs), with the delay each really has, so that every tool shows the delay the broker applies; a
+worker writes it again when it declares such a tier again.
 """
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
@@ -18,7 +23,7 @@ from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.declare import declare
 from ricochet.broker.legacy import retire_legacy_delays
-from ricochet.broker.plan import PLAN_FIELDS, Plan
+from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.publish import confirming_channel
 from ricochet.names import Names
 from ricochet.settings import Settings
@@ -28,14 +33,18 @@ ARGUMENTS: dict[str, Any] = {
     "x-max-length": 1,
     "x-overflow": "drop-head",
 }
+# The record's key for the tiers and lanes kept with an older delay, by name (Plan.kept).
+KEPT = "kept_delays_ms"
 # Another reader may hold the record for a moment (between its get and its hand-back).
 READ_TRIES = 10
 READ_PAUSE_S = 0.05
 
 
-def record_of(settings: Settings) -> bytes:
-    """The record a declaration writes: the settings its plan is made of (pure)."""
-    return json.dumps(settings.model_dump(include=set(PLAN_FIELDS)), sort_keys=True).encode()
+def record_of(settings: Settings, kept: Mapping[str, int | None]) -> bytes:
+    """The record a declaration writes: the settings its plan is made of, and the tiers it kept
+    with an older delay (pure)."""
+    record = {**settings.model_dump(include=set(PLAN_FIELDS)), KEPT: dict(kept)}
+    return json.dumps(record, sort_keys=True).encode()
 
 
 def recorded_settings(settings: Settings, record: dict[str, Any] | None) -> Settings:
@@ -45,14 +54,29 @@ def recorded_settings(settings: Settings, record: dict[str, Any] | None) -> Sett
     return settings.model_copy(update={k: v for k, v in record.items() if k in PLAN_FIELDS})
 
 
-async def write_record(channel: AbstractChannel, settings: Settings) -> None:
-    """Keep the settings the topology was just declared with; the record before is dropped.
+def kept_of(record: dict[str, Any] | None) -> dict[str, int | None]:
+    """The tiers a record says the broker keeps with an older delay (pure): none for a record of
+    an earlier ricochet, and none of what is not a queue's name with a whole delay or none."""
+    kept = None if record is None else record.get(KEPT)
+    if not isinstance(kept, dict):
+        return {}
+    return {
+        name: delay
+        for name, delay in kept.items()
+        if isinstance(name, str)
+        and (delay is None or (isinstance(delay, int) and not isinstance(delay, bool)))
+    }
+
+
+async def write_record(channel: AbstractChannel, settings: Settings, declared: Plan) -> None:
+    """Keep the settings the topology was just declared with and what the declaration kept;
+    the record before is dropped.
 
     The channel must confirm publishes: the record is written before the worker consumes."""
     name = Names(settings.queue).record
     await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
     message = aio_pika.Message(
-        record_of(settings),
+        record_of(settings, declared.kept),
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
@@ -64,12 +88,19 @@ async def declare_recorded(connection: AbstractConnection, settings: Settings) -
     retire the per-queue delay levels of earlier versions once they are done with."""
     declared = await declare(connection, settings)
     await retire_legacy_delays(connection, settings)
+    await record_declared(connection, settings, declared)
+    return declared
+
+
+async def record_declared(
+    connection: AbstractConnection, settings: Settings, declared: Plan
+) -> None:
+    """Write the record of a plan as the broker now applies it, on a channel of its own."""
     channel = await confirming_channel(connection)
     try:
-        await write_record(channel, settings)
+        await write_record(channel, settings, declared)
     finally:
         await channel.close()
-    return declared
 
 
 async def read_record(connection: AbstractConnection, queue: str) -> dict[str, Any] | None:
@@ -97,3 +128,10 @@ async def declared_settings(connection: AbstractConnection, settings: Settings) 
     """The settings the queue's topology was declared with, as far as its plan goes; these
     settings' own when nothing has declared it yet."""
     return recorded_settings(settings, await read_record(connection, settings.queue))
+
+
+async def declared_plan(connection: AbstractConnection, settings: Settings) -> Plan:
+    """The plan of the queue's topology as it was declared, with the delays the broker applies
+    to its tiers: those kept with an older delay wait that one."""
+    record = await read_record(connection, settings.queue)
+    return plan(recorded_settings(settings, record)).keeping(kept_of(record))

@@ -1,10 +1,10 @@
 """The job's log line for each settled delivery (ricochet.delivery.events): the job's own
 fields (message_id, type, attempt) are bound to the context it runs in already."""
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import assert_never
 
-from ricochet.broker.plan import QueueSpec
+from ricochet.broker.plan import Plan
 from ricochet.delivery.events import Settled
 from ricochet.delivery.retry import (
     Ack,
@@ -26,8 +26,8 @@ class JobLog:
     """Logs what became of each delivery: succeeded, retried (in which tier, or later),
     scheduled, cancelled, cleaned of a forged header, or failed (with the failed copy's fields)."""
 
-    def __init__(self, tiers: Sequence[QueueSpec]) -> None:
-        self._tiers = tiers
+    def __init__(self, applied: Callable[[], Plan]) -> None:
+        self._applied = applied  # the queue's plan as the broker applies it now
 
     def attempted(self, outcome: Outcome, seconds: float) -> None:
         pass  # the settling says what the attempt came to
@@ -39,12 +39,13 @@ class JobLog:
                 log.info("job succeeded")
             case Retry(tier) | RetryByCopy(tier):
                 assert failure is not None
-                spec = self._tiers[tier - 1]
+                applied = self._applied()
+                spec = applied.tiers[tier - 1]
                 log.warning(
                     "job failed, retrying",
                     error=failure.reason,
                     tier=spec.name,
-                    delay_ms=spec.delay_ms,
+                    delay_ms=applied.applied_delay_ms(spec),
                 )
             case Fail():
                 assert event.failed_fields is not None

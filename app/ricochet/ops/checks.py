@@ -26,6 +26,7 @@ from ricochet.broker.diff import (
     Step,
     Unbind,
     Unwanted,
+    held_delay_ms,
     planned_bindings,
     planned_exchanges,
     planned_queues,
@@ -34,7 +35,6 @@ from ricochet.broker.diff import (
 from ricochet.broker.plan import (
     DELIVERY_LIMIT,
     QUEUE_TYPE,
-    TTL,
     Binding,
     Plan,
     QueueSpec,
@@ -192,7 +192,7 @@ def _binding(b: JSON) -> Binding:
 
 
 def _tier_delay_check(name: str, step: DelayDiffers) -> Check:
-    old = step.seen.arguments.get(TTL)
+    old = held_delay_ms(step.seen)
     was = f"waits {duration(old)}" if old is not None else "has no delay"
     waits = f"{was}, the settings say {duration(step.spec.delay_ms)}"
     messages = step.seen.messages
@@ -201,7 +201,7 @@ def _tier_delay_check(name: str, step: DelayDiffers) -> Check:
             name,
             "warn",
             f"{waits}; it keeps its old delay until its {messages} jobs drain (within "
-            f"{duration(old)}), then `ricochet topology` (or a worker start) redeclares it",
+            f"{duration(old)}), then a running worker (or `ricochet topology`) declares it again",
         )
     return Check(name, "fail", f"{waits} and it is empty: `ricochet topology` redeclares it")
 
@@ -368,7 +368,7 @@ def stale_tier_check(plan: Plan, steps: list[Step]) -> Check:
     for step in steps:
         if not isinstance(step, RetireTier) or step.seen is None:
             continue
-        delay = step.seen.arguments.get(TTL)
+        delay = held_delay_ms(step.seen)
         if step.seen.messages:
             found.append(
                 f"{step.name} holds {step.seen.messages} jobs: they come back to "

@@ -175,16 +175,20 @@ class QueueStatus:
 
 
 def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
-    """(name, role, delay_ms) of every queue in the plan, in the order a job meets them."""
+    """(name, role, delay_ms) of every queue in the plan, in the order a job meets them; a tier's
+    delay is the one the broker applies."""
     n = plan.names
     lanes = [
-        (spec.name, f"tier {k} lane {i}", spec.delay_ms)
+        (spec.name, f"tier {k} lane {i}", plan.applied_delay_ms(spec))
         for k in range(1, len(plan.tiers) + 1)
         for i, spec in enumerate(plan.lanes_of(k), start=1)
     ]
     return [
         (n.queue, "main", None),
-        *((spec.name, f"tier {k}", spec.delay_ms) for k, spec in enumerate(plan.tiers, start=1)),
+        *(
+            (spec.name, f"tier {k}", plan.applied_delay_ms(spec))
+            for k, spec in enumerate(plan.tiers, start=1)
+        ),
         *lanes,
         (n.failed, "failed", None),
         (n.events, "failed events", None),

@@ -3,8 +3,8 @@
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.depth import KeptChannel, read_depth
-from ricochet.broker.plan import Plan, plan
-from ricochet.broker.record import declared_settings
+from ricochet.broker.plan import Plan
+from ricochet.broker.record import declared_plan
 from ricochet.ops.report import QueueStatus, roles
 from ricochet.settings import Settings
 
@@ -33,7 +33,7 @@ class StatusReader:
 
 async def read_status(connection: AbstractConnection, settings: Settings) -> list[QueueStatus]:
     """Depth and consumers of every queue of the topology as it was declared, read once."""
-    declared = plan(await declared_settings(connection, settings))
+    declared = await declared_plan(connection, settings)
     reader = StatusReader(connection)
     statuses = await reader.read(declared)
     await reader.close()

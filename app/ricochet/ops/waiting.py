@@ -42,8 +42,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 
 from ricochet.broker.amqp import broker_version
 from ricochet.broker.depth import KeptChannel, read_depth
-from ricochet.broker.plan import Plan, delivery_limit_policy_command, plan
-from ricochet.broker.record import declared_settings
+from ricochet.broker.plan import Plan, delivery_limit_policy_command
+from ricochet.broker.record import declared_plan
 from ricochet.broker.retries import Retried, read_retries
 from ricochet.log import get_logger
 from ricochet.names import DELAY_LEVELS, SHARED, Names
@@ -262,9 +262,11 @@ class PlaceScan:
 def places(plan: Plan) -> list[Place]:
     """Where the jobs of the plan's queue may wait: the levels of the delays, highest first (a
     job moves down them, so it is read twice at worst, never missed), then its tiers and
-    lanes."""
+    lanes, each with the delay the broker applies to it."""
     levels = [level_place(k) for k in reversed(range(DELAY_LEVELS))]
-    tiers = [Place(spec.name, spec.delay_ms or 0) for spec in [*plan.tiers, *plan.lanes]]
+    tiers = [
+        Place(spec.name, plan.applied_delay_ms(spec) or 0) for spec in [*plan.tiers, *plan.lanes]
+    ]
     return [*levels, *tiers]
 
 
@@ -463,7 +465,7 @@ async def list_waiting(
     limit: int | None = None,
 ) -> list[Waiting]:
     """The waiting jobs of settings.queue that match, soonest due first (at most limit)."""
-    declared = plan(await declared_settings(connection, settings))
+    declared = await declared_plan(connection, settings)
     rows = await scan_waiting(
         connection, declared, message_id, management_url=settings.management_url
     )
@@ -474,7 +476,7 @@ async def show_waiting(
     connection: AbstractConnection, settings: Settings, message_id: str
 ) -> list[Shown]:
     """Every waiting job of settings.queue with this message_id (usually one), soonest first."""
-    declared = plan(await declared_settings(connection, settings))
+    declared = await declared_plan(connection, settings)
     messages: dict[tuple[object, ...], AbstractIncomingMessage] = {}
 
     def keep(row: Waiting, message: AbstractIncomingMessage) -> None:

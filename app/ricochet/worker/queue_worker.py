@@ -6,6 +6,7 @@ paused, failing, deleted, in conflict) never holds another back.
 """
 
 import asyncio
+import contextlib
 
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -24,6 +25,7 @@ from ricochet.observe.metrics import Metrics, QueueMetrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
+from ricochet.worker.applied import AppliedPlan
 from ricochet.worker.consumer import Consumer
 from ricochet.worker.pause import PausePolicy, PauseWatch
 from ricochet.worker.redeclare import Redeclare
@@ -59,7 +61,8 @@ class QueueWorker:
         self._consumer: Consumer | None = None
         self._observers: list[Observer] = []
         self._session: Session | None = None
-        self._redeclare = Redeclare(settings, lifecycle)
+        self._applied = AppliedPlan(settings)
+        self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
         self._watch = PauseWatch(
             PausePolicy(
                 settings.pause_failure_ratio,
@@ -112,7 +115,7 @@ class QueueWorker:
         """The queue worker's consumer, made for the topology of its first session and kept for the
         next: a lost session's jobs run on in it."""
         if self._consumer is None:
-            self._observers = [self._metrics, JobLog(plan.tiers), self._watch]
+            self._observers = [self._metrics, JobLog(lambda: self._applied.plan), self._watch]
             self._consumer = Consumer(
                 plan.names,
                 self.settings.max_retries,
@@ -136,8 +139,21 @@ class QueueWorker:
         """Sessions on new channels of the connection until a stop was requested and drained,
         or the connection or the cancels are lost; the first on the topology just declared (or
         once a queue in conflict at start is declared), each next one after declaring it
-        again."""
+        again. Meanwhile a tier kept at an older delay is declared again once empty."""
         retries = RetryLog(connection)  # one channel of the connection for its sessions' records
+        kept = asyncio.get_running_loop().create_task(
+            self._applied.declare_kept_once_empty(connection)
+        )
+        try:
+            await self._sessions(connection, retries, declared)
+        finally:
+            kept.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await kept
+
+    async def _sessions(
+        self, connection: AbstractConnection, retries: RetryLog, declared: Plan | None
+    ) -> None:
         plan = declared
         while True:
             if plan is None:

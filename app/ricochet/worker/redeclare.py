@@ -4,6 +4,7 @@ conflict. With backoff, and a conflict reported at each try, so that one queue's
 other queue of the worker back (SPEC 24)."""
 
 import random
+from collections.abc import Awaitable, Callable
 
 import structlog
 from aio_pika.abc import AbstractConnection
@@ -13,7 +14,6 @@ from tenacity.wait import wait_base
 from ricochet.backoff import backoff
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.plan import Plan
-from ricochet.broker.record import declare_recorded
 from ricochet.errors import TopologyConflict
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -54,16 +54,22 @@ class _Wait(wait_base):
 class Redeclare:
     """One queue's declarations, and the conflict that keeps the last one from being done."""
 
-    def __init__(self, settings: Settings, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lifecycle: Lifecycle,
+        declare: Callable[[AbstractConnection], Awaitable[Plan]],
+    ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
+        self._declare = declare  # one declare of the queue's topology, recorded
         self.conflict: TopologyConflict | None = None
 
     async def declare(self, connection: AbstractConnection) -> Plan:
         """Declare the queue's topology (and what every queue shares) once, and record it;
         TopologyConflict when the queue (or one of its objects) is in conflict."""
         try:
-            declared = await declare_recorded(connection, self._settings)
+            declared = await self._declare(connection)
         except TopologyConflict as error:
             self.conflict = error
             raise
