@@ -156,6 +156,7 @@ def test_worker_help_lists_its_options() -> None:
         assert f"RICOCHET_{name.replace('-', '_').upper()}" in result.stdout
 
 
+@pytest.mark.timing  # within 10 s: a busy machine's Python start alone took 6 s
 @pytest.mark.parametrize(
     "command",
     [
@@ -192,6 +193,7 @@ def test_a_command_says_in_one_line_that_the_broker_does_not_answer(
     assert took_s < 10
 
 
+@pytest.mark.timing
 async def test_doctor_says_in_one_line_that_the_broker_does_not_answer(
     connection: AbstractConnection, queue_name: str, tmp_path: Path
 ) -> None:
