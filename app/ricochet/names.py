@@ -104,6 +104,13 @@ class SharedNames:
 SHARED = SharedNames()
 
 
+def delay_route(delay_ms: int, queue: str) -> tuple[str, str]:
+    """(exchange, routing key) of a job to hold for delay_ms in the shared levels, then hand to
+    its queue (or, the queue gone, to the orphans): how a worker sends a job to wait, and how
+    the client sends one due later."""
+    return SHARED.delay_entry, delay_key(delay_ms, queue)
+
+
 @dataclass(frozen=True)
 class Names:
     """Every name derives from the main queue's."""

@@ -1,8 +1,8 @@
 """Faults while jobs wait in the delays' levels that every queue of a vhost shares (SPEC 18): the
 broker restarted while three queues' jobs wait there, a queue deleted while its jobs wait beside
 another queue's, a queue deleted while its jobs wait on every route (the levels and its own retry
-tier), and a worker killed with `kill -9` during the move from the per-queue levels of
-earlier versions.
+tier), a queue deleted while jobs the client scheduled wait with no worker running, and a
+worker killed with `kill -9` during the move from the per-queue levels of earlier versions.
 
 Every job id is accounted for: completed, in ricochet.orphans (a deleted queue's), or lost."""
 
@@ -19,7 +19,9 @@ from typing import Any
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from ricochet import Client, SyncClient
 from ricochet.broker.connection import close_quietly
+from ricochet.broker.declare import declare
 from ricochet.headers import RETRY_DELAYS
 from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
@@ -27,6 +29,7 @@ from tests.broker import BROKER, Broker
 from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
 from tests.faults.node import Node
 from tests.integration.test_legacy_levels import declare_legacy_levels
+from tests.integration.test_orphans_client import delete_by_the_api
 from tests.support import (
     api_queue,
     delete_topology,
@@ -390,6 +393,77 @@ async def test_a_queue_deleted_while_jobs_wait_on_every_route(broker_runs: Runs)
     await take_orphans(run, ids, orphaned, with_its_header)
     assert not run.done()
     assert {attempt for _, _, attempt in journal(run.journal_path)} == {1}  # none came back
+    tally = Tally(
+        fault=f"{run.name}, all in {orphaned_after_s:.1f} s",
+        published=len(ids),
+        completed=0,
+        failed=len(orphaned),  # in ricochet.orphans, where a job whose queue is gone ends
+        lost=len(set(ids) - set(orphaned)),
+        duplicates=sum(n - 1 for n in orphaned.values()),
+    )
+    TALLIES.append(tally)
+    assert tally.lost == 0, tally
+    assert tally.duplicates == 0, tally
+
+
+# ---------------------------------------------------------------------------------------------
+# A queue deleted while jobs the client scheduled wait, no worker ever running.
+
+CLIENT_JOBS = 40  # half by Client, half by SyncClient
+CLIENT_WAIT_S = 3  # every job's delay: the queue is deleted within it
+
+
+async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_worker(
+    broker_runs: Runs,
+) -> None:
+    """The topology is declared (`ricochet topology`) and no worker ever runs. A client of
+    another queue enqueues 40 jobs due in 3 s to this one (20 by Client, 20 by SyncClient); the
+    queue is deleted through the management API at once. Each job ends in ricochet.orphans
+    once, with its headers, none lost: the client sent each to wait in the shared levels, as a
+    worker would, so none was in the queue when it went."""
+    run = await broker_runs.make(
+        f"queue deleted with {CLIENT_JOBS} jobs the client scheduled, no worker (in the orphans)"
+    )
+    queue = run.settings.queue
+    await declare(run.connection, run.settings)
+    ids = own_ids(run, CLIENT_JOBS)
+    run.published.extend(ids)
+    by_async, by_sync = ids[: CLIENT_JOBS // 2], ids[CLIENT_JOBS // 2 :]
+    waiting_since = time.monotonic()  # none of them can come due before CLIENT_WAIT_S from here
+    async with Client(run.settings.amqp_url, f"{queue}-other") as client:
+        for message_id in by_async:
+            await client.enqueue(
+                "job",
+                {},
+                message_id=message_id,
+                delay=CLIENT_WAIT_S,
+                queue=queue,
+                headers={ROW_HEADER: message_id},
+            )
+    with SyncClient(run.settings.amqp_url, f"{queue}-other") as sync:
+        for message_id in by_sync:
+            await asyncio.to_thread(
+                sync.enqueue,
+                "job",
+                {},
+                message_id=message_id,
+                delay=CLIENT_WAIT_S,
+                queue=queue,
+                headers={ROW_HEADER: message_id},
+            )
+    await delete_by_the_api(run.settings.amqp_url, queue)
+    assert time.monotonic() - waiting_since < CLIENT_WAIT_S, "deleted after its jobs came due"
+
+    orphaned: Counter[str] = Counter()
+
+    async def all_orphaned() -> bool:
+        await take_orphans(run, ids, orphaned, with_its_header)
+        return set(ids) <= set(orphaned)
+
+    await wait_for(all_orphaned, CLIENT_WAIT_S + 30, f"the {len(ids)} jobs in {SHARED.orphans}")
+    orphaned_after_s = time.monotonic() - waiting_since
+    await asyncio.sleep(QUIET_S)  # a late copy would show
+    await take_orphans(run, ids, orphaned, with_its_header)
     tally = Tally(
         fault=f"{run.name}, all in {orphaned_after_s:.1f} s",
         published=len(ids),

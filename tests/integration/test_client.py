@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet import (
     BrokerUnavailable,
     Client,
@@ -23,7 +23,8 @@ from ricochet.broker.declare import declare
 from ricochet.client.message import run_at_text
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import ConfigError
-from ricochet.headers import INCARNATION
+from ricochet.headers import INCARNATION, WAITING_SINCE
+from ricochet.names import DELAY_LEVELS, SHARED
 
 from tests.support import (
     AMQP_URL,
@@ -80,7 +81,8 @@ async def test_the_message_keeps_the_wire_contract(
     queue_name: str, connection: AbstractConnection, channel: AbstractChannel
 ) -> None:
     """Persistent, to Q through the default exchange, the type property, JSON, a run-at header
-    in UTC for delay and run_at; bytes travel untouched."""
+    in UTC for delay and run_at; bytes travel untouched. A job due later waits in the shared
+    levels from the start, its route and its wait as a worker would write them."""
     await declare(connection, make_settings(queue_name))
     before = dt.datetime.now(dt.UTC)
     async with Client(AMQP_URL, queue_name) as client:
@@ -92,7 +94,8 @@ async def test_the_message_keeps_the_wire_contract(
         await client.enqueue("raw", b"\x00\xff", message_id="bytes")
     after = dt.datetime.now(dt.UTC)
 
-    got = {m.message_id: m for m in await take(channel, queue_name, 4)}
+    got = {m.message_id: m for m in await take(channel, queue_name, 3)}
+    got["later"] = await take_waiting(channel, "later")
     now = got["now"]
     assert (now.delivery_mode, now.type, now.routing_key, now.exchange) == (
         2,
@@ -102,12 +105,33 @@ async def test_the_message_keeps_the_wire_contract(
     )
     assert (now.body, now.content_type) == (b'{"to":"ann@example.com"}', "application/json")
     assert "run-at" not in (now.headers or {})
+    assert got["later"].exchange == SHARED.delay_entry
+    assert str(got["later"].routing_key).endswith(f".{queue_name}")
+    assert isinstance(got["later"].headers[WAITING_SINCE], int)
     later = dt.datetime.fromisoformat(str(got["later"].headers["run-at"]))
     assert later.utcoffset() == dt.timedelta(0)
     five_minutes = dt.timedelta(minutes=5)
     assert before + five_minutes <= later <= after + five_minutes + dt.timedelta(milliseconds=1)
     assert got["at"].headers["run-at"] == "2026-12-01T08:30:00.250Z"
     assert (got["bytes"].body, got["bytes"].content_type) == (b"\x00\xff", None)
+
+
+async def take_waiting(channel: AbstractChannel, message_id: str) -> AbstractIncomingMessage:
+    """A job's copy in the shared levels, taken; the others there are handed back."""
+    for k in range(DELAY_LEVELS):
+        level = await channel.declare_queue(SHARED.delay(k), passive=True)
+        found, others = None, []
+        while (message := await level.get(fail=False, no_ack=False)) is not None:
+            if message.message_id == message_id:
+                await message.ack()
+                found = message
+            else:
+                others.append(message)
+        for message in others:
+            await message.nack(requeue=True)
+        if found is not None:
+            return found
+    raise AssertionError(f"{message_id} is in none of the levels")
 
 
 async def test_invalid_jobs_send_nothing(

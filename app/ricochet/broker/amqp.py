@@ -328,14 +328,26 @@ class Publisher:
         return bool(self._channel.is_closed)
 
     async def publish(
-        self, body: bytes, properties: Properties, queue: str, timeout_s: float | None
+        self,
+        body: bytes,
+        properties: Properties,
+        routing_key: str,
+        timeout_s: float | None,
+        exchange: str = "",
+        *,
+        mandatory: bool = True,
     ) -> None:
-        """Publish to a queue through the default exchange, mandatory, and wait for the confirm;
-        PublishError when no queue took it, DeliveryError when the broker refused it,
-        TimeoutError when it has not confirmed it within timeout_s (aiormq's own timer, which it
-        runs for every publish anyway)."""
+        """Publish through the exchange (the default one: to the queue of that name), and wait
+        for the confirm; PublishError when no queue took a mandatory one, DeliveryError when the
+        broker refused it, TimeoutError when it has not confirmed it within timeout_s (aiormq's
+        own timer, which it runs for every publish anyway)."""
         await self._channel.basic_publish(
-            body, routing_key=queue, properties=properties, mandatory=True, timeout=timeout_s
+            body,
+            exchange=exchange,
+            routing_key=routing_key,
+            properties=properties,
+            mandatory=mandatory,
+            timeout=timeout_s,
         )
 
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+from aio_pika.exceptions import ChannelPreconditionFailed
 
 from ricochet.broker.amqp import COMMAND_INVALID, broker_version
-from ricochet.broker.depth import KeptChannel, read_depth
+from ricochet.broker.depth import KeptChannel, exchange_exists, read_depth
 from ricochet.broker.diff import (
     NOTHING_READ,
     TIER_FIGURES,
@@ -321,11 +321,8 @@ class _Declarer:
             await queue.bind(b.source, routing_key=b.routing_key)
 
     async def exchange_exists(self, name: str) -> bool:
-        try:
-            await (await self.channel()).get_exchange(name, ensure=True)
-        except ChannelNotFoundEntity:
-            return False  # the broker closed the channel: the next call opens another
-        return True
+        # A missing one closes the channel: the next call opens another.
+        return await exchange_exists(await self.channel(), name)
 
     async def unbind(self, b: Binding) -> None:
         """Remove a binding, only if its destination exists (the broker would close the

@@ -1,4 +1,5 @@
-"""A queue's depth and consumers, read with a passive declare (nothing is consumed)."""
+"""What a passive declare tells (nothing is consumed, nothing declared): a queue's depth and
+consumers, whether an exchange exists."""
 
 from dataclasses import dataclass
 
@@ -22,6 +23,15 @@ async def read_depth(channel: AbstractChannel, queue: str) -> Depth | None:
         return None
     ok = declared.declaration_result
     return Depth(ok.message_count or 0, ok.consumer_count or 0)
+
+
+async def exchange_exists(channel: AbstractChannel, name: str) -> bool:
+    """Whether the exchange exists (when it does not, the broker closes the channel)."""
+    try:
+        await channel.get_exchange(name, ensure=True)
+    except ChannelNotFoundEntity:
+        return False
+    return True
 
 
 class KeptChannel:

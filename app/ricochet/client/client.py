@@ -17,8 +17,9 @@ from ricochet.broker.cancels import cancel_record, wait_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.client.message import Delay, cancelled_id, check_frame, job_message, target_queue
-from ricochet.errors import ClientClosed, MissingQueue, NotConfirmed
-from ricochet.headers import FRESH_ID, INCARNATION
+from ricochet.client.route import Routes, to_the_delays
+from ricochet.errors import BrokerUnavailable, ClientClosed, MissingQueue, NotConfirmed
+from ricochet.headers import FRESH_ID, INCARNATION, RUN_AT
 from ricochet.log import redact
 from ricochet.names import SHARED
 from ricochet.settings import load_client_settings
@@ -82,6 +83,7 @@ class Client:
         self._opening = asyncio.Lock()
         self._unconfirmed = asyncio.Semaphore(MAX_UNCONFIRMED)
         self._one_per_id = OnePerMessageId()
+        self._routes = Routes()
         self._enqueuing = 0
         self._settled = asyncio.Event()
         self._closed = False
@@ -115,7 +117,8 @@ class Client:
         queue: str | None = None,
     ) -> str:
         """Publish one persistent job to the queue (the client's, unless given another) and
-        return its message_id once the broker has confirmed it.
+        return its message_id once the broker has confirmed it. A job due later goes straight
+        to the vhost's shared delays, as a worker would send it there (ricochet.client.route).
 
         retry_delays_ms is the job's own ladder (ricochet.exponential, linear, fixed make one):
         it beats its type's and the worker's, and its length is the job's retry budget (which
@@ -153,15 +156,18 @@ class Client:
         try:
             with publish_span(target, job_id, headers):
                 channel = await self._open_channel()
-                # Checked once the span's headers are in, against this connection's frame: a
-                # header frame too large would make the broker close the connection, and cut
-                # off every other enqueue in flight on it.
+                via = await self._delays_route(target, job_id, headers)
+                # Checked once the span's and the wait's headers are in, against this
+                # connection's frame: a header frame too large would make the broker close the
+                # connection, and cut off every other enqueue in flight on it.
                 check_frame(properties.headers, self._frame_max)
                 # A generated id is unique: no other publish in flight can share it.
                 alone = self._one_per_id.alone(job_id) if message_id else contextlib.nullcontext()
                 async with self._unconfirmed, alone:
                     if not message_id:
-                        await self._publish(channel, body, properties, target, job_id, _enqueuing)
+                        await self._publish(
+                            channel, body, properties, target, job_id, _enqueuing, via
+                        )
                         return job_id
                     # A job of a given id waits from now (in the backlog, or for its schedule):
                     # its wait goes in the store first, on this channel, so that a worker that
@@ -171,7 +177,9 @@ class Client:
                     noting = asyncio.ensure_future(self._note_wait(channel, target, job_id, token))
                     await asyncio.sleep(0)  # its publish takes the channel first
                     try:
-                        await self._publish(channel, body, properties, target, job_id, _enqueuing)
+                        await self._publish(
+                            channel, body, properties, target, job_id, _enqueuing, via
+                        )
                     finally:
                         await asyncio.wait({noting})
                     noting.result()
@@ -217,16 +225,42 @@ class Client:
             if not self._enqueuing:
                 self._settled.set()
 
+    async def _delays_route(
+        self, queue: str, job_id: str, headers: dict[str, Any]
+    ) -> tuple[str, str] | None:
+        """(exchange, routing key) of a job due later whose queue the shared delays route back
+        to, its headers noting its wait; None for a job that goes to its queue (due now, or no
+        such route). NotConfirmed when the queue does not exist, as its publish would be
+        returned; nothing is sent either way."""
+        if RUN_AT not in headers:
+            return None
+        assert self._connection is not None  # opened before, kept while an enqueue runs
+        try:
+            through = await self._routes.through_levels(self._connection, queue)
+        except MissingQueue as missing:
+            raise NotConfirmed(f"job {job_id!r} was not enqueued: {missing}") from None
+        except CONNECTION_ERRORS as error:
+            raise BrokerUnavailable(
+                f"job {job_id!r} was not enqueued: the connection was lost"
+                f" ({type(error).__name__}: {redact(str(error))})"
+            ) from None
+        return to_the_delays(headers, queue, dt.datetime.now(dt.UTC)) if through else None
+
     async def _note_wait(self, channel: Publisher, queue: str, job_id: str, token: str) -> None:
-        """The wait of a job of a given id, in the cancel store; with no store there is no cancel
-        to come before it, so a wait the broker cannot route is no error."""
+        """The wait of a job of a given id, in the cancel store. With no store there is no cancel
+        to come before it: the wait goes without mandatory, and a broker with no store drops it.
+        A mandatory one would come back, and the client library matches a return to its publish
+        by message_id, which the job's publish in flight shares: the job would be taken for
+        returned, though in its queue."""
         record = wait_record(queue, job_id, token)
         try:
             await channel.publish(
-                record.body, record.properties, SHARED.cancels, self._confirm_timeout_s
+                record.body,
+                record.properties,
+                SHARED.cancels,
+                self._confirm_timeout_s,
+                mandatory=False,
             )
-        except PublishError:
-            pass  # no store yet: no cancel can have come before the job
         except (DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
             raise self._not_confirmed(error, SHARED.cancels, _enqueuing(job_id)) from None
 
@@ -270,11 +304,14 @@ class Client:
         queue: str,
         job_id: str,
         publishing: Callable[[str], _Publish],
+        via: tuple[str, str] | None = None,
     ) -> None:
         """One publish, mandatory and confirmed, never repeated: a second could enqueue the job
-        twice. `publishing` names it for the errors, only when there is one."""
+        twice. `publishing` names it for the errors, only when there is one. To the queue, or
+        via (exchange, routing key) on its way there."""
+        exchange, routing_key = via or ("", queue)
         try:
-            await channel.publish(body, properties, queue, self._confirm_timeout_s)
+            await channel.publish(body, properties, routing_key, self._confirm_timeout_s, exchange)
         except (PublishError, DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
             raise self._not_confirmed(error, queue, publishing(job_id)) from None
 

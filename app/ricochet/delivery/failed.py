@@ -264,6 +264,15 @@ def failed_copy(
     return FailedCopy(copy, log_fields)
 
 
+def note_wait(headers: dict[str, Any], since_ms: int, reason: str | None) -> None:
+    """Write on the headers of a job that goes to the delays since when it waits there (epoch
+    milliseconds) and the reason of the failure it waits after (None: no failure), which
+    `ricochet waiting` reads: on a worker's copy, and on a job the client sends there."""
+    headers[WAITING_SINCE] = since_ms
+    if reason is not None:
+        headers[WAIT_REASON] = reason
+
+
 def counted_copy(
     delivery: Delivery, retries: int, waiting: tuple[int, str | None] | None = None
 ) -> aio_pika.Message:
@@ -276,10 +285,7 @@ def counted_copy(
     if retries:
         headers[RETRIES] = retries
     if waiting is not None:
-        since_ms, reason = waiting
-        headers[WAITING_SINCE] = since_ms
-        if reason is not None:
-            headers[WAIT_REASON] = reason
+        note_wait(headers, *waiting)
     return copy_of(delivery.body, delivery.properties(COPIED_PROPERTIES), headers)
 
 

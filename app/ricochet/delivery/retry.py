@@ -294,10 +294,10 @@ def parse_run_at(value: Any) -> dt.datetime | None:
 RUN_AT_MAX_AHEAD_MS = CANCELS_MAX_AGE_S * 1000
 
 
-def _due_in_ms(headers: Mapping[str, Any], now: dt.datetime | None) -> tuple[int | None, bool]:
+def due_in_ms(headers: Mapping[str, Any], now: dt.datetime | None) -> tuple[int | None, bool]:
     """(milliseconds until the run-at header's time when it is ahead, whether it is unreadable
     or too far ahead to hold); the clock (when no now is given) is read only for a job that has
-    one."""
+    one. How long a job waits in the delays, whether a worker or the client sends it there."""
     if RUN_AT not in headers:
         return None, False
     when = parse_run_at(headers[RUN_AT])
@@ -365,7 +365,7 @@ def read_facts(
     copied = _copied_retries(headers) if routed_by_ricochet else 0
     returns = _returns(headers, redelivered, rejections)
     attempt = 1 + copied + rejections
-    due_in_ms, bad_run_at = _due_in_ms(headers, now)
+    due_in, bad_run_at = due_in_ms(headers, now)
     ladder = _own_ladder(headers) or type_ladder
     budget = max_retries if ladder is None else len(ladder)
     return Facts(
@@ -376,7 +376,7 @@ def read_facts(
         poison=not forged and returns is not None and returns > POISON_DELIVERIES,
         unreadable=unreadable,
         cancelled=cancelled,
-        due_in_ms=due_in_ms,
+        due_in_ms=due_in,
         bad_run_at=bad_run_at,
         keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),
         alone=not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES,

@@ -46,7 +46,7 @@ from ricochet.delivery.retry import (
     Settlement,
 )
 from ricochet.errors import CopyTooLarge
-from ricochet.names import SHARED, Names, delay_key
+from ricochet.names import Names, delay_route
 
 log = structlog.get_logger("ricochet.settler")
 
@@ -204,8 +204,8 @@ class Settler:
             case Delay(delay_ms, retries):
                 reason = None if failure is None else failure.reason
                 waiting = (int(time.time() * 1000), reason)
-                copy = counted_copy(delivery, retries, waiting)
-                return copy, delay_key(delay_ms, names.queue), SHARED.delay_entry
+                exchange, routing_key = delay_route(delay_ms, names.queue)
+                return counted_copy(delivery, retries, waiting), routing_key, exchange
             case RetryByCopy(tier):  # tier k takes the key of a job back from tier k - 1
                 return counted_copy(delivery, tier), names.attempt_key(tier - 1), names.dlx
             case _:
