@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # compute), each process in a vhost of its own (tests/broker.py) and each fault process with a
 # private node of its own; a test file stays on one process (its module fixtures are set up once).
 # The timing rows (-m timing) run after the rest, one at a time (scripts/pytest-phases.sh).
-JOBS ?= 4
+JOBS ?= 3
 PARALLEL = -n $(JOBS) --dist loadfile
 # bench/ is linted once it exists.
 LINT_PATHS := app tests scripts docs/examples docs/hooks $(wildcard bench)
@@ -64,7 +64,7 @@ BROKER_TESTS ?= $(BROKER_DECIDES:%=tests/integration/test_%.py) \
 	tests/faults/test_shared_waiting_faults.py tests/faults/test_schedule_faults.py \
 	tests/faults/test_waiting_faults.py
 # Each broker's suite runs over MATRIX_JOBS processes: the brokers' suites run at the same time.
-MATRIX_JOBS ?= 2
+MATRIX_JOBS ?= 1
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix
 	scripts/brokers.sh start $(BROKERS)
 	scripts/test-matrix.sh "$(BROKERS)" scripts/pytest-phases.sh $(MATRIX_JOBS) $(BIN)/python \
