@@ -104,6 +104,17 @@ EOF
 
 up() { $(cli "$1" rabbitmq-diagnostics) -q check_port_connectivity >/dev/null 2>&1; }
 
+# Debian's rabbitmq-server switches to its user through su, whose PAM session sets the open-file
+# limit back to 1,024: switched to by setpriv instead, the broker keeps this shell's.
+start_local() {
+  if id rabbitmq >/dev/null 2>&1 && command -v setpriv >/dev/null; then
+    (cd /var/lib/rabbitmq && HOME=/var/lib/rabbitmq \
+      setpriv --reuid rabbitmq --regid rabbitmq --init-groups rabbitmq-server -detached) >/dev/null 2>&1 || true
+  else
+    rabbitmq-server -detached >/dev/null 2>&1 || true
+  fi
+}
+
 files() {
   $(cli "$1" rabbitmqctl) -q status --formatter json |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["file_descriptors"]["total_limit"])'
@@ -120,7 +131,7 @@ start() {
     for _ in $(seq 1 30); do up local || break; sleep 1; done
   fi
   if [ "$name" = local ]; then
-    up local || rabbitmq-server -detached >/dev/null 2>&1 || true
+    up local || start_local
   elif ! up "$name"; then
     configure "$name"
     chroot "$(root_of "$name")" rabbitmq-server -detached >/dev/null 2>&1 || true
