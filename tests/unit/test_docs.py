@@ -41,6 +41,14 @@ def test_every_setting_is_documented() -> None:
         assert len(meaning.removesuffix(" |")) > 10, variable
 
 
+def test_the_settings_page_holds_the_settings_table() -> None:
+    """docs/settings.md holds the table itself (GitHub shows the page as it is), and it is the
+    one the settings make: `python docs/hooks/settings_reference.py` writes it again."""
+    reference = hook("settings_reference")
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert reference.written(page) == reference.reference()
+
+
 @pytest.mark.parametrize(
     ("page", "link", "expected"),
     [
