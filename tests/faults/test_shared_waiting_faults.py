@@ -271,6 +271,29 @@ async def take_orphans(
         await channel.close()
 
 
+async def all_in_orphans(
+    run: FaultRun,
+    ids: list[str],
+    whole: Callable[[AbstractIncomingMessage], None],
+    since: float,
+    wait_s: float,
+) -> tuple[Counter[str], float]:
+    """Take these ids' copies from ricochet.orphans until every one has come (wait_s + 30 s at
+    most), then once more after QUIET_S, where a late copy would show: the copies counted, and
+    the seconds from `since` (time.monotonic()) until the last had come."""
+    orphaned: Counter[str] = Counter()
+
+    async def all_orphaned() -> bool:
+        await take_orphans(run, ids, orphaned, whole)
+        return set(ids) <= set(orphaned)
+
+    await wait_for(all_orphaned, wait_s + 30, f"the {len(ids)} jobs in {SHARED.orphans}")
+    after_s = time.monotonic() - since
+    await asyncio.sleep(QUIET_S)
+    await take_orphans(run, ids, orphaned, whole)
+    return orphaned, after_s
+
+
 async def test_a_queue_deleted_while_its_jobs_wait_beside_another_queues(runs: Runs) -> None:
     """Two queues with a worker each. 40 jobs of the first ask a 3 s RetryLater and wait in the
     shared levels; its worker stops and the queue is deleted; then 10 jobs of the second do
@@ -381,16 +404,9 @@ async def test_a_queue_deleted_while_jobs_wait_on_every_route(broker_runs: Runs)
     await channel.close()
     assert time.monotonic() - waiting_since < ROUTE_WAIT_S, "deleted after its jobs came due"
 
-    orphaned: Counter[str] = Counter()
-
-    async def all_orphaned() -> bool:
-        await take_orphans(run, ids, orphaned, with_its_header)
-        return set(ids) <= set(orphaned)
-
-    await wait_for(all_orphaned, ROUTE_WAIT_S + 30, f"the {len(ids)} jobs in {SHARED.orphans}")
-    orphaned_after_s = time.monotonic() - waiting_since
-    await asyncio.sleep(QUIET_S)  # a late copy would show
-    await take_orphans(run, ids, orphaned, with_its_header)
+    orphaned, orphaned_after_s = await all_in_orphans(
+        run, ids, with_its_header, waiting_since, ROUTE_WAIT_S
+    )
     assert not run.done()
     assert {attempt for _, _, attempt in journal(run.journal_path)} == {1}  # none came back
     tally = Tally(
@@ -454,16 +470,9 @@ async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_work
     await delete_by_the_api(run.settings.amqp_url, queue)
     assert time.monotonic() - waiting_since < CLIENT_WAIT_S, "deleted after its jobs came due"
 
-    orphaned: Counter[str] = Counter()
-
-    async def all_orphaned() -> bool:
-        await take_orphans(run, ids, orphaned, with_its_header)
-        return set(ids) <= set(orphaned)
-
-    await wait_for(all_orphaned, CLIENT_WAIT_S + 30, f"the {len(ids)} jobs in {SHARED.orphans}")
-    orphaned_after_s = time.monotonic() - waiting_since
-    await asyncio.sleep(QUIET_S)  # a late copy would show
-    await take_orphans(run, ids, orphaned, with_its_header)
+    orphaned, orphaned_after_s = await all_in_orphans(
+        run, ids, with_its_header, waiting_since, CLIENT_WAIT_S
+    )
     tally = Tally(
         fault=f"{run.name}, all in {orphaned_after_s:.1f} s",
         published=len(ids),
