@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pytest in two phases: every test but the timing rows over JOBS processes (each in a vhost of its
-# own: tests/broker.py), then the timing rows (-m timing: how late a job may run) one at a time,
+# own: tests/broker.py; JOBS=1, one process without pytest-xdist), then the timing rows (-m timing: how late a job may run) one at a time,
 # so that the other tests' load on two cores does not make them late. Either phase may select
 # nothing (exit 5) as long as the other ran tests.
 #
@@ -11,8 +11,10 @@ set -euo pipefail
 jobs=$1 python=$2
 shift 2
 
+parallel=()
+[ "$jobs" -le 1 ] || parallel=(-n "$jobs" --dist loadfile)
 first=0
-"$python" -m pytest -n "$jobs" --dist loadfile -m "not timing" "$@" || first=$?
+"$python" -m pytest "${parallel[@]}" -m "not timing" "$@" || first=$?
 second=0
 "$python" -m pytest -m timing "$@" || second=$?
 # 5: no test selected in that phase.
