@@ -252,6 +252,9 @@ async def test_stuck_sync_handler_does_not_block_exit(
     await wait_depth(channel, queue_name, 1)
 
 
+SLOW_S = 10
+
+
 async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
     start_worker: StartWorker,
     connection: AbstractConnection,
@@ -263,7 +266,9 @@ async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
     recorder = Recorder()
     settings = make_settings(queue_name)
     await declare(connection, settings)
-    await publish(channel, queue_name, json.dumps({"sleep_s": 4}), message_id="slow")
+    # Long enough that the broker's close (rabbitmqctl, seconds on a loaded machine) lands while
+    # it runs: a job done before the close is acked and never runs again.
+    await publish(channel, queue_name, json.dumps({"sleep_s": SLOW_S}), message_id="slow")
     # Taken and given back unacked: the worker fetches it redelivered before it subscribes.
     held = await connection.channel()
     queue = await held.declare_queue(queue_name, passive=True)
@@ -273,8 +278,8 @@ async def test_reconnect_while_a_redelivered_job_runs_keeps_one_consumer(
     await wait_for(lambda: recorder.seen["slow"], 10, "the redelivered job to start")
     assert await asyncio.to_thread(close_connections, queue_name) == 1
     await wait_for(lambda: worker.lifecycle.ready, 20, "the worker to reconnect")
-    await wait_for(lambda: len(recorder.seen["slow"]) == 2, 20, "the job to run again")
-    await asyncio.sleep(4.5)  # both runs of the job have ended
+    await wait_for(lambda: len(recorder.seen["slow"]) == 2, 20 + SLOW_S, "the job to run again")
+    await asyncio.sleep(SLOW_S + 0.5)  # both runs of the job have ended
     assert await consumers(connection, queue_name) == 1
 
 
