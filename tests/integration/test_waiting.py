@@ -98,13 +98,15 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
     their type, queue, next attempt, due time and the reason of their last failure; --type,
     --message-id and --limit choose among them, before the subcommand or after it, and `waiting
     show` prints one whole, or exits 1 for an id that does not wait."""
+    # Waits far longer than the commands below take on a loaded machine (seconds each): none
+    # comes due, and so none leaves the view, before the last has looked.
     attempts = Attempts()
-    await start_worker(attempts.router, retry_delays_ms="20000")
+    await start_worker(attempts.router, retry_delays_ms="60000")
     async with Client(AMQP_URL, queue_name) as client:
         failed_at = time.time()
         await client.enqueue("flaky", {}, message_id="in-tier")
-        await client.enqueue("later", {}, message_id="retry-later")
-        await client.enqueue("fine", {}, message_id="scheduled", delay=60)
+        await client.enqueue("later", {"after": 90}, message_id="retry-later")
+        await client.enqueue("fine", {}, message_id="scheduled", delay=120)
     await wait_for(lambda: len(attempts.started) == 2, 10, "the two first attempts")
     env = ricochet_env(make_settings(queue_name))
     rows = await asyncio.to_thread(waiting, env)
@@ -119,7 +121,7 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
         ("later", 2, "RetryLater: rate limited"),
         ("fine", 1, None),
     ]
-    for message_id, wait_s in (("in-tier", 20), ("retry-later", 30), ("scheduled", 60)):
+    for message_id, wait_s in (("in-tier", 60), ("retry-later", 90), ("scheduled", 120)):
         assert failed_at + wait_s - 2 <= due(by_id[message_id]) <= failed_at + wait_s + 2
     chosen = await asyncio.to_thread(waiting, env, "--type", "later")
     assert [row["message_id"] for row in chosen] == ["retry-later"]
