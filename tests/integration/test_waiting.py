@@ -13,6 +13,7 @@ from typing import Any
 
 import aio_pika
 import aiohttp
+import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
 from ricochet import Client, Job, Router
@@ -152,6 +153,7 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
     assert await depth(channel, queue_name) == 0
 
 
+@pytest.mark.timing  # each job back at most LATE_S + 0.5 s after its due time
 async def test_looking_often_sends_nothing_on_early_and_loses_nothing(
     start_worker: StartWorker, connection: AbstractConnection, queue_name: str
 ) -> None:
