@@ -142,6 +142,7 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
         assert await held_anywhere(channel, [stays]) == 0
 
 
+@pytest.mark.timing  # no later than ON_TIME_S after its due time
 async def test_a_scheduled_job_waits_in_the_levels_and_runs_on_time(
     queue_name: str, vhost_url: str, enqueuer: Enqueue
 ) -> None:
