@@ -411,6 +411,7 @@ async def test_the_records_kept_are_written_before_write_returns(
     }
 
 
+@pytest.mark.timing  # no later than an unread queue's jobs, by more than a look may make it
 async def test_a_tier_whose_jobs_leave_by_the_hundred_is_read_as_they_leave(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str, monkeypatch: Any
 ) -> None:
