@@ -242,6 +242,24 @@ async def take(
     return got
 
 
+async def take_waiting(channel: AbstractChannel, message_id: str) -> AbstractIncomingMessage:
+    """A job's copy in the shared levels, taken; the others there are handed back."""
+    for k in range(DELAY_LEVELS):
+        level = await channel.declare_queue(SHARED.delay(k), passive=True)
+        found, others = None, []
+        while (message := await level.get(fail=False, no_ack=False)) is not None:
+            if message.message_id == message_id:
+                await message.ack()
+                found = message
+            else:
+                others.append(message)
+        for message in others:
+            await message.nack(requeue=True)
+        if found is not None:
+            return found
+    raise AssertionError(f"{message_id} is in none of the levels")
+
+
 async def api_queue(queue: str, columns: str = "arguments,messages,messages_dlx") -> dict[str, Any]:
     """The management API's object for a queue ({} when it does not exist)."""
     async with open_api(BROKER.management_url, BROKER.amqp_url) as api:

@@ -6,7 +6,7 @@ import json
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.names import Names
 
-from tests.support import exists, make_settings, ricochet_env, run_cli, take
+from tests.support import exists, make_settings, ricochet_env, run_cli, take, take_waiting
 
 
 async def test_invalid_setting_exits_2_before_touching_the_broker(
@@ -133,7 +133,7 @@ async def test_publish_schedules_with_delay_or_run_at(
         assert refused.returncode == 2, refused
         assert says in refused.stderr
 
-    got = {m.message_id: m for m in await take(channel, queue_name, 2)}
+    got = {m: await take_waiting(channel, m) for m in ("d", "a")}
     delay = dt.timedelta(seconds=90)
     run_at = dt.datetime.fromisoformat(str(got["d"].headers["run-at"]))
     assert before + delay <= run_at <= after + delay + dt.timedelta(milliseconds=1)

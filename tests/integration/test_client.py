@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import (
     BrokerUnavailable,
     Client,
@@ -24,7 +24,7 @@ from ricochet.client.message import run_at_text
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import ConfigError
 from ricochet.headers import INCARNATION, WAITING_SINCE
-from ricochet.names import DELAY_LEVELS, SHARED
+from ricochet.names import SHARED
 
 from tests.support import (
     AMQP_URL,
@@ -35,6 +35,7 @@ from tests.support import (
     ricochet_env,
     run_cli,
     take,
+    take_waiting,
     wait_for,
 )
 
@@ -114,24 +115,6 @@ async def test_the_message_keeps_the_wire_contract(
     assert before + five_minutes <= later <= after + five_minutes + dt.timedelta(milliseconds=1)
     assert got["at"].headers["run-at"] == "2026-12-01T08:30:00.250Z"
     assert (got["bytes"].body, got["bytes"].content_type) == (b"\x00\xff", None)
-
-
-async def take_waiting(channel: AbstractChannel, message_id: str) -> AbstractIncomingMessage:
-    """A job's copy in the shared levels, taken; the others there are handed back."""
-    for k in range(DELAY_LEVELS):
-        level = await channel.declare_queue(SHARED.delay(k), passive=True)
-        found, others = None, []
-        while (message := await level.get(fail=False, no_ack=False)) is not None:
-            if message.message_id == message_id:
-                await message.ack()
-                found = message
-            else:
-                others.append(message)
-        for message in others:
-            await message.nack(requeue=True)
-        if found is not None:
-            return found
-    raise AssertionError(f"{message_id} is in none of the levels")
 
 
 async def test_invalid_jobs_send_nothing(
