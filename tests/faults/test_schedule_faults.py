@@ -10,7 +10,6 @@ no gap is allowed), each ran within SPEC 22's 10 s of falling due (or of the bro
 back), and one that ran twice did so around the fault, under its one message_id."""
 
 import asyncio
-import json
 import signal
 import time
 from collections import Counter
@@ -43,6 +42,8 @@ from tests.support import (
     consumers,
     depth,
     journal,
+    log_events,
+    logged_ids,
     ricochet_env,
     spawn,
     wait_for,
@@ -313,11 +314,7 @@ async def test_kill_9_of_the_monitor_mid_relaunch(
     in_main = await take_all(channel, queue_name)
     await channel.close()
     everywhere = Counter(str(m.message_id) for m in [*in_failed, *in_main])
-    logged = {
-        json.loads(line)["message_id"]
-        for line in log.read_text().splitlines()
-        if line.startswith("{") and json.loads(line)["event"] == "replayed"
-    }
+    logged = logged_ids(log_events(log.read_text()), "replayed")
     moved = {str(m.message_id) for m in in_main}
     tally = Tally(
         fault=fault,

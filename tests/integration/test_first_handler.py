@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import ROOT, make_settings, ricochet_env
+from tests.support import ROOT, done_ids, log_events, logged_ids, make_settings, ricochet_env
 
 PAGE = ROOT / "docs" / "first-handler.md"
 
@@ -81,9 +81,9 @@ def test_the_first_handler_page_runs_as_written(queue_name: str, tmp_path: Path)
         row = next(line for line in listed if "greet-nobody" in line)
         assert "permanent" in row
         assert "PermanentError: no name to greet: retrying cannot help" in row
-        lines = log.read_text().splitlines()
-        assert any("job succeeded" in line and "greet-ada" in line for line in lines)
-        assert any("job failed" in line and "greet-nobody" in line for line in lines)
+        events = log_events(log.read_text())
+        assert "greet-ada" in done_ids(events)
+        assert "greet-nobody" in logged_ids(events, "job failed")
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
