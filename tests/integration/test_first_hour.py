@@ -20,6 +20,7 @@ from tests.support import (
     SPAWNED,
     depth,
     exists,
+    log_events,
     make_settings,
     publish,
     ricochet_env,
@@ -119,7 +120,7 @@ async def test_worker_options_override_their_variables(
     options += ["--prefetch", "7", "--log-level", "debug"]
     proc = _start(["worker", *options], env, tmp_path)
     await _runs_a_job(proc, channel, tmp_path, queue_name)
-    log = [json.loads(line) for line in (tmp_path / "out.log").read_text().splitlines()]
+    log = log_events((tmp_path / "out.log").read_text())
     assert any(line["level"] == "debug" for line in log)
     [consuming] = [line for line in log if line["event"] == "consuming"]
     assert (consuming["queue"], consuming["prefetch"]) == (queue_name, 7)
