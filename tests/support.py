@@ -3,6 +3,7 @@
 import asyncio
 import datetime as dt
 import inspect
+import json
 import os
 import re
 import socket
@@ -512,6 +513,22 @@ def journal(path: Path) -> list[tuple[str, str, int]]:
         event, message_id, attempt = line.split()
         rows.append((event, message_id, int(attempt)))
     return rows
+
+
+def log_events(text: str) -> list[dict[str, Any]]:
+    """A process's JSON log lines, in order: only whole lines (the last may still be being
+    written), and only those that are JSON objects."""
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.startswith("{")]
+
+
+def logged_ids(events: list[dict[str, Any]], event: str) -> set[str]:
+    """The message_ids of the log lines of this event."""
+    return {str(line.get("message_id")) for line in events if line.get("event") == event}
+
+
+def done_ids(events: list[dict[str, Any]]) -> set[str]:
+    """The ids of the jobs whose success was logged."""
+    return logged_ids(events, "job succeeded")
 
 
 @contextmanager

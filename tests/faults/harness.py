@@ -28,6 +28,8 @@ from tests.support import (
     consumers,
     depth,
     journal,
+    log_events,
+    logged_ids,
     make_settings,
     ricochet_env,
     spawn,
@@ -82,8 +84,7 @@ class WorkerProcess:
 
     def events(self) -> list[dict[str, Any]]:
         """Its JSON log lines so far, in order."""
-        text = self.output.read_text() if self.output.exists() else ""
-        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        return log_events(self.output.read_text() if self.output.exists() else "")
 
     async def terminate(self, timeout_s: float = 30) -> int:
         """SIGTERM, then the exit code once the worker has drained."""
@@ -254,12 +255,7 @@ class FaultRun:
 
     def logged(self, event: str) -> set[str]:
         """The message_ids of the lines of this event in every worker's output so far."""
-        return {
-            str(line.get("message_id"))
-            for worker in self.workers
-            for line in worker.events()
-            if line.get("event") == event
-        }
+        return logged_ids([line for worker in self.workers for line in worker.events()], event)
 
     def done(self) -> Counter[str]:
         """How often each id's handler completed (more than once: a duplicate)."""

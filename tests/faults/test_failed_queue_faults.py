@@ -26,6 +26,8 @@ from tests.support import (
     consumers,
     delete_topology,
     depth,
+    log_events,
+    logged_ids,
     make_settings,
     ricochet_env,
     run_cli,
@@ -120,11 +122,7 @@ async def test_fault_midway_loses_and_doubles_nothing(
     everywhere = in_failed + in_main
     duplicates = sum(n - 1 for n in everywhere.values())
     removed = set(ids) - set(everywhere)
-    logged = {
-        json.loads(line)["message_id"]
-        for line in log.read_text().splitlines()
-        if line.startswith("{") and json.loads(line).get("event") == "discarded"
-    }
+    logged = logged_ids(log_events(log.read_text()), "discarded")
     lost = removed if command != "failed discard" else removed - matching
     TALLIES.append(
         Tally(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import psutil
 
 from tests.faults.harness import FaultRun, Supervisor, WorkerProcess, progress
@@ -19,6 +18,7 @@ from tests.support import (
     consumers,
     depth,
     free_port,
+    publish,
     statuses_seen,
     wait_depth,
     wait_for,
@@ -146,10 +146,7 @@ async def test_a_kept_tier_declared_again_while_jobs_fail_into_it(
         channel = await run.connection.channel(publisher_confirms=True)
         while not fed.is_set():
             message_id = f"fed-{len(run.published)}"
-            message = aio_pika.Message(
-                b"{}", message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
-            )
-            await channel.default_exchange.publish(message, routing_key=run.names.tier(1))
+            await publish(channel, run.names.tier(1), b"{}", message_id=message_id)
             run.published.append(message_id)
             await asyncio.sleep(0.1)
         await channel.close()

@@ -5,7 +5,6 @@ Every job id is counted per queue: each ran in its own queue, none is lost, and 
 twice was in flight when the fault came (at least once)."""
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
@@ -14,7 +13,7 @@ from ricochet.worker.redeclare import CONFLICT_MAX_WAIT_S, JITTER_S
 from tests.broker import Broker
 from tests.conflicts import declare_plain, delete_queue
 from tests.faults.harness import FaultRun, QueuesRun
-from tests.support import close_connections, consumers, wait_for
+from tests.support import close_connections, consumers, log_events, wait_for
 
 # Three queues of seed 001's shape, each with its own prefetch.
 PREFETCH = {"a": 2, "b": 5, "c": 10}
@@ -55,8 +54,8 @@ def ran_again(run: FaultRun) -> set[str]:
 
 
 def worker_events(queues: QueuesRun) -> list[dict[str, object]]:
-    log = (queues.tmp_path / "worker.log").read_text().splitlines()
-    return [json.loads(line) for line in log if line.startswith("{")]
+    """The JSON log lines of the queues' workers (one log file), in order."""
+    return log_events((queues.tmp_path / "worker.log").read_text())
 
 
 async def test_kill_9_with_jobs_in_flight_on_3_queues(

@@ -10,18 +10,15 @@ no gap is allowed), each ran within SPEC 22's 10 s of falling due (or of the bro
 back), and one that ran twice did so around the fault, under its one message_id."""
 
 import asyncio
-import json
 import signal
-import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
-from ricochet.broker.publish import confirming_channel
-from ricochet.broker.schedule_store import Entry, write_state
 from ricochet.delivery.retry import FailureKind
 from ricochet.names import Names
 
@@ -37,12 +34,21 @@ from tests.faults.harness import (
 )
 from tests.faults.node import Node
 from tests.integration.failures import publish_failed
-from tests.integration.test_schedules import EVERY_S, assert_unbroken, occurrence_ms
+from tests.schedules import (
+    EVERY_S,
+    assert_unbroken,
+    forge_state,
+    leads,
+    now_ms,
+    occurrence_ms,
+    ticked,
+)
 from tests.support import (
     close_connections,
     consumers,
     depth,
-    journal,
+    log_events,
+    logged_ids,
     ricochet_env,
     spawn,
     wait_for,
@@ -55,18 +61,62 @@ AFTER_S = 3  # occurrences run after the takeover before the workers stop
 COPIES = 4000  # failed copies: enough that a relaunch is still going when the kill lands
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def leads(run: FaultRun) -> int:
+def leads_taken(run: FaultRun) -> int:
     """How many times the run's worker processes took the lead of its schedules."""
-    return sum(e["event"] == "leading schedules" for w in run.workers for e in w.events())
+    return leads(*(w.output for w in run.workers))
 
 
 def ran(run: FaultRun) -> list[tuple[str, int]]:
     """(message_id, when it ran, ms) of each occurrence the handler ran, in order."""
-    return [(m, at) for event, m, at in journal(run.journal_path) if event == "ran"]
+    return ticked(run.journal_path)
+
+
+@dataclass(frozen=True)
+class Occurrences:
+    """What became of a run's occurrences once its workers stopped."""
+
+    runs: list[tuple[str, int]]  # (message_id, when it ran, ms) of each run, in order
+    queued: list[str]  # enqueued, never run
+
+    @property
+    def done(self) -> Counter[str]:
+        """How often each occurrence ran."""
+        return Counter(message_id for message_id, _ in self.runs)
+
+    @property
+    def ids(self) -> set[str]:
+        """Every occurrence enqueued: run or still queued."""
+        return set(self.done) | set(self.queued)
+
+
+async def stop(run: FaultRun) -> Occurrences:
+    """Stop the workers (each exits 0 once drained), then take what they left queued."""
+    for worker in run.workers:
+        if worker.alive:
+            assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
+    channel = await run.connection.channel()
+    queued = [str(m.message_id) for m in await take_all(channel, run.settings.queue)]
+    await channel.close()
+    return Occurrences(ran(run), queued)
+
+
+def record_tally(run: FaultRun, seen: Occurrences) -> Tally:
+    """The run's figures, recorded for the report; none may be lost: every occurrence a leader
+    logged as enqueued ran or is queued. An occurrence that ran twice, or ran and is queued
+    again, is a duplicate."""
+    done, queued = seen.done, seen.queued
+    lost = run.logged("schedule occurrence enqueued") - seen.ids
+    figures = Tally(
+        fault=run.name,
+        published=len(seen.ids),
+        completed=len(done),
+        failed=0,
+        lost=len(lost),
+        duplicates=sum(done.values()) - len(done) + len(set(done) & set(queued)),
+    )
+    TALLIES.append(figures)
+    assert not lost, sorted(lost)
+    return figures
 
 
 async def two_workers(run: FaultRun) -> tuple[WorkerProcess, WorkerProcess]:
@@ -75,7 +125,7 @@ async def two_workers(run: FaultRun) -> tuple[WorkerProcess, WorkerProcess]:
     env = ricochet_env(run.settings, TEST_JOURNAL=str(run.journal_path))
     leader = WorkerProcess(env, run.tmp_path / "leader.log").start()
     run.workers.append(leader)
-    await wait_for(lambda: leads(run) == 1, 30, "a leader")
+    await wait_for(lambda: leads_taken(run) == 1, 30, "a leader")
     follower = WorkerProcess(env, run.tmp_path / "follower.log").start()
     run.workers.append(follower)
     await run.wait_consumers(2)
@@ -87,7 +137,7 @@ async def two_workers(run: FaultRun) -> tuple[WorkerProcess, WorkerProcess]:
 async def after_takeover(run: FaultRun) -> None:
     """Until a second lead is taken (within SPEC 22's 10 s), then until the occurrences falling
     due AFTER_S s later have run."""
-    await wait_for(lambda: leads(run) >= 2, TAKEOVER_MS / 1000, "a new leader")
+    await wait_for(lambda: leads_taken(run) >= 2, TAKEOVER_MS / 1000, "a new leader")
     until_ms = now_ms() + AFTER_S * PERIOD_MS
 
     def ran_until() -> bool:
@@ -99,42 +149,24 @@ async def after_takeover(run: FaultRun) -> None:
 async def account_occurrences(run: FaultRun, fault_ms: int, back_ms: int) -> Tally:
     """Stop the workers and account for every occurrence (see the module's docstring); fault_ms
     is when the fault came, back_ms when the broker was whole again."""
-    for worker in run.workers:
-        if worker.alive:
-            assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
-    channel = await run.connection.channel()
-    queued = [str(m.message_id) for m in await take_all(channel, run.settings.queue)]
-    await channel.close()
-    runs = ran(run)
-    done = Counter(message_id for message_id, _ in runs)
-    enqueued = run.logged("schedule occurrence enqueued")
-    ids = set(done) | set(queued)
+    seen = await stop(run)
+    runs, done, ids = seen.runs, seen.done, seen.ids
     assert all(i.startswith("tick@") for i in ids), sorted(ids)[:5]
     assert_unbroken(list(ids), PERIOD_MS)  # on the period's grid, no gap
     # Those that fell due while no leader could enqueue them: the new leader's catch-up.
     missed = range(-(-fault_ms // PERIOD_MS) * PERIOD_MS, back_ms, PERIOD_MS)
     assert len(missed) >= 2, "the fault was too short to miss occurrences"
     assert set(missed) <= {occurrence_ms(m) for m in ids}
-    lost = enqueued - ids
     late = {m: at - max(occurrence_ms(m), back_ms) for m, at in runs}
     assert max(late.values()) <= TAKEOVER_MS, max(late.items(), key=lambda kv: kv[1])
     twice = {m for m, n in done.items() if n > 1}
     around = range(fault_ms - TAKEOVER_MS, back_ms + TAKEOVER_MS)
     assert all(occurrence_ms(m) in around for m in twice), sorted(twice)
-    tally = Tally(
-        fault=run.name,
-        published=len(ids),
-        completed=len(done),
-        failed=0,
-        lost=len(lost),
-        duplicates=sum(done.values()) - len(done) + len(set(done) & set(queued)),
-    )
-    TALLIES.append(tally)
-    assert not lost, sorted(lost)
+    figures = record_tally(run, seen)
     # SPEC 22: one may be enqueued twice around a takeover (the one a leader enqueued and
     # could not record); a leader whose connection is gone enqueues nothing more.
-    assert tally.duplicates <= 1, sorted(twice)
-    return tally
+    assert figures.duplicates <= 1, sorted(twice)
+    return figures
 
 
 def ticking(fault_run: Callable[..., FaultRun], name: str) -> FaultRun:
@@ -199,9 +231,7 @@ async def test_state_forged_into_the_future_then_the_leader_killed(
     leader, follower = await two_workers(run)
     held_ms = await hold(leader)
     forged = now_ms() + 3_600_000
-    channel = await confirming_channel(run.connection)
-    await write_state(channel, run.settings.queue, {"tick": Entry(forged, 0)})
-    await channel.close()
+    await forge_state(run.connection, run.settings.queue, {"tick": forged})
     killed_ms = now_ms()
     leader.kill()
     await after_takeover(run)
@@ -213,15 +243,8 @@ async def test_state_forged_into_the_future_then_the_leader_killed(
     assert (clamp["schedule"], clamp["recorded_last"]) == ("tick", forged)
     led_ms = clamp["now"]
     assert killed_ms <= led_ms <= killed_ms + TAKEOVER_MS
-    for worker in run.workers:
-        if worker.alive:
-            assert await worker.terminate() == 0, worker.output.read_text()[-3000:]
-    channel = await run.connection.channel()
-    queued = [str(m.message_id) for m in await take_all(channel, run.settings.queue)]
-    await channel.close()
-    runs = ran(run)
-    done = Counter(message_id for message_id, _ in runs)
-    ids = set(done) | set(queued)
+    seen = await stop(run)
+    runs, ids = seen.runs, seen.ids
     times = sorted(occurrence_ms(i) for i in ids)
     before = [t for t in times if t < led_ms]
     after = [t for t in times if t > led_ms]
@@ -235,18 +258,8 @@ async def test_state_forged_into_the_future_then_the_leader_killed(
     assert len(hidden) <= (led_ms - held_ms) // PERIOD_MS + 1
     late = {m: at - occurrence_ms(m) for m, at in runs if occurrence_ms(m) > led_ms}
     assert max(late.values()) <= PERIOD_MS, max(late.items(), key=lambda kv: kv[1])
-    lost = run.logged("schedule occurrence enqueued") - ids
-    tally = Tally(
-        fault=run.name,
-        published=len(ids),
-        completed=len(done),
-        failed=0,
-        lost=len(lost),
-        duplicates=sum(done.values()) - len(done) + len(set(done) & set(queued)),
-    )
-    TALLIES.append(tally)
-    assert not lost, sorted(lost)
-    assert tally.duplicates == 0, tally
+    figures = record_tally(run, seen)
+    assert figures.duplicates == 0, figures
 
 
 @pytest.mark.skipif(
@@ -313,11 +326,7 @@ async def test_kill_9_of_the_monitor_mid_relaunch(
     in_main = await take_all(channel, queue_name)
     await channel.close()
     everywhere = Counter(str(m.message_id) for m in [*in_failed, *in_main])
-    logged = {
-        json.loads(line)["message_id"]
-        for line in log.read_text().splitlines()
-        if line.startswith("{") and json.loads(line)["event"] == "replayed"
-    }
+    logged = logged_ids(log_events(log.read_text()), "replayed")
     moved = {str(m.message_id) for m in in_main}
     tally = Tally(
         fault=fault,

@@ -37,6 +37,7 @@ from tests.support import (
     exists,
     figures_known,
     journal,
+    log_events,
     wait_for,
 )
 
@@ -504,8 +505,8 @@ RETIRED = "earlier per-queue delay levels retired"
 def kept_reasons(run: FaultRun) -> list[str]:
     """Why each worker start so far kept the per-queue levels (its log line's reason)."""
     log = run.tmp_path / "worker.log"
-    lines = log.read_text().splitlines() if log.exists() else []
-    return [str(json.loads(line).get("reason")) for line in lines if KEPT in line]
+    events = log_events(log.read_text() if log.exists() else "")
+    return [str(line.get("reason")) for line in events if line["event"] == KEPT]
 
 
 async def levels_exist(run: FaultRun) -> list[bool]:

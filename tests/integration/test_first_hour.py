@@ -20,9 +20,11 @@ from tests.support import (
     SPAWNED,
     depth,
     exists,
+    log_events,
     make_settings,
     publish,
     ricochet_env,
+    run_cli,
     wait_depth,
     wait_for,
 )
@@ -48,6 +50,15 @@ CLOSED_PORT_URL = "amqp://guest:guest@127.0.0.1:1/"
 def _user_env(env: dict[str, str]) -> dict[str, str]:
     """The environment of a user's shell: no PYTHONPATH pointing into the repository."""
     return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+
+
+def _run(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> "subprocess.CompletedProcess[str]":
+    """Run a command to completion, its output captured."""
+    return subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def _start(args: list[str], env: dict[str, str], cwd: Path) -> "subprocess.Popen[str]":
@@ -109,7 +120,7 @@ async def test_worker_options_override_their_variables(
     options += ["--prefetch", "7", "--log-level", "debug"]
     proc = _start(["worker", *options], env, tmp_path)
     await _runs_a_job(proc, channel, tmp_path, queue_name)
-    log = [json.loads(line) for line in (tmp_path / "out.log").read_text().splitlines()]
+    log = log_events((tmp_path / "out.log").read_text())
     assert any(line["level"] == "debug" for line in log)
     [consuming] = [line for line in log if line["event"] == "consuming"]
     assert (consuming["queue"], consuming["prefetch"]) == (queue_name, 7)
@@ -132,15 +143,7 @@ def test_an_invalid_worker_option_exits_2(
 ) -> None:
     """An option out of bounds: exit 2 and one line naming the option, as for a variable."""
     env = _user_env(ricochet_env(make_settings(queue_name)))
-    result = subprocess.run(
-        [str(RICOCHET), "worker", option, value],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _run([str(RICOCHET), "worker", option, value], env, tmp_path)
     assert result.returncode == 2, result
     assert result.stderr.startswith(f"ricochet: {message}"), result.stderr
     assert len(result.stderr.splitlines()) == 1
@@ -148,9 +151,8 @@ def test_an_invalid_worker_option_exits_2(
 
 def test_worker_help_lists_its_options() -> None:
     """`ricochet worker --help` names each option and the variable it overrides."""
-    result = subprocess.run(
-        [str(RICOCHET), "worker", "--help"], capture_output=True, text=True, check=True
-    )
+    result = _run([str(RICOCHET), "worker", "--help"])
+    assert result.returncode == 0, result
     for name in ("handler", "queues", "processes", "prefetch", "log-level"):
         assert f"--{name}" in result.stdout
         assert f"RICOCHET_{name.replace('-', '_').upper()}" in result.stdout
@@ -176,15 +178,7 @@ def test_a_command_says_in_one_line_that_the_broker_does_not_answer(
     within 10 s, and exits 1."""
     env = _user_env(ricochet_env(make_settings(queue_name, amqp_url=CLOSED_PORT_URL)))
     started = time.monotonic()
-    result = subprocess.run(
-        [str(RICOCHET), *command],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _run([str(RICOCHET), *command], env, tmp_path)
     took_s = time.monotonic() - started
     assert result.returncode == 1, result
     lines = (result.stdout + result.stderr).splitlines()
@@ -205,15 +199,7 @@ async def test_doctor_says_in_one_line_that_the_broker_does_not_answer(
     env = {k: v for k, v in _user_env(ricochet_env(down)).items() if k not in given_plan}
 
     def doctor(*args: str, **extra: str) -> "subprocess.CompletedProcess[str]":
-        return subprocess.run(
-            [str(RICOCHET), "doctor", *args],
-            cwd=tmp_path,
-            env={**env, **extra},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return _run([str(RICOCHET), "doctor", *args], {**env, **extra}, tmp_path)
 
     started = time.monotonic()
     result = await asyncio.to_thread(doctor, RICOCHET_MANAGEMENT_URL="http://127.0.0.1:1/")
@@ -251,27 +237,13 @@ async def test_an_applications_script_prints_only_its_own_output(
     """A script enqueueing through the client prints what it prints, and no line of
     ricochet's, unless it configured logging itself: then ricochet's lines go through it."""
     settings = make_settings(queue_name)
-    topology = await asyncio.to_thread(
-        subprocess.run,
-        [str(RICOCHET), "topology"],
-        env=ricochet_env(settings),
-        capture_output=True,
-        check=False,
-    )
+    topology = await asyncio.to_thread(run_cli, ["topology"], ricochet_env(settings))
     assert topology.returncode == 0, topology
     (tmp_path / "script.py").write_text(SCRIPT)
     mode = "configured" if logging_configured else "bare"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "script.py", mode, settings.amqp_url, queue_name],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    command = [sys.executable, "script.py", mode, settings.amqp_url, queue_name]
+    result = await asyncio.to_thread(_run, command, env, tmp_path)
     assert result.returncode == 0, result
     assert result.stdout.splitlines() == ["before", "enqueued lib-1"]
     if logging_configured:

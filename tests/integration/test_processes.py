@@ -22,6 +22,7 @@ from tests.support import (
     depth,
     free_port,
     journal,
+    log_events,
     make_settings,
     publish,
     ricochet_env,
@@ -45,8 +46,7 @@ def start(
 
 
 def lines(tmp_path: Path) -> list[dict[str, Any]]:
-    text = (tmp_path / "worker.log").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return log_events((tmp_path / "worker.log").read_text())
 
 
 def done(tmp_path: Path) -> set[str]:

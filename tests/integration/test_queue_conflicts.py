@@ -19,6 +19,7 @@ from tests.support import (
     consumers,
     free_port,
     journal,
+    log_events,
     make_settings,
     publish,
     ricochet_env,
@@ -49,8 +50,7 @@ def start(
 
 
 def lines(tmp_path: Path) -> list[dict[str, Any]]:
-    text = (tmp_path / "worker.log").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return log_events((tmp_path / "worker.log").read_text())
 
 
 async def readyz(port: int) -> tuple[int, str]:

@@ -23,6 +23,7 @@ from tests.support import (
     consumers,
     delete_topology,
     free_port,
+    log_events,
     make_settings,
     publish,
     readiness_at_each_log_line,
@@ -260,7 +261,7 @@ async def test_the_monitor_and_its_console_cover_every_queue(
         await publish_failed(channel, b, "b-failed", KeyError("recipient"))
 
         def logged() -> list[dict[str, Any]]:
-            lines = [json.loads(line) for line in out.read_text().splitlines() if line[:1] == "{"]
+            lines = log_events(out.read_text())
             return [x for x in lines if x["event"] == "job failed" and x["queue"] == b]
 
         await wait_for(logged, 20, "the monitor's line for b's failed job")

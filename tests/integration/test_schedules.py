@@ -2,9 +2,7 @@
 whichever worker leads the queue's schedules, and taken over when the leader's connection goes."""
 
 import asyncio
-import datetime as dt
 import json
-import time
 from pathlib import Path
 
 import aiohttp
@@ -12,10 +10,18 @@ import pytest
 from aio_pika.abc import AbstractConnection
 from ricochet import Job, Router
 from ricochet.broker.declare import declare
-from ricochet.broker.publish import confirming_channel
-from ricochet.broker.schedule_store import Entry, read_states, write_state
+from ricochet.broker.schedule_store import read_states
 from structlog.testing import capture_logs
 
+from tests.schedules import (
+    EVERY_S,
+    assert_unbroken,
+    forge_state,
+    leads,
+    now_ms,
+    occurrence_ms,
+    ticked,
+)
 from tests.support import (
     StartWorker,
     answers,
@@ -29,8 +35,6 @@ from tests.support import (
     wait_for,
 )
 
-EVERY_S = 1
-
 
 def ticking(name: str = "tick", every: float = EVERY_S) -> tuple[Router, list[tuple[str, int]]]:
     """A router with one schedule, whose handler notes (message_id, the time it ran in ms)."""
@@ -40,25 +44,9 @@ def ticking(name: str = "tick", every: float = EVERY_S) -> tuple[Router, list[tu
     @router.handler("tick")
     async def tick(job: Job) -> None:
         assert job.payload == {"n": 1}
-        ran.append((str(job.message_id), time.time_ns() // 1_000_000))
+        ran.append((str(job.message_id), now_ms()))
 
     return router, ran
-
-
-def occurrence_ms(message_id: str) -> int:
-    """The time a message_id `<name>@<ISO-8601 UTC>Z` names, in ms."""
-    text = message_id.partition("@")[2]
-    assert text.endswith("Z"), message_id
-    assert len(text) == len("2026-11-26T18:15:00.000Z"), message_id
-    when = dt.datetime.fromisoformat(text.removesuffix("Z") + "+00:00")
-    return round(when.timestamp() * 1000)
-
-
-def assert_unbroken(ids: list[str], period_ms: int) -> None:
-    """Every occurrence from the first to the last, once each."""
-    times = sorted({occurrence_ms(i) for i in ids})
-    assert times == list(range(times[0], times[-1] + 1, period_ms)), times
-    assert all(t % period_ms == 0 for t in times)
 
 
 @pytest.mark.timing
@@ -67,7 +55,7 @@ async def test_occurrences_are_enqueued_at_their_time(start_worker: StartWorker)
     than its time and within 1 s after it on an idle worker; a new schedule catches up nothing
     from before its first worker started."""
     router, ran = ticking()
-    started_ms = time.time_ns() // 1_000_000
+    started_ms = now_ms()
     worker = await start_worker(router)
     await wait_for(lambda: len(ran) >= 4, 15, "four occurrences")
     ids = [message_id for message_id, _ in ran]
@@ -97,11 +85,6 @@ async def test_one_worker_leads_however_many_run(
     assert state.last_ms >= occurrence_ms(ids[-1]) - EVERY_S * 1000
 
 
-def leads(*logs: Path) -> int:
-    """How many times the processes writing these logs took the lead."""
-    return sum(log.read_text().count('"leading schedules"') for log in logs if log.exists())
-
-
 async def test_the_lead_is_taken_again_when_the_leaders_connection_closes(
     queue_name: str, connection: AbstractConnection, tmp_path: Path
 ) -> None:
@@ -118,7 +101,7 @@ async def test_the_lead_is_taken_again_when_the_leaders_connection_closes(
     try:
         await wait_for(lambda: '"consuming"' in logs[1].read_text(), 30, "a follower")
         await asyncio.sleep(2)
-        closed_ms = time.time_ns() // 1_000_000
+        closed_ms = now_ms()
         assert close_connections(queue_name, pid=first.pid) == 1
         await wait_for(lambda: leads(*logs) == 2, 10, "a new leader")
         await asyncio.sleep(3)
@@ -126,11 +109,11 @@ async def test_the_lead_is_taken_again_when_the_leaders_connection_closes(
         for process in (second, first):
             process.terminate()
             assert process.wait(30) == 0
-    ran = [(message_id, at) for event, message_id, at in journal(journal_path) if event == "ran"]
-    ids = [message_id for message_id, _ in ran]
+    runs = ticked(journal_path)
+    ids = [message_id for message_id, _ in runs]
     assert_unbroken(ids, EVERY_S * 1000)
     assert max(occurrence_ms(i) for i in ids) > closed_ms + 2000
-    for message_id, at in ran:
+    for message_id, at in runs:
         due_ms = occurrence_ms(message_id)
         if due_ms >= closed_ms:
             assert at - due_ms <= 10_000, (message_id, at - due_ms)
@@ -194,14 +177,10 @@ async def test_an_absurd_or_future_state_stops_no_schedule(
 
     @router.handler("tick")
     async def tick(job: Job) -> None:
-        ran.append((str(job.message_id), time.time_ns() // 1_000_000))
+        ran.append((str(job.message_id), now_ms()))
 
-    now_ms = time.time_ns() // 1_000_000
-    forged = {"absurd": Entry(10**18, 0), "ahead": Entry(now_ms + 3_600_000, 0)}
     await declare(connection, make_settings(queue_name))
-    channel = await confirming_channel(connection)
-    await write_state(channel, queue_name, forged)
-    await channel.close()
+    await forge_state(connection, queue_name, {"absurd": 10**18, "ahead": now_ms() + 3_600_000})
     with capture_logs() as logs:
         await start_worker(router)
 

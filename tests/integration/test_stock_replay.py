@@ -1,10 +1,8 @@
 """The replay procedures with the stock tools, run exactly as docs/stock-tools.md writes them."""
 
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,36 +15,24 @@ from ricochet.broker.declare import declare
 from ricochet.names import Names
 
 from tests.broker import BROKER
+from tests.docs_procedure import run_procedure
 from tests.integration.failures import publish_failed
 from tests.recorder import Recorder
 from tests.support import ROOT, StartWorker, depth, make_settings, take, wait_for
 
-
-def procedure(name: str) -> str:
-    """The shell block that follows `<!-- procedure: NAME -->` in docs/stock-tools.md."""
-    doc = (ROOT / "docs" / "stock-tools.md").read_text()
-    found = re.search(rf"<!-- procedure: {name} -->\n```sh\n(.*?)```", doc, re.DOTALL)
-    assert found, f"docs/stock-tools.md has no procedure {name}"
-    return found.group(1)
+PAGE = ROOT / "docs" / "stock-tools.md"
 
 
-def run_procedure(name: str, queue: str, cwd: Path) -> None:
+async def run(name: str, queue: str, cwd: Path) -> None:
+    """Run the page's procedure NAME for queue in cwd, the folder of the tools it calls, which
+    come first on PATH."""
     env = {
         **os.environ,
         "RICOCHET_QUEUE": queue,
         "VHOST": urllib.parse.quote(BROKER.vhost, safe=""),
         "PATH": f"{cwd}:{os.environ['PATH']}",
     }
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", procedure(name)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    await run_procedure(PAGE, name, env, cwd)
 
 
 def on_path(folder: Path, name: str, command: list[str]) -> Path:
@@ -121,7 +107,7 @@ async def test_rabbitmqadmin_moves_one_job_back_with_a_full_budget(
     await declare(connection, make_settings(queue_name, max_retries=2))
     await publish_failed(channel, queue_name, "m1", ValueError("no rows"))
     await publish_failed(channel, queue_name, "m2", ValueError("no rows"))
-    run_procedure("rabbitmqadmin-one", queue_name, rabbitmqadmin)
+    await run("rabbitmqadmin-one", queue_name, rabbitmqadmin)
     assert await depth(channel, names.failed) == 1
     await start_worker(recorder, max_retries=2)
     await wait_for(lambda: "m1" in recorder.succeeded, 20, "the job to be handled")
@@ -162,7 +148,7 @@ async def test_shovel_moves_failed_jobs_back(
         await publish_failed(channel, queue_name, message_id, ValueError("no rows"))
     shovel = shovel.format(q=queue_name)
     try:
-        run_procedure(name, queue_name, path)
+        await run(name, queue_name, path)
 
         async def moved() -> bool:
             return await depth(channel, queue_name) == moves

@@ -23,6 +23,8 @@ from tests.broker import BROKER
 from tests.support import (
     api_queue,
     consumers,
+    done_ids,
+    log_events,
     make_settings,
     publish,
     ricochet_env,
@@ -39,9 +41,7 @@ NEW_MS = 1_000  # what the worker's settings say
 
 def _lines(output: Path) -> list[dict[str, Any]]:
     """The worker's whole JSON log lines so far."""
-    if not output.exists():
-        return []
-    return [json.loads(line) for line in output.read_text().split("\n")[:-1] if line[:1] == "{"]
+    return log_events(output.read_text()) if output.exists() else []
 
 
 def _retried(output: Path, message_id: str) -> dict[str, Any] | None:
@@ -143,19 +143,12 @@ async def test_a_kept_tier_shows_its_delay_and_is_declared_again_once_empty(
             back_by = time.monotonic() + OLD_MS / 1000 - 1
 
             def succeeded() -> bool:
-                return any(
-                    line.get("event") == "job succeeded" and line.get("message_id") == "second"
-                    for line in _lines(output)
-                )
+                return "second" in done_ids(_lines(output))
 
             await wait_for(succeeded, OLD_MS / 1000 - 1, "the second job back after 1 s")
             assert time.monotonic() < back_by
             # Every job is accounted for: the parked one and the first came back and succeeded.
-            for message_id in ("parked", "first"):
-                assert any(
-                    line.get("event") == "job succeeded" and line.get("message_id") == message_id
-                    for line in _lines(output)
-                ), message_id
+            assert {"parked", "first"} <= done_ids(_lines(output))
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 30)
