@@ -3,6 +3,7 @@ that was not read first (broker/diff.py), and reading a refused declaration as t
 
 import asyncio
 import time
+from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any, assert_never
 
@@ -73,12 +74,28 @@ class _Declarer:
         self.kept: dict[str, int | None] = dict(p.kept)
         # Whether a step stopped routing to a tier or lane whose delay changed.
         self.rerouted = False
+        # The redeclare lock, taken at the first tier or lane whose delay changed and held until
+        # the declarer closes: the routes restored after it are declared under it as well.
+        self._lock = AsyncExitStack()
+        self._locked: bool | None = None
 
     async def channel(self) -> AbstractChannel:
         return await self._channel.get()
 
     async def close(self) -> None:
-        await self._channel.close()
+        try:
+            await self._lock.aclose()
+        finally:
+            await self._channel.close()
+
+    async def hold_lock(self) -> bool:
+        """Whether this declarer holds the queue's redeclare lock, taking it on the first call
+        (False: another connection held it all the wait, and the declare goes on without it)."""
+        if self._locked is None:
+            self._locked = await self._lock.enter_async_context(
+                redeclaring(self._connection, self._plan.names)
+            )
+        return self._locked
 
     async def apply(self, step: Step) -> None:
         match step:
@@ -163,13 +180,12 @@ class _Declarer:
         it keeps its old delay until it drains (a running worker looks again). One declarer at
         a time does it, each looking again first whether another did it meanwhile."""
         spec = step.spec
-        async with redeclaring(self._connection, self._plan.names) as held:
-            if not held:
-                self._keep(step, Kept(None, "another declarer holds the lock"))
-            elif await self.as_planned(spec):
-                self.kept.pop(spec.name, None)
-            else:
-                await self._redeclare_when_empty(step)
+        if not await self.hold_lock():
+            self._keep(step, Kept(None, "another declarer holds the lock"))
+        elif await self.as_planned(spec):
+            self.kept.pop(spec.name, None)
+        else:
+            await self._redeclare_when_empty(step)
 
     async def _redeclare_when_empty(self, step: DelayDiffers) -> None:
         spec, k = step.spec, step.tier
