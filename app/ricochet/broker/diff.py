@@ -32,6 +32,7 @@ from ricochet.broker.plan import (
     stale_tiers,
     tier_source,
 )
+from ricochet.ladders import is_int
 from ricochet.names import SHARED, return_key
 
 # The queue figures that tell whether a waiting queue is empty, as the management API names them.
@@ -268,9 +269,7 @@ def held_delay_ms(seen: QueueSeen) -> int | None:
     refused declaration spells as a string, the management API as a number; None when it has
     none, or one that is no whole number of milliseconds."""
     value = seen.arguments.get(TTL)
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if is_int(value):
         return value
     if isinstance(value, str) and value.isdigit():
         return int(value)
