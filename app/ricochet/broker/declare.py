@@ -3,9 +3,11 @@ that was not read first (broker/diff.py), and reading a refused declaration as t
 
 import asyncio
 import time
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import Any, assert_never
+from types import TracebackType
+from typing import Any, Self, assert_never
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelPreconditionFailed
@@ -29,7 +31,7 @@ from ricochet.broker.diff import (
     Unbind,
     Unwanted,
     diff,
-    diff_own,
+    failed_side,
     held_delay_ms,
     quorum_tier_kept,
     reconcile,
@@ -63,7 +65,7 @@ FIGURES_WAIT_S = 15
 
 class _Declarer:
     """Applies a plan's steps on one connection, opening a fresh channel whenever the broker
-    closes one."""
+    closes one; closed on leaving its `async with`."""
 
     def __init__(self, connection: AbstractConnection, settings: Settings, p: Plan) -> None:
         self._connection = connection
@@ -82,7 +84,15 @@ class _Declarer:
     async def channel(self) -> AbstractChannel:
         return await self._channel.get()
 
-    async def close(self) -> None:
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         try:
             await self._lock.aclose()
         finally:
@@ -360,13 +370,7 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; TopologyConflict on a conflicting
     queue or exchange."""
     p = plan(settings, broker_version(connection))
-    d = _Declarer(connection, settings, p)
-    try:
-        for step in diff(p, NOTHING_READ):
-            await d.apply(step)
-    finally:
-        await d.close()
-    return p.keeping(d.kept)
+    return await _declare_planned(connection, settings, p, diff(p, NOTHING_READ))
 
 
 async def declare_tier_again(
@@ -376,15 +380,12 @@ async def declare_tier_again(
     broker keeps with an older delay is unbound and, if empty, deleted and declared with the
     planned one (if it holds jobs, it stays as it is), then routed to again. Return the plan with
     what the broker keeps now."""
-    d = _Declarer(connection, settings, p)
-    try:
+    async with _Declarer(connection, settings, p) as d:
         for spec in p.waiting_of(k):
             await d.apply(DeclareQueue(spec, tier=k))
         if d.rerouted:
             for step in tier_routes(p, k):
                 await d.apply(step)
-    finally:
-        await d.close()
     return p.keeping(d.kept)
 
 
@@ -392,17 +393,14 @@ async def declare_failed_side(connection: AbstractConnection, settings: Settings
     """Declare only the failed exchange, the failed and events queues and their bindings (the
     monitor's part, which the retry settings do not shape); return the whole plan."""
     p = plan(settings, broker_version(connection))
-    n = p.names
-    d = _Declarer(connection, settings, p)
-    try:
-        for step in diff_own(p, NOTHING_READ):
-            match step:
-                case DeclareExchange(x) if x.name == n.failed:
-                    await d.apply(step)
-                case DeclareQueue(spec) if spec.name in (n.failed, n.events):
-                    await d.apply(step)
-                case Bind(b) if b.source == n.failed:
-                    await d.apply(step)
-    finally:
-        await d.close()
-    return p
+    return await _declare_planned(connection, settings, p, failed_side(p, NOTHING_READ))
+
+
+async def _declare_planned(
+    connection: AbstractConnection, settings: Settings, p: Plan, steps: Iterable[Step]
+) -> Plan:
+    """Apply the steps of plan p in order; return p with what the broker keeps now."""
+    async with _Declarer(connection, settings, p) as d:
+        for step in steps:
+            await d.apply(step)
+    return p.keeping(d.kept)

@@ -437,6 +437,22 @@ def tier_routes(p: Plan, k: int) -> list[Step]:
     return [*binds, *hold]
 
 
+def failed_side(p: Plan, held: Held) -> list[Step]:
+    """diff_own's steps for the failed exchange, the failed and events queues and their
+    bindings alone: the monitor's part, which the retry settings do not shape (pure)."""
+    n = p.names
+    steps: list[Step] = []
+    for step in diff_own(p, held):
+        match step:
+            case DeclareExchange(x) if x.name == n.failed:
+                steps.append(step)
+            case DeclareQueue(spec) if spec.name in (n.failed, n.events):
+                steps.append(step)
+            case Bind(b) if b.source == n.failed:
+                steps.append(step)
+    return steps
+
+
 def _unwanted(p: Plan, held: Held) -> list[Step]:
     """The bindings read that lead out of the plan's exchanges, or into its exchanges and queues
     other than the main one (publishers may bind their own exchanges to that), unless the plan
