@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.headers import RECORD_QUEUE, STREAM_OFFSET
 from ricochet.ladders import is_int
+from ricochet.log import get_logger
 from ricochet.names import SHARED
 
-log = structlog.get_logger("ricochet.schedules")
+log = get_logger("ricochet.schedules")
 
 STATE = "schedules"
 MARKER = "marker"
