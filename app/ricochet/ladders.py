@@ -8,6 +8,7 @@ below make the usual shapes, so that a type's backoff reads as one line.
 
 import re
 from collections.abc import Sequence
+from typing import TypeGuard
 
 Ladder = tuple[int, ...]
 
@@ -40,7 +41,7 @@ def exponential(
             f"multiplier={multiplier!r} is out of bounds: allowed {MIN_MULTIPLIER}-{MAX_MULTIPLIER}"
         )
     cap_ms = MAX_DELAY_MS if max_ms is None else max_ms
-    if not _is_int(cap_ms) or not delay_ms <= cap_ms <= MAX_DELAY_MS:
+    if not is_int(cap_ms) or not delay_ms <= cap_ms <= MAX_DELAY_MS:
         raise ValueError(
             f"max_ms={max_ms!r} is out of bounds: allowed an integer from delay_ms ({delay_ms})"
             f" to {MAX_DELAY_MS}, or None"
@@ -96,12 +97,14 @@ def spread(delay_ms: int, jitter: float, draw: float) -> int:
     return round(delay_ms * (1.0 - jitter * draw))
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (True is an int to Python, never a count, a delay or an
+    instant to ricochet)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_delay(value: object) -> bool:
-    return _is_int(value) and MIN_DELAY_MS <= value <= MAX_DELAY_MS  # type: ignore[operator]
+    return is_int(value) and MIN_DELAY_MS <= value <= MAX_DELAY_MS
 
 
 def _check_start(delay_ms: int, retries: int) -> None:
@@ -110,7 +113,7 @@ def _check_start(delay_ms: int, retries: int) -> None:
             f"delay_ms={delay_ms!r} is out of bounds: allowed an integer from {MIN_DELAY_MS} "
             f"to {MAX_DELAY_MS}"
         )
-    if not _is_int(retries) or not 1 <= retries <= MAX_RETRIES:
+    if not is_int(retries) or not 1 <= retries <= MAX_RETRIES:
         raise ValueError(
             f"retries={retries!r} is out of bounds: allowed an integer from 1 to {MAX_RETRIES}"
         )

@@ -181,3 +181,33 @@ async def test_a_tier_is_declared_again_by_one_declarer_at_a_time(
 
     assert (await declare(connection, after)).kept == {}
     assert await _ttl_is(n.tier(1), NEW_MS)()
+
+
+async def test_a_declare_waits_for_the_lock_once(
+    connection: AbstractConnection, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another connection holds the lock, a declare whose three tiers all differ waits
+    for it once, not once per tier, and keeps each tier as it is, saying why."""
+    monkeypatch.setattr(redeclaring, "LOCK_WAIT_S", 3.0)
+    n = Names(queue_name)
+    await declare(connection, make_settings(queue_name, max_retries=3, retry_delay_ms=OLD_MS))
+    after = make_settings(queue_name, max_retries=3, retry_delay_ms=NEW_MS)
+    other = await aio_pika.connect(BROKER.amqp_url)
+    try:
+        holder = await other.channel()
+        await holder.declare_queue(
+            n.redeclaring, exclusive=True, arguments={"x-queue-type": "classic"}
+        )
+        started = time.monotonic()
+        with capture_logs() as logs:
+            declared = await declare(connection, after)
+        took_s = time.monotonic() - started
+    finally:
+        await other.close()
+    tiers = [n.tier(k) for k in (1, 2, 3)]
+    assert sorted(declared.kept) == tiers
+    kept = [log for log in logs if log["event"] == "tier keeps its old delay until it drains"]
+    assert [(k["queue"], k["reason"]) for k in kept] == [
+        (tier, "another declarer holds the lock") for tier in tiers
+    ]
+    assert took_s < 2 * redeclaring.LOCK_WAIT_S, took_s

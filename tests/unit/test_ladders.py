@@ -103,6 +103,27 @@ def test_header_text_out_of_bounds(text: str) -> None:
         ladders.parse(text)
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0, True),
+        (5_000, True),
+        (-1, True),
+        (2**70, True),
+        (True, False),
+        (False, False),
+        (1.0, False),
+        ("5000", False),
+        (None, False),
+        ([1], False),
+    ],
+)
+def test_is_int_takes_an_int_but_not_a_bool(value: object, expected: bool) -> None:
+    """Only an int is one: a bool (an int to Python), a float of a whole number, a string of
+    digits or nothing is not."""
+    assert ladders.is_int(value) is expected
+
+
 def test_spread_stays_within_the_jitter() -> None:
     """A wait spread by jitter j lies in [d x (1 - j), d]: the draw picks where."""
     assert ladders.spread(10_000, 0.5, 0.0) == 10_000

@@ -23,7 +23,9 @@ from ricochet.broker.diff import (
     Unbind,
     Unwanted,
     diff,
+    diff_own,
     diff_shared,
+    failed_side,
     planned_bindings,
     planned_exchanges,
     planned_queues,
@@ -292,6 +294,40 @@ def test_the_shared_part_does_not_depend_on_the_settings() -> None:
     one = plan(Settings(queue="a", queue_type="classic", max_retries=0), version)
     other = plan(Settings(queue="b", retry_jitter=0.5, retry_delay_ms=10), version)
     assert one.shared == other.shared
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(queue="orders"),
+        Settings(queue="orders", queue_type="classic", max_retries=0),
+        Settings(queue="orders", retry_jitter=0.5, retry_delay_ms=10),
+    ],
+)
+def test_the_failed_side_is_the_failed_exchange_and_queues_alone(settings: Settings) -> None:
+    """The monitor declares the failed exchange, the failed and events queues and the failed
+    exchange's bindings to them, in the queue's own order, whatever the retry settings."""
+    n = Names("orders")
+    p = plan(settings)
+    own = diff_own(p, NOTHING_READ)
+    steps = failed_side(p, NOTHING_READ)
+    assert [step for step in own if step in steps] == steps
+    assert [type(step).__name__ for step in steps] == [
+        "DeclareExchange",
+        "DeclareQueue",
+        "DeclareQueue",
+        "Bind",
+        "Bind",
+    ]
+    assert steps[0] == DeclareExchange(Exchange(n.failed, "fanout", {}))
+    assert [step.spec.name for step in steps if isinstance(step, DeclareQueue)] == [
+        n.failed,
+        n.events,
+    ]
+    assert [step.binding for step in steps if isinstance(step, Bind)] == [
+        Binding(n.failed, n.failed),
+        Binding(n.failed, n.events),
+    ]
 
 
 def test_a_due_job_whose_queue_is_gone_goes_to_the_orphans() -> None:

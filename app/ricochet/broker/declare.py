@@ -3,8 +3,11 @@ that was not read first (broker/diff.py), and reading a refused declaration as t
 
 import asyncio
 import time
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import Any, assert_never
+from types import TracebackType
+from typing import Any, Self, assert_never
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelPreconditionFailed
@@ -28,7 +31,7 @@ from ricochet.broker.diff import (
     Unbind,
     Unwanted,
     diff,
-    diff_own,
+    failed_side,
     held_delay_ms,
     quorum_tier_kept,
     reconcile,
@@ -62,7 +65,7 @@ FIGURES_WAIT_S = 15
 
 class _Declarer:
     """Applies a plan's steps on one connection, opening a fresh channel whenever the broker
-    closes one."""
+    closes one; closed on leaving its `async with`."""
 
     def __init__(self, connection: AbstractConnection, settings: Settings, p: Plan) -> None:
         self._connection = connection
@@ -73,12 +76,36 @@ class _Declarer:
         self.kept: dict[str, int | None] = dict(p.kept)
         # Whether a step stopped routing to a tier or lane whose delay changed.
         self.rerouted = False
+        # The redeclare lock, taken at the first tier or lane whose delay changed and held until
+        # the declarer closes: the routes restored after it are declared under it as well.
+        self._lock = AsyncExitStack()
+        self._locked: bool | None = None
 
     async def channel(self) -> AbstractChannel:
         return await self._channel.get()
 
-    async def close(self) -> None:
-        await self._channel.close()
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            await self._lock.aclose()
+        finally:
+            await self._channel.close()
+
+    async def hold_lock(self) -> bool:
+        """Whether this declarer holds the queue's redeclare lock, taking it on the first call
+        (False: another connection held it all the wait, and the declare goes on without it)."""
+        if self._locked is None:
+            self._locked = await self._lock.enter_async_context(
+                redeclaring(self._connection, self._plan.names)
+            )
+        return self._locked
 
     async def apply(self, step: Step) -> None:
         match step:
@@ -163,13 +190,12 @@ class _Declarer:
         it keeps its old delay until it drains (a running worker looks again). One declarer at
         a time does it, each looking again first whether another did it meanwhile."""
         spec = step.spec
-        async with redeclaring(self._connection, self._plan.names) as held:
-            if not held:
-                self._keep(step, Kept(None, "another declarer holds the lock"))
-            elif await self.as_planned(spec):
-                self.kept.pop(spec.name, None)
-            else:
-                await self._redeclare_when_empty(step)
+        if not await self.hold_lock():
+            self._keep(step, Kept(None, "another declarer holds the lock"))
+        elif await self.as_planned(spec):
+            self.kept.pop(spec.name, None)
+        else:
+            await self._redeclare_when_empty(step)
 
     async def _redeclare_when_empty(self, step: DelayDiffers) -> None:
         spec, k = step.spec, step.tier
@@ -344,13 +370,7 @@ async def declare(connection: AbstractConnection, settings: Settings) -> Plan:
     """Declare (idempotently) and reconcile the topology; TopologyConflict on a conflicting
     queue or exchange."""
     p = plan(settings, broker_version(connection))
-    d = _Declarer(connection, settings, p)
-    try:
-        for step in diff(p, NOTHING_READ):
-            await d.apply(step)
-    finally:
-        await d.close()
-    return p.keeping(d.kept)
+    return await _declare_planned(connection, settings, p, diff(p, NOTHING_READ))
 
 
 async def declare_tier_again(
@@ -360,15 +380,12 @@ async def declare_tier_again(
     broker keeps with an older delay is unbound and, if empty, deleted and declared with the
     planned one (if it holds jobs, it stays as it is), then routed to again. Return the plan with
     what the broker keeps now."""
-    d = _Declarer(connection, settings, p)
-    try:
+    async with _Declarer(connection, settings, p) as d:
         for spec in p.waiting_of(k):
             await d.apply(DeclareQueue(spec, tier=k))
         if d.rerouted:
             for step in tier_routes(p, k):
                 await d.apply(step)
-    finally:
-        await d.close()
     return p.keeping(d.kept)
 
 
@@ -376,17 +393,14 @@ async def declare_failed_side(connection: AbstractConnection, settings: Settings
     """Declare only the failed exchange, the failed and events queues and their bindings (the
     monitor's part, which the retry settings do not shape); return the whole plan."""
     p = plan(settings, broker_version(connection))
-    n = p.names
-    d = _Declarer(connection, settings, p)
-    try:
-        for step in diff_own(p, NOTHING_READ):
-            match step:
-                case DeclareExchange(x) if x.name == n.failed:
-                    await d.apply(step)
-                case DeclareQueue(spec) if spec.name in (n.failed, n.events):
-                    await d.apply(step)
-                case Bind(b) if b.source == n.failed:
-                    await d.apply(step)
-    finally:
-        await d.close()
-    return p
+    return await _declare_planned(connection, settings, p, failed_side(p, NOTHING_READ))
+
+
+async def _declare_planned(
+    connection: AbstractConnection, settings: Settings, p: Plan, steps: Iterable[Step]
+) -> Plan:
+    """Apply the steps of plan p in order; return p with what the broker keeps now."""
+    async with _Declarer(connection, settings, p) as d:
+        for step in steps:
+            await d.apply(step)
+    return p.keeping(d.kept)

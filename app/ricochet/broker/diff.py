@@ -32,6 +32,7 @@ from ricochet.broker.plan import (
     stale_tiers,
     tier_source,
 )
+from ricochet.ladders import is_int
 from ricochet.names import SHARED, return_key
 
 # The queue figures that tell whether a waiting queue is empty, as the management API names them.
@@ -268,9 +269,7 @@ def held_delay_ms(seen: QueueSeen) -> int | None:
     refused declaration spells as a string, the management API as a number; None when it has
     none, or one that is no whole number of milliseconds."""
     value = seen.arguments.get(TTL)
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if is_int(value):
         return value
     if isinstance(value, str) and value.isdigit():
         return int(value)
@@ -436,6 +435,22 @@ def tier_routes(p: Plan, k: int) -> list[Step]:
     binds: list[Step] = [Bind(b) for b in p.bindings if b == source or b.destination in queues]
     hold: list[Step] = [Unbind(hold_binding(n))] if k == 1 and not p.jittered else []
     return [*binds, *hold]
+
+
+def failed_side(p: Plan, held: Held) -> list[Step]:
+    """diff_own's steps for the failed exchange, the failed and events queues and their
+    bindings alone: the monitor's part, which the retry settings do not shape (pure)."""
+    n = p.names
+    steps: list[Step] = []
+    for step in diff_own(p, held):
+        match step:
+            case DeclareExchange(x) if x.name == n.failed:
+                steps.append(step)
+            case DeclareQueue(spec) if spec.name in (n.failed, n.events):
+                steps.append(step)
+            case Bind(b) if b.source == n.failed:
+                steps.append(step)
+    return steps
 
 
 def _unwanted(p: Plan, held: Held) -> list[Step]:

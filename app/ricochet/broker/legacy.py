@@ -11,10 +11,9 @@ from typing import Any
 from urllib.parse import quote
 
 from aio_pika.abc import AbstractConnection
-from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.connection import SHARED_WAITING, connection_name
-from ricochet.broker.depth import KeptChannel, read_depth
+from ricochet.broker.depth import KeptChannel, exchange_exists, read_depth
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.errors import ManagementUnavailable
 from ricochet.log import get_logger
@@ -52,9 +51,7 @@ async def retire_legacy_delays(connection: AbstractConnection, settings: Setting
     n = Names(settings.queue)
     channel = KeptChannel(connection)
     try:
-        try:
-            await (await channel.get()).get_exchange(n.delay_entry, ensure=True)
-        except ChannelNotFoundEntity:
+        if not await exchange_exists(await channel.get(), n.delay_entry):
             return  # none: declared by this version, or retired already
         levels = [n.delay(k) for k in range(DELAY_LEVELS)]
         try:

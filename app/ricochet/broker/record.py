@@ -25,6 +25,7 @@ from ricochet.broker.declare import declare
 from ricochet.broker.legacy import retire_legacy_delays
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.publish import confirming_channel
+from ricochet.ladders import is_int
 from ricochet.names import Names
 from ricochet.settings import Settings
 
@@ -63,8 +64,7 @@ def kept_of(record: dict[str, Any] | None) -> dict[str, int | None]:
     return {
         name: delay
         for name, delay in kept.items()
-        if isinstance(name, str)
-        and (delay is None or (isinstance(delay, int) and not isinstance(delay, bool)))
+        if isinstance(name, str) and (delay is None or is_int(delay))
     }
 
 

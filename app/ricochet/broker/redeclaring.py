@@ -2,10 +2,11 @@
 
 Two that did it at once could lose a job: one declares the tier anew and routes to it again while
 the other, which saw it empty a moment before, deletes it. Every worker process, and `ricochet
-topology`, takes this lock first, then looks again whether the tier still differs: an exclusive
-queue, which the broker refuses to any other connection (RESOURCE_LOCKED) and deletes with its
-connection, so that a process killed holds nothing. Within a process, one declare at a time per
-queue (worker/applied.py).
+topology`, takes this lock once per declare, at the first tier that differs, and holds it to the
+declare's end (the routes restored included), looking again under it whether each tier still
+differs: an exclusive queue, which the broker refuses to any other connection (RESOURCE_LOCKED)
+and deletes with its connection, so that a process killed holds nothing. Within a process, one
+declare at a time per queue (worker/applied.py).
 """
 
 import asyncio
@@ -18,8 +19,9 @@ from aio_pika.exceptions import ChannelClosed
 from ricochet.broker.plan import QUEUE_TYPE
 from ricochet.names import Names
 
-# Another declarer holds the lock for an unbinding, a look and a deletion: seconds at most (a
-# quorum tier's figures may take up to 15 s to appear).
+# Another declarer holds the lock for the rest of its declare, an unbinding, a look and a deletion
+# for each tier that differs: seconds at most (a new quorum tier's figures may take up to 15 s to
+# appear).
 LOCK_WAIT_S = 30.0
 LOCK_RETRY_S = 0.2
 

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.headers import RECORD_QUEUE, STREAM_OFFSET
+from ricochet.ladders import is_int
+from ricochet.log import get_logger
 from ricochet.names import SHARED
 
-log = structlog.get_logger("ricochet.schedules")
+log = get_logger("ricochet.schedules")
 
 STATE = "schedules"
 MARKER = "marker"
@@ -97,7 +98,7 @@ def _entry(value: Any) -> Entry | None:
 
 def _ms(value: Any) -> int | None:
     """An instant as a record spells it, else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= LATEST_MS:
+    if is_int(value) and 0 <= value <= LATEST_MS:
         return value
     return None
 

@@ -166,7 +166,7 @@ def _short_string(argument: str, value: object) -> str:
 
 
 def _max_retries(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not ladders.is_int(value):
         raise InvalidJob(f"max_retries must be an int in 0-{MAX_RETRIES_ALLOWED}, not {value!r}")
     if not 0 <= value <= MAX_RETRIES_ALLOWED:
         raise InvalidJob(f"max_retries={value} is out of bounds: allowed 0-{MAX_RETRIES_ALLOWED}")

@@ -15,7 +15,6 @@ from ricochet.delivery.retry import (
     RUN_AT_MAX_AHEAD_MS,
     Facts,
     FailureKind,
-    is_int,
     job_type,
     parse_run_at,
 )
@@ -40,6 +39,7 @@ from ricochet.headers import (
     WAIT_REASON,
     WAITING_SINCE,
 )
+from ricochet.ladders import is_int
 from ricochet.log import redact
 
 REASON_MAX_CHARS = 1000

@@ -8,13 +8,13 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, TypeGuard, overload
+from typing import Any, ClassVar, NamedTuple, overload
 
 from ricochet import ladders
 from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.errors import InvalidRetryDelays
 from ricochet.headers import DEATHS, DELIVERY_COUNTS, MAX_RETRIES, RETRIES, RETRY_DELAYS, RUN_AT
-from ricochet.ladders import Ladder
+from ricochet.ladders import Ladder, is_int
 
 # More unacked deliveries than this means the job keeps killing its worker.
 POISON_DELIVERIES = 5
@@ -150,11 +150,6 @@ def job_type(amqp_type: str | None, body: bytes) -> str | None:
         return None
     value = payload.get("type") if isinstance(payload, dict) else None
     return value if isinstance(value, str) else None
-
-
-def is_int(value: Any) -> TypeGuard[int]:
-    """An int that is not a bool (True is an int to Python, never a count to a header)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_count(value: Any) -> bool:

@@ -11,10 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from ricochet import ladders
 from ricochet.broker.plan import MAX_TIERS
-from ricochet.delivery.retry import is_int
 from ricochet.errors import InvalidPayload, PermanentError, UnknownJobType
 from ricochet.handlers.job import Job
-from ricochet.ladders import Ladder
+from ricochet.ladders import Ladder, is_int
 from ricochet.schedules.schedule import Schedule, schedule
 
 F = TypeVar("F", bound=Callable[..., Any])

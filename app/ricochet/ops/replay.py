@@ -16,8 +16,8 @@ import aio_pika
 from aio_pika.abc import AbstractConnection
 
 from ricochet.delivery.failed import copied_headers, copy_of, properties_of
-from ricochet.delivery.retry import is_int
 from ricochet.headers import DELIVERY_COUNTS, FAILURE_HEADERS, INCARNATION, REPLAY_COUNT
+from ricochet.ladders import is_int
 from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.ops.scan import Copy, Removal, select

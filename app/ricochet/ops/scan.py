@@ -57,9 +57,9 @@ from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.management import api_url as management_api
 from ricochet.broker.plan import QUEUE_TYPE, delivery_limit_policy_command
 from ricochet.delivery.failed import FailureInfo, read_failure
-from ricochet.delivery.retry import is_int
 from ricochet.errors import ManagementUnavailable, MissingQueue, RicochetError
 from ricochet.headers import DELIVERY_COUNT
+from ricochet.ladders import is_int
 from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.ops.limits import JSON, DeliveryLimit, current_policies, delivery_limit

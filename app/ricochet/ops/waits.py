@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ricochet.delivery.retry import is_int, job_type
+from ricochet.delivery.retry import job_type
 from ricochet.headers import DEATHS, RETRIES, WAIT_REASON, WAITING_SINCE
+from ricochet.ladders import is_int
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, SHARED, is_delay_key
 
 
