@@ -20,6 +20,7 @@ from ricochet.ops.checks import (
     holding_dead_letters,
     open_files_check,
     permission_check,
+    worst,
     worst_first,
 )
 from ricochet.ops.doctor import diagnose
@@ -394,6 +395,20 @@ def test_a_level_not_as_declared_is_named_in_the_levels_row() -> None:
     assert parts[-1] == (
         "the other 24 of the 25 levels (ricochet.delay.0-24) are as the settings declare them"
     )
+
+
+@pytest.mark.parametrize(
+    ("statuses", "found"),
+    [
+        ([], "ok"),
+        (["ok", "ok"], "ok"),
+        (["ok", "warn", "ok"], "warn"),
+        (["warn", "fail", "ok"], "fail"),
+        (["fail", "warn"], "fail"),
+    ],
+)
+def test_the_worst_status_is_fail_over_warn_over_ok(statuses: list[Status], found: Status) -> None:
+    assert worst(statuses) == found
 
 
 def test_failures_come_first_then_warnings_then_the_rest() -> None:

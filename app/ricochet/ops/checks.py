@@ -90,14 +90,13 @@ class BrokerState:
     dead_letters_recheck_s: float = 0.0
 
 
-def worst(statuses: Iterable[Status]) -> Status:
-    """fail over warn over ok."""
-    found = set(statuses)
-    return "fail" if "fail" in found else "warn" if "warn" in found else "ok"
-
-
-# The order doctor prints its findings in: what fails first, then what warns, then the rest.
+# The statuses, worst first: the order doctor prints its findings in.
 SEVERITY: tuple[Status, ...] = ("fail", "warn", "ok")
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """The worst of the statuses by SEVERITY; ok for none."""
+    return min(statuses, key=SEVERITY.index, default="ok")
 
 
 def worst_first(checks: Iterable[Check]) -> list[Check]:
