@@ -107,7 +107,8 @@ def worst_first(checks: Iterable[Check]) -> list[Check]:
 
 # The one row of the delays' levels: an exchange and a queue each, checked one by one.
 LEVELS_CHECK = "shared delay levels"
-_LEVELS = frozenset(SHARED.delay(k) for k in range(DELAY_LEVELS))
+# Each level's name, and its k.
+_LEVELS = {SHARED.delay(k): k for k in range(DELAY_LEVELS)}
 
 
 def _object_name(check: Check) -> str:
@@ -122,7 +123,7 @@ def levels_as_one(checks: list[Check]) -> list[Check]:
     if not rows:
         return checks
     levels = list(dict.fromkeys(_object_name(c) for c in rows))
-    span = f"{levels[0]}-{levels[-1].rpartition('.')[2]}"
+    span = f"{levels[0]}-{_LEVELS[levels[-1]]}"
     astray = [c for c in rows if c.status != "ok"]
     if astray:
         fine = len(levels) - len({_object_name(c) for c in astray})
