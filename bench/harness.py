@@ -17,7 +17,7 @@ import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
-from ricochet.settings import Settings
+from ricochet.settings import Settings, variable_name
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_ENV = "RICOCHET_BENCH_"  # the driver's own settings
@@ -91,9 +91,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     their default, so that an A/B run's older checkout is not given settings it does not know."""
     defaults = Settings.model_fields
     return {
-        f"RICOCHET_{key.upper()}": ",".join(map(str, value))
-        if isinstance(value, tuple)
-        else str(value)
+        variable_name(key): ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
         for key, value in settings.model_dump().items()
         if value is not None and value != defaults[key].default
     }

@@ -30,7 +30,7 @@ from ricochet.headers import RETRIES
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.observe.metrics import Metrics
 from ricochet.service.process import Lifecycle
-from ricochet.settings import Settings
+from ricochet.settings import Settings, variable_name
 from ricochet.worker.worker import Worker
 from structlog.testing import capture_logs
 from structlog.typing import EventDict, WrappedLogger
@@ -410,7 +410,7 @@ def ricochet_env(settings: Settings, **extra: str) -> dict[str, str]:
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
         if value is not None:
-            env[f"RICOCHET_{name.upper()}"] = env_text(value)
+            env[variable_name(name)] = env_text(value)
     env.update(extra)
     env["PYTHONPATH"] = str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"

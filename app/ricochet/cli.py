@@ -60,12 +60,12 @@ from ricochet.ops.waiting import list_waiting, show_waiting
 from ricochet.processes.cpus import process_count
 from ricochet.processes.parent import run_processes
 from ricochet.settings import (
-    ENV_PREFIX,
     Settings,
     allowed,
     load_settings,
     option_name,
     queue_problem,
+    variable_name,
 )
 from ricochet.worker.worker import run_worker
 
@@ -218,7 +218,7 @@ def _setting_options(fn: Command) -> Command:
             option_name(name),
             name,
             metavar=metavar,
-            help=f"Overrides {ENV_PREFIX}{name.upper()} ({allowed(field)}).",
+            help=f"Overrides {variable_name(name)} ({allowed(field)}).",
         )(fn)
     return fn
 

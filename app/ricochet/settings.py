@@ -449,7 +449,7 @@ class Settings(ClientSettings):
 
 
 def _conflict(name: str, other: str) -> PydanticCustomError:
-    a, b = (ENV_PREFIX + n.upper() for n in (name, other))
+    a, b = (variable_name(n) for n in (name, other))
     return PydanticCustomError("conflict", f"{a} and {b} conflict: set one of them, not both")
 
 
@@ -474,6 +474,11 @@ def option_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def variable_name(name: str) -> str:
+    """The environment variable that sets a setting (RICOCHET_PREFETCH)."""
+    return ENV_PREFIX + name.upper()
+
+
 def _describe(
     error: ValidationError,
     model: type[ClientSettings] = Settings,
@@ -485,7 +490,7 @@ def _describe(
     if first["type"] == "conflict":
         return str(first["msg"])
     if first["type"] == "queues":
-        source = option_name("queues") if "queues" in options else f"{ENV_PREFIX}QUEUES"
+        source = option_name("queues") if "queues" in options else variable_name("queues")
         return f"{source} is invalid: {first['msg']}"
     if first["type"] == "extra_forbidden":
         return f"{str(first['loc'][0]).upper()} is not a ricochet setting"
@@ -502,7 +507,7 @@ def _describe(
     shown = _shown(name, str(value))
     if name in options:
         return f"{option_name(name)} {shown!r} is invalid: allowed {allowed_text}"
-    return f"{ENV_PREFIX}{name.upper()}={shown!r} is invalid: allowed {allowed_text}"
+    return f"{variable_name(name)}={shown!r} is invalid: allowed {allowed_text}"
 
 
 def _shown(name: str, value: str) -> str:
@@ -521,7 +526,7 @@ def _shown(name: str, value: str) -> str:
 
 
 def _unknown_variable(environ: Mapping[str, str]) -> str | None:
-    known = [ENV_PREFIX + name.upper() for name in Settings.model_fields]
+    known = [variable_name(name) for name in Settings.model_fields]
     for key in sorted(environ):
         if key.startswith(ENV_PREFIX) and key not in known and key != ENV_FILE_VARIABLE:
             hint = difflib.get_close_matches(key, known, n=1)

@@ -177,6 +177,22 @@ async def test_policy_on_the_failed_queue_is_named(
     )
 
 
+async def test_a_policy_set_a_moment_before_is_reported_at_once(
+    connection: AbstractConnection,
+    queue_name: str,
+    policies: Callable[[str, dict[str, Any]], str],
+) -> None:
+    """SPEC 24: a delivery-limit policy set on the failed queue, then doctor run once at once,
+    reports the policy's value: doctor reads the policy definitions, which are current, not the
+    queue's statistics, which show a new policy only a stats interval later."""
+    settings = make_settings(queue_name)
+    n = (await declare(connection, settings)).names
+    name = policies(n.failed, {"delivery-limit": 3})
+    _, found = run_doctor(settings)
+    assert found["policies"]["status"] == "fail"
+    assert f"{n.failed}: policy {name!r} sets delivery-limit=3 (" in found["policies"]["detail"]
+
+
 async def test_tier_beyond_the_budget_holding_jobs_is_named(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.plan import PLAN_FIELDS
 from ricochet.names import Names
+from ricochet.settings import variable_name
 
 from tests.support import (
     SPAWNED,
@@ -155,7 +156,7 @@ def test_worker_help_lists_its_options() -> None:
     assert result.returncode == 0, result
     for name in ("handler", "queues", "processes", "prefetch", "log-level"):
         assert f"--{name}" in result.stdout
-        assert f"RICOCHET_{name.replace('-', '_').upper()}" in result.stdout
+        assert variable_name(name.replace("-", "_")) in result.stdout
 
 
 @pytest.mark.timing  # within 10 s: a busy machine's Python start alone took 6 s
@@ -194,7 +195,7 @@ async def test_doctor_says_in_one_line_that_the_broker_does_not_answer(
     """doctor against a broker that answers neither AMQP nor HTTP: one line within 10 s, exit 2
     (SPEC 13); with the API answering but not AMQP, a warning among its findings instead."""
     # No retry setting given: doctor reads the declared ones over AMQP, which does not answer.
-    given_plan = {f"RICOCHET_{name.upper()}" for name in PLAN_FIELDS}
+    given_plan = {variable_name(name) for name in PLAN_FIELDS}
     down = make_settings(queue_name, amqp_url=CLOSED_PORT_URL)
     env = {k: v for k, v in _user_env(ricochet_env(down)).items() if k not in given_plan}
 

@@ -1,10 +1,20 @@
 """The delivery limit RabbitMQ applies to a queue, from the management API's object for it
-(pure): what a scan of the failed queue heeds."""
+(pure): what a scan of the failed queue heeds; and the policies of queues' objects brought up to
+date from the vhost's definitions, as a scan and doctor read them."""
 
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import pytest
-from ricochet.ops.limits import DeliveryLimit, current_policies, delivery_limit
+from ricochet.broker.management import Api
+from ricochet.errors import ManagementUnavailable
+from ricochet.ops.limits import (
+    DeliveryLimit,
+    current_policies,
+    delivery_limit,
+    with_current_policies,
+)
+from structlog.testing import capture_logs
 
 V3, V40, V43 = (3, 10, 8), (4, 0, 5), (4, 3, 6)
 
@@ -123,3 +133,60 @@ def test_the_policies_a_queue_has_come_from_their_definitions(
 def test_a_pattern_python_cannot_read_leaves_it_to_the_statistics() -> None:
     found = {"name": FAILED, "type": "quorum", "arguments": {}}
     assert current_policies(found, [policy("a", "(?<x>jobs)", 3, 9)], []) is None
+
+
+class Definitions(Api):
+    """A management API that lists these policies, or (None) refuses to."""
+
+    def __init__(self, policies: list[dict[str, Any]] | None) -> None:
+        super().__init__(cast(aiohttp.ClientSession, None), "http://broker/api/")
+        self._policies = policies
+
+    async def policies(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        if self._policies is None:
+            raise ManagementUnavailable("HTTP 401")
+        return self._policies, []
+
+
+def stale(name: str, kind: str = "quorum") -> dict[str, Any]:
+    """A queue's object whose statistics do not show the policy set on it yet."""
+    return {"name": name, "type": kind, "arguments": {}, "policy": None}
+
+
+async def test_every_queue_takes_its_policies_from_the_definitions() -> None:
+    queues = {name: stale(name) for name in (FAILED, "jobs")}
+    with capture_logs() as logs:
+        found = await with_current_policies(
+            Definitions([policy("a", r"^jobs\.failed$", 3)]), "/", queues
+        )
+    assert {name: q["policy"] for name, q in found.items()} == {FAILED: "a", "jobs": None}
+    assert found[FAILED]["effective_policy_definition"] == {"delivery-limit": 3}
+    assert logs == []
+
+
+async def test_unreadable_definitions_are_warned_of_once_for_every_queue() -> None:
+    """A management user that may not read the definitions: each queue keeps its statistics'
+    policies, and one warning names them all."""
+    queues = {name: stale(name) for name in (FAILED, "jobs", "jobs.retry.1")}
+    with capture_logs() as logs:
+        found = await with_current_policies(Definitions(None), "/", queues)
+    assert found == queues
+    (warning,) = logs
+    assert warning["event"].startswith("policy definitions unreadable")
+    assert warning["queues"] == list(queues)
+
+
+async def test_a_pattern_python_cannot_read_is_warned_of_once() -> None:
+    """Only the queues such a pattern could apply to keep their statistics' policies, named in
+    one warning; the others read theirs from the definitions."""
+    queues = {name: stale(name, "classic") for name in ("jobs", "jobs.retry.1")}
+    queues[FAILED] = stale(FAILED)
+    unreadable = policy("b", "(?<x>jobs)", 5, 9, apply_to="classic_queues")
+    with capture_logs() as logs:
+        found = await with_current_policies(
+            Definitions([unreadable, policy("a", "failed", 3)]), "/", queues
+        )
+    assert found["jobs"] == queues["jobs"]
+    assert found[FAILED]["policy"] == "a"
+    (warning,) = logs
+    assert warning["queues"] == ["jobs", "jobs.retry.1"]

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry
 from ricochet.cli import main
 from ricochet.service.http import routes
-from ricochet.settings import ENV_PREFIX, Settings, load_settings
+from ricochet.settings import ENV_PREFIX, Settings, load_settings, variable_name
 
 from tests.deploy_files import (
     COMPOSE,
@@ -36,7 +36,7 @@ from tests.deploy_files import (
 )
 from tests.support import ROOT
 
-SETTINGS = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+SETTINGS = {variable_name(name) for name in Settings.model_fields}
 # The commands SPEC section 6 names; a service may only run one of these.
 SPEC_COMMANDS = {"worker", "monitor", "topology", "status", "replay", "publish"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from ricochet.settings import ENV_PREFIX, Settings
+from ricochet.settings import Settings, variable_name
 
 from tests.support import ROOT
 
@@ -33,7 +33,7 @@ def test_every_setting_is_documented() -> None:
     it allows and a meaning (the field's description)."""
     table = hook("settings_reference").reference().splitlines()
     rows = {row.split(" | ")[0].removeprefix("| "): row.split(" | ")[1:] for row in table[2:]}
-    variables = {f"`{ENV_PREFIX}{name.upper()}`" for name in Settings.model_fields}
+    variables = {f"`{variable_name(name)}`" for name in Settings.model_fields}
     assert set(rows) == variables
     for variable, (default, allowed, meaning) in rows.items():
         assert default, variable

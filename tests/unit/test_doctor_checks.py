@@ -18,8 +18,10 @@ from ricochet.ops.checks import (
     Status,
     dead_letters,
     holding_dead_letters,
+    levels_as_one,
     open_files_check,
     permission_check,
+    worst,
     worst_first,
 )
 from ricochet.ops.doctor import diagnose
@@ -394,6 +396,86 @@ def test_a_level_not_as_declared_is_named_in_the_levels_row() -> None:
     assert parts[-1] == (
         "the other 24 of the 25 levels (ricochet.delay.0-24) are as the settings declare them"
     )
+
+
+def level_rows(kind: str, levels: range, status: Status = "ok") -> list[Check]:
+    """The rows queue_checks or exchange_checks give the shared levels."""
+    return [Check(f"{kind} ricochet.delay.{k}", status, "as declared") for k in levels]
+
+
+def test_the_levels_rows_become_one_where_the_first_stood() -> None:
+    """Every level as declared: one ok row in place of the first level's, the others in order."""
+    checks = [
+        Check("exchange jobs.dlx", "ok", "a"),
+        *level_rows("exchange", range(25)),
+        Check("exchange ricochet.return", "warn", "b"),
+        Check("queue jobs", "fail", "c"),
+        *level_rows("queue", range(25)),
+        Check("queue ricochet.orphans", "ok", "d"),
+    ]
+    assert levels_as_one(checks) == [
+        Check("exchange jobs.dlx", "ok", "a"),
+        Check(
+            "shared delay levels",
+            "ok",
+            "25 levels (ricochet.delay.0-24), each exchange and queue as the settings declare it",
+        ),
+        Check("exchange ricochet.return", "warn", "b"),
+        Check("queue jobs", "fail", "c"),
+        Check("queue ricochet.orphans", "ok", "d"),
+    ]
+
+
+def test_the_levels_row_names_each_row_not_as_declared() -> None:
+    """A level whose exchange warns and queue fails: the row fails, naming both, then how many
+    of the others are as declared."""
+    checks = [
+        *level_rows("exchange", range(7)),
+        Check("exchange ricochet.delay.7", "warn", "differs"),
+        *level_rows("exchange", range(8, 25)),
+        *level_rows("queue", range(7)),
+        Check("queue ricochet.delay.7", "fail", "missing"),
+        *level_rows("queue", range(8, 25)),
+    ]
+    assert levels_as_one(checks) == [
+        Check(
+            "shared delay levels",
+            "fail",
+            "exchange ricochet.delay.7: differs; queue ricochet.delay.7: missing; the other 24 of "
+            "the 25 levels (ricochet.delay.0-24) are as the settings declare them",
+        )
+    ]
+
+
+def test_the_levels_row_counts_the_levels_checked() -> None:
+    checks = [*level_rows("queue", range(3, 6)), Check("queue jobs", "ok", "a")]
+    assert levels_as_one(checks) == [
+        Check(
+            "shared delay levels",
+            "ok",
+            "3 levels (ricochet.delay.3-5), each exchange and queue as the settings declare it",
+        ),
+        Check("queue jobs", "ok", "a"),
+    ]
+
+
+def test_without_a_level_the_rows_are_as_given() -> None:
+    checks = [Check("queue jobs", "ok", "a"), Check("queue jobs.delay.3", "fail", "b")]
+    assert levels_as_one(checks) == checks
+
+
+@pytest.mark.parametrize(
+    ("statuses", "found"),
+    [
+        ([], "ok"),
+        (["ok", "ok"], "ok"),
+        (["ok", "warn", "ok"], "warn"),
+        (["warn", "fail", "ok"], "fail"),
+        (["fail", "warn"], "fail"),
+    ],
+)
+def test_the_worst_status_is_fail_over_warn_over_ok(statuses: list[Status], found: Status) -> None:
+    assert worst(statuses) == found
 
 
 def test_failures_come_first_then_warnings_then_the_rest() -> None:

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from ricochet.cli import main
 from ricochet.ops.reference import SettingRow, setting_rows, settings_text, written
-from ricochet.settings import ENV_PREFIX, Settings
+from ricochet.settings import Settings, variable_name
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ def test_defaults_are_shown_as_a_variable_holds_them(value: object, shown: str) 
 def test_a_row_per_setting_with_its_meaning() -> None:
     """Every field of Settings, by its variable, with its default and description."""
     rows = {row.variable: row for row in setting_rows()}
-    assert list(rows) == [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
+    assert list(rows) == [variable_name(name) for name in Settings.model_fields]
     assert rows["RICOCHET_PREFETCH"] == SettingRow(
         "RICOCHET_PREFETCH",
         "32",
@@ -45,7 +45,7 @@ def test_ricochet_settings_prints_every_setting() -> None:
     text = runner.invoke(main, ["settings"])
     assert text.exit_code == 0, text.output
     for name in Settings.model_fields:
-        assert f"{ENV_PREFIX}{name.upper()}  (default: " in text.output
+        assert f"{variable_name(name)}  (default: " in text.output
     as_json = runner.invoke(main, ["settings", "--json"])
     assert as_json.exit_code == 0
     assert json.loads(as_json.output) == [row.as_dict() for row in setting_rows()]

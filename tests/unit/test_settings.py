@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from ricochet.errors import ConfigError
-from ricochet.settings import Settings, load_settings
+from ricochet.settings import Settings, load_settings, option_name, variable_name
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +14,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("RICOCHET_"):
             monkeypatch.delenv(key)
+
+
+def test_a_setting_is_named_by_its_variable_and_its_option() -> None:
+    assert variable_name("alert_failed_threshold") == "RICOCHET_ALERT_FAILED_THRESHOLD"
+    assert option_name("log_level") == "--log-level"
 
 
 def test_defaults() -> None:
@@ -218,7 +223,7 @@ def test_webhook_token_never_in_error(
 def test_floats_are_finite(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     """No duration or multiplier may be infinite or NaN: a timeout of inf never fires, and
     NaN slips past every bound."""
-    variable = f"RICOCHET_{name.upper()}"
+    variable = variable_name(name)
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=rf"^{variable}='{value}' is invalid: allowed"):
         load_settings()

@@ -11,6 +11,7 @@ import aiohttp
 
 from ricochet.errors import ManagementUnavailable
 from ricochet.log import url_host
+from ricochet.settings import variable_name
 
 PAGE_SIZE = 500  # the API's largest page
 TIMEOUT_S = 10
@@ -56,15 +57,16 @@ class Api:
                 if response.status in (401, 403):
                     raise ManagementUnavailable(
                         f"the management API at {self.base} refused the credentials "
-                        f"(HTTP {response.status}): set RICOCHET_MANAGEMENT_URL with a user "
-                        "that has the monitoring or management tag"
+                        f"(HTTP {response.status}): set {variable_name('management_url')} with "
+                        "a user that has the monitoring or management tag"
                     )
                 response.raise_for_status()
                 return await response.json()
         except (aiohttp.ClientError, TimeoutError) as error:
             raise ManagementUnavailable(
                 f"the management API at {self.base} is unreachable ({type(error).__name__}: "
-                f"{error}): check RICOCHET_MANAGEMENT_URL and that the management plugin runs"
+                f"{error}): check {variable_name('management_url')} and that the management "
+                "plugin runs"
             ) from None
 
     async def listing(
@@ -84,7 +86,8 @@ class Api:
             )
             if answer is None:
                 raise ManagementUnavailable(
-                    f"the broker has no virtual host {vhost!r} (the path of RICOCHET_AMQP_URL)"
+                    f"the broker has no virtual host {vhost!r} "
+                    f"(the path of {variable_name('amqp_url')})"
                 )
             items += answer["items"]
             if page >= answer["page_count"]:

@@ -14,6 +14,7 @@ from ricochet.handlers.router import Route, Router, is_async_callable
 from ricochet.handlers.threads import HandlerThreads
 from ricochet.log import get_logger
 from ricochet.schedules.schedule import Schedule
+from ricochet.settings import variable_name
 
 log = get_logger("ricochet.handler")
 
@@ -29,10 +30,12 @@ def load_handler(ref: str) -> Router | Callable[[Job], Any]:
     # module was imported.
     except (ImportError, AttributeError, ValueError, TypeError) as error:
         raise ConfigError(
-            f"RICOCHET_HANDLER={ref!r} is invalid: cannot import it ({error})"
+            f"{variable_name('handler')}={ref!r} is invalid: cannot import it ({error})"
         ) from None
     if not isinstance(target, Router) and not callable(target):
-        raise ConfigError(f"RICOCHET_HANDLER={ref!r} is invalid: not a callable or an app.Router")
+        raise ConfigError(
+            f"{variable_name('handler')}={ref!r} is invalid: not a callable or an app.Router"
+        )
     return target  # type: ignore[no-any-return]
 
 

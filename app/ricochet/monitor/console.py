@@ -51,7 +51,7 @@ from ricochet.ops.scan import Copy, scanning
 from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.waiting import list_waiting
-from ricochet.settings import Settings
+from ricochet.settings import Settings, variable_name
 
 log = get_logger("ricochet.console")
 T = TypeVar("T")
@@ -70,7 +70,7 @@ HEADERS = {
     "Cache-Control": "no-store",  # pages hold payloads
 }
 ACTIONS = ("replay", "discard")
-READ_ONLY = "the console is read-only: RICOCHET_CONSOLE_TOKEN is not set"
+READ_ONLY = f"the console is read-only: {variable_name('console_token')} is not set"
 # What the console cannot read the failed queue through: a page says so with a 503.
 UNREADABLE = (RicochetError, *CONNECTION_ERRORS)
 

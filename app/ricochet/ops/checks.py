@@ -43,6 +43,7 @@ from ricochet.broker.plan import (
 )
 from ricochet.names import DELAY_LEVELS, SHARED, SHARED_PREFIX, Names
 from ricochet.ops.report import duration
+from ricochet.settings import variable_name
 
 Status = Literal["ok", "warn", "fail"]
 JSON = dict[str, Any]
@@ -89,14 +90,13 @@ class BrokerState:
     dead_letters_recheck_s: float = 0.0
 
 
-def worst(statuses: Iterable[Status]) -> Status:
-    """fail over warn over ok."""
-    found = set(statuses)
-    return "fail" if "fail" in found else "warn" if "warn" in found else "ok"
-
-
-# The order doctor prints its findings in: what fails first, then what warns, then the rest.
+# The statuses, worst first: the order doctor prints its findings in.
 SEVERITY: tuple[Status, ...] = ("fail", "warn", "ok")
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """The worst of the statuses by SEVERITY; ok for none."""
+    return min(statuses, key=SEVERITY.index, default="ok")
 
 
 def worst_first(checks: Iterable[Check]) -> list[Check]:
@@ -107,7 +107,8 @@ def worst_first(checks: Iterable[Check]) -> list[Check]:
 
 # The one row of the delays' levels: an exchange and a queue each, checked one by one.
 LEVELS_CHECK = "shared delay levels"
-_LEVELS = frozenset(SHARED.delay(k) for k in range(DELAY_LEVELS))
+# Each level's name, and its k.
+_LEVELS = {SHARED.delay(k): k for k in range(DELAY_LEVELS)}
 
 
 def _object_name(check: Check) -> str:
@@ -122,7 +123,7 @@ def levels_as_one(checks: list[Check]) -> list[Check]:
     if not rows:
         return checks
     levels = list(dict.fromkeys(_object_name(c) for c in rows))
-    span = f"{levels[0]}-{levels[-1].rpartition('.')[2]}"
+    span = f"{levels[0]}-{_LEVELS[levels[-1]]}"
     astray = [c for c in rows if c.status != "ok"]
     if astray:
         fine = len(levels) - len({_object_name(c) for c in astray})
@@ -241,7 +242,11 @@ def _queue_check(
         case DeclareQueue():
             return Check(name, "fail", f"missing: {DECLARE}")
         case Conflict(_, seen) if seen.type != queue_type:
-            wants = "RICOCHET_QUEUE_TYPE wants" if queue_type == settings_type else "ricochet wants"
+            wants = (
+                f"{variable_name('queue_type')} wants"
+                if queue_type == settings_type
+                else "ricochet wants"
+            )
             return Check(name, "fail", f"is a {seen.type} queue, {wants} {queue_type}; {REBUILD}")
         case Conflict(_, _, differences):
             found = ", ".join(str(d) for d in differences)
@@ -343,7 +348,7 @@ def unwanted_binding_check(steps: list[Step], state: BrokerState) -> Check:
             )
         elif binding in stale:
             found.append(
-                f"{_describe(binding)} (left by an earlier RICOCHET_MAX_RETRIES: "
+                f"{_describe(binding)} (left by an earlier {variable_name('max_retries')}: "
                 "`ricochet topology` removes it)"
             )
         elif binding in unwanted:
@@ -377,9 +382,10 @@ def stale_tier_check(plan: Plan, steps: list[Step]) -> Check:
             )
         else:
             found.append(f"{step.name} is no longer used: `ricochet topology` removes it")
+    beyond = f"beyond {variable_name('max_retries')}={budget}"
     if not found:
-        return Check("stale tiers", "ok", f"no tier beyond RICOCHET_MAX_RETRIES={budget}")
-    return Check("stale tiers", "warn", f"beyond RICOCHET_MAX_RETRIES={budget}; {'; '.join(found)}")
+        return Check("stale tiers", "ok", f"no tier {beyond}")
+    return Check("stale tiers", "warn", f"{beyond}; {'; '.join(found)}")
 
 
 def _consumer_check(check: str, name: str, state: BrokerState, unread: Check) -> Check:
@@ -425,7 +431,7 @@ def failed_check(plan: Plan, threshold: int, state: BrokerState) -> Check:
         "; `ricochet replay --dry-run --group-by reason` counts them by reason, "
         "`ricochet replay` retries them once the cause is fixed"
     )
-    text = f"{depth} in {name} (RICOCHET_ALERT_FAILED_THRESHOLD={threshold})"
+    text = f"{depth} in {name} ({variable_name('alert_failed_threshold')}={threshold})"
     if depth >= threshold:
         return Check("failed jobs", "fail", text + see)
     return Check("failed jobs", "ok", text + (see if depth else ""))

@@ -32,6 +32,7 @@ from ricochet.ops.checks import (
     stranded_check,
     unwanted_binding_check,
 )
+from ricochet.ops.limits import with_current_policies
 from ricochet.ops.policies import policy_check
 from ricochet.ops.versions import STRANDING_FIXED, reported_version, version_check
 from ricochet.settings import Settings
@@ -60,8 +61,9 @@ async def read_state(
     plan: Plan,
     recheck_s: float = DEAD_LETTERS_RECHECK_S,
 ) -> BrokerState:
-    """The overview, and the queues, exchanges and bindings of the plan's names as they are;
-    the queues that hold dead-letters are read again recheck_s later."""
+    """The overview, and the queues (their policies as defined now), exchanges and bindings of
+    the plan's names as they are; the queues that hold dead-letters are read again recheck_s
+    later."""
     vh = vhost(amqp_url)
     # The main queue's name and every name under it, and the shared ones; the checks pick theirs.
     names = f"^({re.escape(plan.names.queue)}(\\..*)?|{re.escape(SHARED_PREFIX)}.*)$"
@@ -72,7 +74,10 @@ async def read_state(
             api.listing("exchanges", vh, names, EXCHANGE_COLUMNS),
         )
         wanted_queues, wanted_exchanges = set(queue_names(plan)), set(exchange_names(plan))
-        ours_q = {q["name"]: q for q in queues if q["name"] in wanted_queues}
+        # A policy set a moment ago is in the definitions before the queues' statistics show it.
+        ours_q = await with_current_policies(
+            api, vh, {q["name"]: q for q in queues if q["name"] in wanted_queues}
+        )
         ours_x = {x["name"]: x for x in exchanges if x["name"] in wanted_exchanges}
         v = quote(vh, safe="")
         paths = [

@@ -1,9 +1,9 @@
 """Which of a queue's arguments and policies RabbitMQ applies, and so the delivery limit a queue
-has (pure): what doctor's policy check reports, and what a scan of the failed queue heeds. Both
-read the management API's object for a queue (type, arguments, policies, effective definition).
-A scan first brings the object's policies up to date from the policy definitions themselves
-(current_policies): the object's own come from queue statistics, which show a policy only one
-stats interval after it is set.
+has: what doctor's checks report, and what a scan of the failed queue heeds. Both read the
+management API's object for a queue (type, arguments, policies, effective definition), its
+policies first brought up to date from the policy definitions themselves (with_current_policies,
+the one read of the API here; the rest is pure): the object's own come from queue statistics,
+which show a policy only one stats interval after it is set.
 
 Of the policies of a vhost, the broker applies to a queue the one of highest priority whose
 apply-to covers the queue's type and whose pattern matches somewhere in its name; the same for
@@ -20,7 +20,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ricochet.broker.management import Api
 from ricochet.broker.plan import DELIVERY_LIMIT
+from ricochet.errors import ManagementUnavailable
+from ricochet.log import get_logger
+
+log = get_logger("ricochet.limits")
 
 JSON = dict[str, Any]
 
@@ -64,6 +69,36 @@ def current_policies(
         "operator_policy": operator_policy[0] if operator_policy else None,
         "effective_policy_definition": definition,
     }
+
+
+# What a queue whose policies cannot be read from their definitions goes by.
+STATISTICS = (
+    "policies read from the queues' statistics, which show a policy set in the last stats "
+    "interval only after it"
+)
+
+
+async def with_current_policies(api: Api, vhost: str, queues: dict[str, JSON]) -> dict[str, JSON]:
+    """The queues' objects (by name) with their policies as the vhost's policy definitions give
+    them now (current_policies), the definitions read once for all of them. Where they cannot be
+    read, or a pattern that could apply is not one Python reads, an object keeps the policies of
+    its statistics: said in one warning for all the queues concerned."""
+    if not queues:
+        return queues
+    try:
+        policies = await api.policies(vhost)
+    except ManagementUnavailable as error:
+        log.warning(
+            "policy definitions unreadable: the management user needs a tag that reads them "
+            f"(policymaker, administrator); {STATISTICS}",
+            queues=list(queues),
+            error=str(error),
+        )
+        return queues
+    current = {name: current_policies(queue, *policies) for name, queue in queues.items()}
+    if unread := [name for name, found in current.items() if found is None]:
+        log.warning(f"a policy pattern is not one Python reads; {STATISTICS}", queues=unread)
+    return {name: current[name] or queue for name, queue in queues.items()}
 
 
 def _applied(queue: JSON, policies: list[JSON]) -> tuple[str, JSON] | None:

@@ -6,7 +6,7 @@ import re
 import textwrap
 from dataclasses import asdict, dataclass
 
-from ricochet.settings import ENV_PREFIX, Settings, allowed
+from ricochet.settings import Settings, allowed, variable_name
 
 # A Markdown link of a description, [text](page.md#part): a terminal shows its text.
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
@@ -42,9 +42,7 @@ def setting_rows() -> list[SettingRow]:
         if not field.description:
             raise ValueError(f"Settings.{name} has no description: its meaning in the reference")
         default = None if field.default is None else written(field.default)
-        rows.append(
-            SettingRow(f"{ENV_PREFIX}{name.upper()}", default, allowed(field), field.description)
-        )
+        rows.append(SettingRow(variable_name(name), default, allowed(field), field.description))
     return rows
 
 

@@ -53,8 +53,8 @@ from yarl import URL
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, broker_version, requeue_all
 from ricochet.broker.depth import Depth, read_depth
-from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.management import api_url as management_api
+from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import QUEUE_TYPE, delivery_limit_policy_command
 from ricochet.delivery.failed import FailureInfo, read_failure
 from ricochet.errors import ManagementUnavailable, MissingQueue, RicochetError
@@ -62,7 +62,7 @@ from ricochet.headers import DELIVERY_COUNT
 from ricochet.ladders import is_int
 from ricochet.log import get_logger
 from ricochet.names import Names
-from ricochet.ops.limits import JSON, DeliveryLimit, current_policies, delivery_limit
+from ricochet.ops.limits import DeliveryLimit, delivery_limit, with_current_policies
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.service.process import stop_signals
 
@@ -415,24 +415,16 @@ async def read_limits(
     limit_s = LIMIT_READ_S + LIMIT_READ_EACH_S * len(queue_names)
     try:
         async with asyncio.timeout(limit_s), open_api(api_url, str(amqp_url)) as api:
-            policies = await _policies(api, vhost(str(amqp_url)))
-            for name in queue_names:
-                queue = await api.queue(vhost(str(amqp_url)), name, LIMIT_COLUMNS)
-                if queue is None:
-                    log.warning(
-                        "delivery limit unknown: the management API has no such queue",
-                        queue=name,
-                        api=management_api(api_url),
-                    )
-                    continue
-                current = None if policies is None else current_policies(queue, *policies)
-                if current is None:
-                    log.warning(
-                        "policies read from the queue's statistics, which show a policy set in "
-                        "the last stats interval only after it",
-                        queue=name,
-                    )
-                found[name] = delivery_limit(current or queue, version)
+            vh = vhost(str(amqp_url))
+            queues = {name: await api.queue(vh, name, LIMIT_COLUMNS) for name in queue_names}
+            for name in [name for name, queue in queues.items() if queue is None]:
+                log.warning(
+                    "delivery limit unknown: the management API has no such queue",
+                    queue=name,
+                    api=management_api(api_url),
+                )
+            held = {name: queue for name, queue in queues.items() if queue is not None}
+            current = await with_current_policies(api, vh, held)
     except (ManagementUnavailable, TimeoutError) as error:
         log.warning(
             "delivery limit unknown: reading as if there were none",
@@ -440,21 +432,7 @@ async def read_limits(
             error=str(error) or f"no answer within {limit_s:g} s",
         )
         return dict.fromkeys(queue_names)
-    return found
-
-
-async def _policies(api: Api, vhost_name: str) -> tuple[list[JSON], list[JSON]] | None:
-    """The vhost's policies and operator policies, as defined now; None when the API's user may
-    not read them (logged)."""
-    try:
-        return await api.policies(vhost_name)
-    except ManagementUnavailable as error:
-        log.warning(
-            "policy definitions unreadable: the management user needs a tag that reads them "
-            "(policymaker, administrator)",
-            error=str(error),
-        )
-        return None
+    return found | {name: delivery_limit(queue, version) for name, queue in current.items()}
 
 
 # What the management API must say of Q.failed for its delivery limit.

@@ -2,6 +2,7 @@
 
 from ricochet.broker.amqp import parse_version
 from ricochet.ops.checks import JSON, Check
+from ricochet.settings import variable_name
 
 OLDEST = (3, 10)
 STRANDING_FIXED = (3, 10, 20)  # rabbitmq-server#7677
@@ -37,8 +38,8 @@ def _implications(version: tuple[int, ...], queue_type: str) -> list[str]:
         )
         if not quorum:
             notes.append(
-                "no consumer timeout on classic queues: only RICOCHET_HANDLER_TIMEOUT_S bounds "
-                "a stuck job"
+                "no consumer timeout on classic queues: only "
+                f"{variable_name('handler_timeout_s')} bounds a stuck job"
             )
     return notes
 

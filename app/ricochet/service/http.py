@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from ricochet.errors import RicochetError
 from ricochet.log import get_logger
+from ricochet.settings import variable_name
 
 log = get_logger("ricochet.http")
 
@@ -103,8 +104,8 @@ async def serve_http(
     except OSError as error:
         await runner.cleanup()
         raise RicochetError(
-            f"RICOCHET_HTTP_PORT={port}: cannot listen on {host}:{port} ({error.strerror}); "
-            "choose a free port, or 0 to turn HTTP off"
+            f"{variable_name('http_port')}={port}: cannot listen on {host}:{port} "
+            f"({error.strerror}); choose a free port, or 0 to turn HTTP off"
         ) from None
     paths = [
         "/metrics",
