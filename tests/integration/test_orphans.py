@@ -8,7 +8,7 @@ UI do): the queue alone, its tiers and exchanges left where they are."""
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -21,7 +21,6 @@ from ricochet.broker.management import open_api, vhost
 from ricochet.names import SHARED, Names
 
 from tests.broker import BROKER
-from tests.integration.test_cancel_store import own_vhost
 from tests.support import (
     InProcessWorker,
     depth,
@@ -63,12 +62,6 @@ ROUTES: dict[str, tuple[dict[str, Any], dict[str, Any], Callable[[Job], None]]] 
         failing(lambda: ValueError("down")),
     ),
 }
-
-
-@pytest.fixture
-async def vhost_url(queue_name: str) -> AsyncIterator[str]:
-    async with own_vhost(queue_name) as url:
-        yield url
 
 
 async def orphan(url: str, message_id: str) -> AbstractIncomingMessage | None:

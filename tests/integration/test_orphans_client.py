@@ -24,7 +24,6 @@ from ricochet.headers import RUN_AT, WAITING_SINCE
 from ricochet.names import DELAY_LEVELS, SHARED
 
 from tests.broker import BROKER
-from tests.integration.test_cancel_store import own_vhost
 from tests.support import InProcessWorker, depth, make_settings, take, wait_for
 
 JOBS = 40
@@ -36,12 +35,6 @@ HEADER = "x-app-trace"  # the application's own header, which every orphan keeps
 # An enqueue of (client, job type, payload, keyword arguments), awaited in the test's loop: the
 # async Client's own, or SyncClient's in a thread.
 Enqueue = Callable[..., Awaitable[str]]
-
-
-@pytest.fixture
-async def vhost_url(queue_name: str) -> AsyncIterator[str]:
-    async with own_vhost(queue_name) as url:
-        yield url
 
 
 @pytest.fixture(params=["Client", "SyncClient"])
