@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from ricochet import Client, Job, RetryLater
 from ricochet.broker.declare import declare
 from ricochet.broker.management import open_api, vhost
@@ -64,16 +64,14 @@ ROUTES: dict[str, tuple[dict[str, Any], dict[str, Any], Callable[[Job], None]]] 
 }
 
 
-async def orphan(url: str, message_id: str) -> AbstractIncomingMessage | None:
+async def orphan(channel: AbstractChannel, message_id: str) -> AbstractIncomingMessage | None:
     """The job's copy in ricochet.orphans, taken, if it is there."""
-    async with await aio_pika.connect(url) as connection:
-        channel = await connection.channel()
-        orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-        found = None
-        while (message := await orphans.get(fail=False, no_ack=True)) is not None:
-            assert message.message_id == message_id, "a job of another queue in the vhost"
-            found = message
-        return found
+    orphans = await channel.declare_queue(SHARED.orphans, passive=True)
+    found = None
+    while (message := await orphans.get(fail=False, no_ack=True)) is not None:
+        assert message.message_id == message_id, "a job of another queue in the vhost"
+        found = message
+    return found
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
@@ -99,18 +97,20 @@ async def test_a_job_whose_queue_is_deleted_while_it_waits_is_in_the_orphans(
         await wait_for(waiting, 10, "the worker to send the job to wait")
         await worker.stop()  # it drains: the job waits, acked
         await channel.queue_delete(queue_name)
-    assert time.monotonic() - enqueued < WAIT_S, "the queue was deleted after the job came due"
+        assert time.monotonic() - enqueued < WAIT_S, "the queue was deleted after the job came due"
 
-    found: list[AbstractIncomingMessage] = []
+        found: list[AbstractIncomingMessage] = []
 
-    async def orphaned() -> bool:
-        message = await orphan(vhost_url, message_id)
-        if message is not None:
-            found.append(message)
-        return bool(found)
+        async def orphaned() -> bool:
+            message = await orphan(channel, message_id)
+            if message is not None:
+                found.append(message)
+            return bool(found)
 
-    due = enqueued + WAIT_S
-    await wait_for(orphaned, due + ORPHANED_WITHIN_S - time.monotonic(), "the job in the orphans")
+        due = enqueued + WAIT_S
+        await wait_for(
+            orphaned, due + ORPHANED_WITHIN_S - time.monotonic(), "the job in the orphans"
+        )
     assert len(found) == 1
     headers = found[0].headers
     assert headers["x-app-trace"] == "kept"
