@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import subprocess
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
@@ -89,7 +90,10 @@ class Broker:
             raise AssertionError(f"rabbitmqctl {' '.join(args)}: {done.stderr or done.stdout}")
         return done.stdout
 
-    def _api(self, method: str, path: str, body: object = None) -> Any:
+    def api(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        """Call the management API (PATH under its /api/, BODY sent as JSON) with the AMQP URL's
+        credentials: the reply's HTTP status and its JSON body (None when empty), whatever the
+        status."""
         request = urllib.request.Request(
             api_url(self.management_url) + path,
             method=method,
@@ -99,23 +103,34 @@ class Broker:
                 "Content-Type": "application/json",
             },
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-        return json.loads(text) if text else None
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, _decoded(response.read())
+        except urllib.error.HTTPError as refused:
+            with refused:
+                return refused.code, _decoded(refused.read())
+
+    def _done(self, method: str, path: str, body: object = None) -> Any:
+        """Call the management API: the reply's body, or AssertionError when it is not a
+        success (2xx)."""
+        status, reply = self.api(method, path, body)
+        if not 200 <= status < 300:
+            raise AssertionError(f"{method} {path}: HTTP {status} {reply}")
+        return reply
 
     def open_vhost(self) -> None:
         """Make this broker's vhost, after deleting the vhosts of test processes that no longer
         run (a run killed before its end), their scratch vhosts with them."""
-        for found in self._api("GET", "vhosts?columns=name"):
+        for found in self._done("GET", "vhosts?columns=name"):
             name = found["name"]
             pid = re.fullmatch(re.escape(VHOST_PREFIX) + r"[\w-]+\.(\d+)(\.\w+)?", name)
             if pid and not _alive(int(pid.group(1))):
-                self._api("DELETE", "vhosts/" + quote(name, safe=""))
+                self._done("DELETE", "vhosts/" + quote(name, safe=""))
         self._make_vhost()
 
     def close_vhost(self) -> None:
         """Delete this broker's vhost and everything in it."""
-        self._api("DELETE", "vhosts/" + quote(self.vhost, safe=""))
+        self._done("DELETE", "vhosts/" + quote(self.vhost, safe=""))
 
     @contextlib.asynccontextmanager
     async def scratch_vhost(self) -> AsyncIterator[str]:
@@ -132,10 +147,14 @@ class Broker:
     def _make_vhost(self) -> None:
         """Make this broker's vhost, with every permission for the URL's user."""
         where = quote(self.vhost, safe="")
-        self._api("PUT", f"vhosts/{where}", {})
+        self._done("PUT", f"vhosts/{where}", {})
         user = quote(urlsplit(self.amqp_url).username or "guest", safe="")
         every = {"configure": ".*", "write": ".*", "read": ".*"}
-        self._api("PUT", f"permissions/{where}/{user}", every)
+        self._done("PUT", f"permissions/{where}/{user}", every)
+
+
+def _decoded(text: bytes) -> Any:
+    return json.loads(text) if text else None
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -22,6 +23,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from ricochet import Client, SyncClient
 from ricochet.broker.connection import close_quietly
 from ricochet.broker.declare import declare
+from ricochet.broker.management import vhost
 from ricochet.headers import RETRY_DELAYS
 from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
@@ -29,7 +31,6 @@ from tests.broker import BROKER, Broker
 from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
 from tests.faults.node import Node
 from tests.integration.test_legacy_levels import declare_legacy_levels
-from tests.integration.test_orphans_client import delete_by_the_api
 from tests.support import (
     api_queue,
     delete_topology,
@@ -471,7 +472,10 @@ async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_work
                 queue=queue,
                 headers={ROW_HEADER: message_id},
             )
-    await delete_by_the_api(run.settings.amqp_url, queue)
+    # as an operator deletes it in the management UI: the queue alone
+    where = f"queues/{quote(vhost(run.settings.amqp_url), safe='')}/{quote(queue, safe='')}"
+    status, reply = BROKER.api("DELETE", where)
+    assert status == 204, reply
     assert time.monotonic() - waiting_since < CLIENT_WAIT_S, "deleted after its jobs came due"
 
     orphaned, orphaned_after_s = await all_in_orphans(

@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import quote
 
 import aio_pika
-import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from ricochet import Client, Job, NotConfirmed, SyncClient
 from ricochet.broker.declare import declare
-from ricochet.broker.management import api_url, authorization, vhost
+from ricochet.broker.management import vhost
 from ricochet.headers import RUN_AT, WAITING_SINCE
 from ricochet.names import DELAY_LEVELS, SHARED
 
@@ -55,17 +54,6 @@ async def enqueuer(
         yield enqueue
     finally:
         await asyncio.to_thread(sync.close)
-
-
-async def delete_by_the_api(url: str, queue: str) -> None:
-    """Delete a queue as an operator does in the management UI (the queue alone)."""
-    where = f"queues/{quote(vhost(url), safe='')}/{quote(queue, safe='')}"
-    headers = {"Authorization": authorization(BROKER.management_url, url)}
-    async with (
-        aiohttp.ClientSession(headers=headers) as session,
-        session.delete(api_url(BROKER.management_url) + where) as response,
-    ):
-        assert response.status == 204, await response.text()
 
 
 async def take_orphans(
@@ -108,7 +96,10 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
                 headers={HEADER: message_id},
                 queue=gone,
             )
-        await delete_by_the_api(vhost_url, gone)
+        # as an operator deletes it in the management UI: the queue alone
+        where = f"queues/{quote(vhost(vhost_url), safe='')}/{quote(gone, safe='')}"
+        status, reply = BROKER.api("DELETE", where)
+        assert status == 204, reply
         assert time.monotonic() - enqueued < DUE_S, "deleted after the first job came due"
 
         channel = await connection.channel()
