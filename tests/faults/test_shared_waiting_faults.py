@@ -39,6 +39,7 @@ from tests.support import (
     figures_known,
     journal,
     log_events,
+    orphans_tally,
     wait_for,
 )
 
@@ -256,22 +257,12 @@ async def take_orphans(
     taken: Counter[str],
     whole: Callable[[AbstractIncomingMessage], None],
 ) -> None:
-    """Take (ack) the copies of these ids in ricochet.orphans, counting each once `whole` has
-    looked at it, and hand the others back: the orphans' queue is the vhost's, other tests'
-    orphans may be there."""
+    """Take the copies of these ids in ricochet.orphans, counted in taken, and have `whole` look
+    at each."""
     channel = await run.connection.channel()
     try:
-        orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-        others: list[AbstractIncomingMessage] = []
-        while (message := await orphans.get(fail=False, no_ack=False)) is not None:
-            if message.message_id in ids:
-                whole(message)
-                taken[message.message_id] += 1
-                await message.ack()
-            else:
-                others.append(message)
-        for message in others:
-            await message.nack(requeue=True)
+        for message in await orphans_tally(channel, taken, ids):
+            whole(message)
     finally:
         await channel.close()
 

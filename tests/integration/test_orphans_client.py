@@ -23,7 +23,7 @@ from ricochet.headers import RUN_AT, WAITING_SINCE
 from ricochet.names import DELAY_LEVELS, SHARED
 
 from tests.broker import BROKER
-from tests.support import InProcessWorker, depth, make_settings, take, wait_for
+from tests.support import InProcessWorker, depth, make_settings, orphans_tally, take, wait_for
 
 JOBS = 40
 DUE_S = 2  # each job's delay: its queue is deleted within it
@@ -54,18 +54,6 @@ async def enqueuer(
         yield enqueue
     finally:
         await asyncio.to_thread(sync.close)
-
-
-async def take_orphans(
-    channel: AbstractChannel, taken: Counter[str]
-) -> list[AbstractIncomingMessage]:
-    """Every copy in ricochet.orphans, taken, its id counted."""
-    orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-    found = []
-    while (message := await orphans.get(fail=False, no_ack=True)) is not None:
-        taken[str(message.message_id)] += 1
-        found.append(message)
-    return found
 
 
 async def held_anywhere(channel: AbstractChannel, queues: list[str]) -> int:
@@ -107,7 +95,7 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
         found: list[AbstractIncomingMessage] = []
 
         async def all_orphaned() -> bool:
-            found.extend(await take_orphans(channel, taken))
+            found.extend(await orphans_tally(channel, taken))
             return set(ids) <= set(taken)
 
         due = enqueued + DUE_S
@@ -115,7 +103,7 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
             all_orphaned, due + ORPHANED_WITHIN_S - time.monotonic(), "the jobs in the orphans"
         )
         await asyncio.sleep(1)  # a late copy would show
-        found.extend(await take_orphans(channel, taken))
+        found.extend(await orphans_tally(channel, taken))
         assert taken == Counter(ids)  # each once, no other
         for message in found:
             headers = message.headers or {}
