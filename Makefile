@@ -10,7 +10,6 @@ PYTEST_ARGS ?=
 # One process by default: on two cores beside the matrix, three took 20 minutes, as long as one,
 # and load made tests that wait on a command's start miss their windows (docs/developing.md).
 JOBS ?= 1
-PARALLEL = -n $(JOBS) --dist loadfile
 # bench/ is linted once it exists.
 LINT_PATHS := app tests scripts docs/examples docs/hooks $(wildcard bench)
 
@@ -98,13 +97,13 @@ test-newest:  ## the unit tests and an integration smoke on Python 3.13 with the
 	scripts/test-newest.sh $(PYTEST_ARGS)
 
 unit: install tools
-	$(BIN)/python -m pytest $(PARALLEL) tests/unit $(PYTEST_ARGS)
+	scripts/pytest-phases.sh $(JOBS) $(BIN)/python tests/unit $(PYTEST_ARGS)
 
 integration: install tools
-	$(BIN)/python -m pytest $(PARALLEL) tests/integration $(PYTEST_ARGS)
+	scripts/pytest-phases.sh $(JOBS) $(BIN)/python tests/integration $(PYTEST_ARGS)
 
 faults: install  ## the fault suite alone: real workers, private broker nodes, a 3-node cluster
-	$(BIN)/python -m pytest $(PARALLEL) tests/faults $(PYTEST_ARGS)
+	scripts/pytest-phases.sh $(JOBS) $(BIN)/python tests/faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)

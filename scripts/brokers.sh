@@ -121,12 +121,12 @@ files() {
 }
 
 start() {
-  local name=$1
+  local name=$1 had
   build "$name"
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   if [ "$name" = local ] && [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -ge "$FILES" ] &&
-    up local && [ "$(files local)" -lt "$FILES" ]; then
-    echo "local: started with $(files local) open files; starting it again with $(ulimit -n)"
+    up local && had=$(files local) && [ "$had" -lt "$FILES" ]; then
+    echo "local: started with $had open files; starting it again with $(ulimit -n)"
     rabbitmqctl -q stop >/dev/null
     for _ in $(seq 1 30); do up local || break; sleep 1; done
   fi

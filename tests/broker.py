@@ -6,15 +6,21 @@ tests use the machine's own RabbitMQ.
 Each test process works in a virtual host of its own (`ricochet-test.WORKER.PID`), made when its
 session starts and deleted, with all it holds, when it ends: suites and pytest-xdist workers that
 run beside each other on one broker never share a queue, the vhost's own `ricochet.*` objects
-(orphans, cancels, the delays' levels, the schedules' lead) included.
+(orphans, cancels, the delays' levels, the schedules' lead) included. A test that needs those
+objects to itself takes a scratch vhost (`Broker.scratch_vhost`), named after its process's.
 """
 
+import asyncio
+import contextlib
 import json
 import os
 import re
 import shlex
 import subprocess
+import urllib.error
 import urllib.request
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -84,7 +90,10 @@ class Broker:
             raise AssertionError(f"rabbitmqctl {' '.join(args)}: {done.stderr or done.stdout}")
         return done.stdout
 
-    def _api(self, method: str, path: str, body: object = None) -> Any:
+    def api(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        """Call the management API (PATH under its /api/, BODY sent as JSON) with the AMQP URL's
+        credentials: the reply's HTTP status and its JSON body (None when empty), whatever the
+        status."""
         request = urllib.request.Request(
             api_url(self.management_url) + path,
             method=method,
@@ -94,27 +103,58 @@ class Broker:
                 "Content-Type": "application/json",
             },
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-        return json.loads(text) if text else None
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, _decoded(response.read())
+        except urllib.error.HTTPError as refused:
+            with refused:
+                return refused.code, _decoded(refused.read())
+
+    def _done(self, method: str, path: str, body: object = None) -> Any:
+        """Call the management API: the reply's body, or AssertionError when it is not a
+        success (2xx)."""
+        status, reply = self.api(method, path, body)
+        if not 200 <= status < 300:
+            raise AssertionError(f"{method} {path}: HTTP {status} {reply}")
+        return reply
 
     def open_vhost(self) -> None:
-        """Make this broker's vhost, with every permission for the URL's user, after deleting
-        the vhosts of test processes that no longer run (a run killed before its end)."""
-        for found in self._api("GET", "vhosts?columns=name"):
+        """Make this broker's vhost, after deleting the vhosts of test processes that no longer
+        run (a run killed before its end), their scratch vhosts with them."""
+        for found in self._done("GET", "vhosts?columns=name"):
             name = found["name"]
-            pid = re.fullmatch(re.escape(VHOST_PREFIX) + r"[\w-]+\.(\d+)", name)
+            pid = re.fullmatch(re.escape(VHOST_PREFIX) + r"[\w-]+\.(\d+)(\.\w+)?", name)
             if pid and not _alive(int(pid.group(1))):
-                self._api("DELETE", "vhosts/" + quote(name, safe=""))
-        where = quote(self.vhost, safe="")
-        self._api("PUT", f"vhosts/{where}", {})
-        user = quote(urlsplit(self.amqp_url).username or "guest", safe="")
-        every = {"configure": ".*", "write": ".*", "read": ".*"}
-        self._api("PUT", f"permissions/{where}/{user}", every)
+                self._done("DELETE", "vhosts/" + quote(name, safe=""))
+        self._make_vhost()
 
     def close_vhost(self) -> None:
         """Delete this broker's vhost and everything in it."""
-        self._api("DELETE", "vhosts/" + quote(self.vhost, safe=""))
+        self._done("DELETE", "vhosts/" + quote(self.vhost, safe=""))
+
+    @contextlib.asynccontextmanager
+    async def scratch_vhost(self) -> AsyncIterator[str]:
+        """A new vhost beside this broker's, for a test that needs the vhost's own objects
+        (ricochet.orphans, the cancel store, the delays' levels) to itself: its AMQP URL. Deleted
+        after, with all it holds."""
+        scratch = self.in_vhost(f"{self.vhost}.{uuid.uuid4().hex[:8]}")
+        await asyncio.to_thread(scratch._make_vhost)
+        try:
+            yield scratch.amqp_url
+        finally:
+            await asyncio.to_thread(scratch.close_vhost)
+
+    def _make_vhost(self) -> None:
+        """Make this broker's vhost, with every permission for the URL's user."""
+        where = quote(self.vhost, safe="")
+        self._done("PUT", f"vhosts/{where}", {})
+        user = quote(urlsplit(self.amqp_url).username or "guest", safe="")
+        every = {"configure": ".*", "write": ".*", "read": ".*"}
+        self._done("PUT", f"permissions/{where}/{user}", every)
+
+
+def _decoded(text: bytes) -> Any:
+    return json.loads(text) if text else None
 
 
 def _alive(pid: int) -> bool:

@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,26 @@ async def take_waiting(channel: AbstractChannel, message_id: str) -> AbstractInc
         if found is not None:
             return found
     raise AssertionError(f"{message_id} is in none of the levels")
+
+
+async def orphans_tally(
+    channel: AbstractChannel, tally: Counter[str], ids: Collection[str] | None = None
+) -> list[AbstractIncomingMessage]:
+    """Take the copies of these ids (of any id, without ids) in ricochet.orphans, count each
+    by its id in tally, and return them; the others are handed back: ricochet.orphans is the
+    vhost's, other tests' orphans may be there."""
+    orphans = await channel.declare_queue(SHARED.orphans, passive=True)
+    taken, others = [], []
+    while (message := await orphans.get(fail=False, no_ack=False)) is not None:
+        if ids is None or message.message_id in ids:
+            await message.ack()
+            tally[str(message.message_id)] += 1
+            taken.append(message)
+        else:
+            others.append(message)
+    for message in others:
+        await message.nack(requeue=True)
+    return taken
 
 
 async def api_queue(queue: str, columns: str = "arguments,messages,messages_dlx") -> dict[str, Any]:

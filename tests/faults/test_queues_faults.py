@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from ricochet.worker.redeclare import CONFLICT_MAX_WAIT_S, JITTER_S
 
+from tests.breakage import declare_plain, delete_queue
 from tests.broker import Broker
-from tests.conflicts import declare_plain, delete_queue
 from tests.faults.harness import FaultRun, QueuesRun
 from tests.support import close_connections, consumers, log_events, wait_for
 

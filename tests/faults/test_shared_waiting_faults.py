@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -22,6 +23,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from ricochet import Client, SyncClient
 from ricochet.broker.connection import close_quietly
 from ricochet.broker.declare import declare
+from ricochet.broker.management import vhost
 from ricochet.headers import RETRY_DELAYS
 from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
@@ -29,7 +31,6 @@ from tests.broker import BROKER, Broker
 from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
 from tests.faults.node import Node
 from tests.integration.test_legacy_levels import declare_legacy_levels
-from tests.integration.test_orphans_client import delete_by_the_api
 from tests.support import (
     api_queue,
     delete_topology,
@@ -38,6 +39,7 @@ from tests.support import (
     figures_known,
     journal,
     log_events,
+    orphans_tally,
     wait_for,
 )
 
@@ -255,22 +257,12 @@ async def take_orphans(
     taken: Counter[str],
     whole: Callable[[AbstractIncomingMessage], None],
 ) -> None:
-    """Take (ack) the copies of these ids in ricochet.orphans, counting each once `whole` has
-    looked at it, and hand the others back: the orphans' queue is the vhost's, other tests'
-    orphans may be there."""
+    """Take the copies of these ids in ricochet.orphans, counted in taken, and have `whole` look
+    at each."""
     channel = await run.connection.channel()
     try:
-        orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-        others: list[AbstractIncomingMessage] = []
-        while (message := await orphans.get(fail=False, no_ack=False)) is not None:
-            if message.message_id in ids:
-                whole(message)
-                taken[message.message_id] += 1
-                await message.ack()
-            else:
-                others.append(message)
-        for message in others:
-            await message.nack(requeue=True)
+        for message in await orphans_tally(channel, taken, ids):
+            whole(message)
     finally:
         await channel.close()
 
@@ -471,7 +463,10 @@ async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_work
                 queue=queue,
                 headers={ROW_HEADER: message_id},
             )
-    await delete_by_the_api(run.settings.amqp_url, queue)
+    # as an operator deletes it in the management UI: the queue alone
+    where = f"queues/{quote(vhost(run.settings.amqp_url), safe='')}/{quote(queue, safe='')}"
+    status, reply = BROKER.api("DELETE", where)
+    assert status == 204, reply
     assert time.monotonic() - waiting_since < CLIENT_WAIT_S, "deleted after its jobs came due"
 
     orphaned, orphaned_after_s = await all_in_orphans(

@@ -5,12 +5,10 @@ The store ricochet.cancels is shared by every test: none deletes it, and each na
 queues, so other tests' records in it change nothing here."""
 
 import asyncio
-import contextlib
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import aio_pika
 import pytest
@@ -154,18 +152,6 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     assert "told" not in runs.runs
 
 
-@contextlib.asynccontextmanager
-async def own_vhost(name: str) -> AsyncIterator[str]:
-    """A vhost of the test's own, for the AMQP URL's user; its URL. Deleted with all it holds."""
-    url = urlsplit(AMQP_URL)
-    BROKER.rabbitmqctl("add_vhost", name)
-    try:
-        BROKER.rabbitmqctl("set_permissions", "-p", name, str(url.username), ".*", ".*", ".*")
-        yield url._replace(path=f"/{name}").geturl()
-    finally:
-        BROKER.rabbitmqctl("delete_vhost", name, check=False)
-
-
 async def fill(channel: AbstractChannel, queue: str, n: int) -> None:
     """n cancels of queue's ids in the store, published with their confirms awaited together."""
     batch: list[asyncio.Future[Any]] = []
@@ -196,7 +182,7 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
     takes its first job within a few seconds (reading them all takes about ten), honouring
     a cancel among them. On a vhost of its own: every worker starting on the shared one while
     they were kept would read them too (the other suites' on this broker among them)."""
-    async with own_vhost(queue_name) as url:
+    async with BROKER.scratch_vhost() as url:
         async with await aio_pika.connect(url) as connection:
             await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
             await fill(await connection.channel(), f"{queue_name}-filler", 50_000)
@@ -248,12 +234,10 @@ async def test_a_snapshot_another_reader_holds_is_waited_for(
         await reader.close()
 
 
-async def test_a_start_that_finds_no_snapshot_leaves_one(
-    start_worker: StartWorker, queue_name: str
-) -> None:
+async def test_a_start_that_finds_no_snapshot_leaves_one(start_worker: StartWorker) -> None:
     """On a new vhost (a store of a few records, no snapshot) a worker's start writes one, so
     that the next start does not wait for it; it holds no cancel."""
-    async with own_vhost(queue_name) as url:
+    async with BROKER.scratch_vhost() as url:
         worker = await start_worker(Runs(), amqp_url=url)
         try:
             await wait_for(lambda: not worker.worker.cancels.snapshot_pending, 20, "the snapshot")

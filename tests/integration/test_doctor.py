@@ -9,11 +9,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
-from ricochet.broker.management import api_url, authorization, vhost
 from ricochet.broker.plan import TTL
 from ricochet.handlers.job import Job
 from ricochet.names import Names
@@ -52,17 +50,14 @@ def run_doctor(settings: Settings) -> tuple[int, Findings]:
     return result.returncode, {c["check"]: c for c in report["checks"]}
 
 
-async def definitions(queue: str) -> dict[str, list[Any]]:
+def definitions(queue: str) -> dict[str, list[Any]]:
     """The broker's definitions of this queue's topology: queues, exchanges, bindings, policies."""
 
     def ours(name: str) -> bool:
         return name == queue or name.startswith(f"{queue}.")
 
-    headers = {"Authorization": authorization(BROKER.management_url, BROKER.amqp_url)}
-    url = f"{api_url(BROKER.management_url)}definitions/{quote(vhost(BROKER.amqp_url), safe='')}"
-    async with aiohttp.ClientSession(headers=headers) as session, session.get(url) as response:
-        response.raise_for_status()
-        answer = await response.json()
+    status, answer = BROKER.api("GET", f"definitions/{quote(BROKER.vhost, safe='')}")
+    assert status == 200, answer
     picked = {
         "queues": [q for q in answer["queues"] if ours(q["name"])],
         "exchanges": [x for x in answer["exchanges"] if ours(x["name"])],
@@ -77,7 +72,7 @@ async def doctor_finds(
 ) -> Findings:
     """Run doctor until `check` has this status and says this (the API's figures lag), and see
     that running it changed none of the topology's definitions."""
-    before = await definitions(settings.queue)
+    before = definitions(settings.queue)
     deadline = time.monotonic() + FIGURES_TIMEOUT_S
     while True:
         code, found = await asyncio.to_thread(run_doctor, settings)
@@ -87,7 +82,7 @@ async def doctor_finds(
             raise AssertionError(f"doctor did not find {status} {says!r}: {found[check]}")
         await asyncio.sleep(1)
     assert code == expect_exit, found
-    assert await definitions(settings.queue) == before
+    assert definitions(settings.queue) == before
     return found
 
 
@@ -131,7 +126,7 @@ async def test_absent_topology_is_named_and_not_declared(
         assert found[check]["status"] == "fail"
         assert "missing: `ricochet topology` declares it" in found[check]["detail"]
     assert not await exists(connection, queue_name)
-    assert await definitions(queue_name) == {
+    assert definitions(queue_name) == {
         "queues": [],
         "exchanges": [],
         "bindings": [],

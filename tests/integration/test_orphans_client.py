@@ -14,18 +14,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import quote
 
 import aio_pika
-import aiohttp
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from ricochet import Client, Job, NotConfirmed, SyncClient
 from ricochet.broker.declare import declare
-from ricochet.broker.management import api_url, authorization, vhost
+from ricochet.broker.management import vhost
 from ricochet.headers import RUN_AT, WAITING_SINCE
 from ricochet.names import DELAY_LEVELS, SHARED
 
 from tests.broker import BROKER
-from tests.integration.test_cancel_store import own_vhost
-from tests.support import InProcessWorker, depth, make_settings, take, wait_for
+from tests.support import InProcessWorker, depth, make_settings, orphans_tally, take, wait_for
 
 JOBS = 40
 DUE_S = 2  # each job's delay: its queue is deleted within it
@@ -36,12 +34,6 @@ HEADER = "x-app-trace"  # the application's own header, which every orphan keeps
 # An enqueue of (client, job type, payload, keyword arguments), awaited in the test's loop: the
 # async Client's own, or SyncClient's in a thread.
 Enqueue = Callable[..., Awaitable[str]]
-
-
-@pytest.fixture
-async def vhost_url(queue_name: str) -> AsyncIterator[str]:
-    async with own_vhost(queue_name) as url:
-        yield url
 
 
 @pytest.fixture(params=["Client", "SyncClient"])
@@ -62,29 +54,6 @@ async def enqueuer(
         yield enqueue
     finally:
         await asyncio.to_thread(sync.close)
-
-
-async def delete_by_the_api(url: str, queue: str) -> None:
-    """Delete a queue as an operator does in the management UI (the queue alone)."""
-    where = f"queues/{quote(vhost(url), safe='')}/{quote(queue, safe='')}"
-    headers = {"Authorization": authorization(BROKER.management_url, url)}
-    async with (
-        aiohttp.ClientSession(headers=headers) as session,
-        session.delete(api_url(BROKER.management_url) + where) as response,
-    ):
-        assert response.status == 204, await response.text()
-
-
-async def take_orphans(
-    channel: AbstractChannel, taken: Counter[str]
-) -> list[AbstractIncomingMessage]:
-    """Every copy in ricochet.orphans, taken, its id counted."""
-    orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-    found = []
-    while (message := await orphans.get(fail=False, no_ack=True)) is not None:
-        taken[str(message.message_id)] += 1
-        found.append(message)
-    return found
 
 
 async def held_anywhere(channel: AbstractChannel, queues: list[str]) -> int:
@@ -115,7 +84,10 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
                 headers={HEADER: message_id},
                 queue=gone,
             )
-        await delete_by_the_api(vhost_url, gone)
+        # as an operator deletes it in the management UI: the queue alone
+        where = f"queues/{quote(vhost(vhost_url), safe='')}/{quote(gone, safe='')}"
+        status, reply = BROKER.api("DELETE", where)
+        assert status == 204, reply
         assert time.monotonic() - enqueued < DUE_S, "deleted after the first job came due"
 
         channel = await connection.channel()
@@ -123,7 +95,7 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
         found: list[AbstractIncomingMessage] = []
 
         async def all_orphaned() -> bool:
-            found.extend(await take_orphans(channel, taken))
+            found.extend(await orphans_tally(channel, taken))
             return set(ids) <= set(taken)
 
         due = enqueued + DUE_S
@@ -131,7 +103,7 @@ async def test_a_scheduled_job_whose_queue_is_deleted_with_no_worker_is_in_the_o
             all_orphaned, due + ORPHANED_WITHIN_S - time.monotonic(), "the jobs in the orphans"
         )
         await asyncio.sleep(1)  # a late copy would show
-        found.extend(await take_orphans(channel, taken))
+        found.extend(await orphans_tally(channel, taken))
         assert taken == Counter(ids)  # each once, no other
         for message in found:
             headers = message.headers or {}

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from tests.conflicts import declare_plain, delete_queue
+from tests.breakage import declare_plain, delete_queue
 from tests.integration.test_worker_http import scrape
 from tests.support import (
     answers,

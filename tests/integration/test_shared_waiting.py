@@ -4,12 +4,12 @@ queue is deleted while it waits ends in ricochet.orphans, never lost and never i
 
 import datetime as dt
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.names import SHARED
 
 from tests.support import (
     InProcessWorker,
@@ -17,6 +17,7 @@ from tests.support import (
     delete_topology,
     depth,
     make_settings,
+    orphans_tally,
     publish,
     wait_for,
 )
@@ -85,18 +86,10 @@ async def test_a_job_whose_queue_is_deleted_while_it_waits_goes_to_the_orphans(
     await worker.stop()  # it drains: the job was sent to wait, and acked
     await delete_topology(connection, queue_name)
 
+    tally: Counter[str] = Counter()
+
     async def orphaned() -> bool:
-        orphans = await channel.declare_queue(SHARED.orphans, passive=True)
-        others = []  # other tests' orphans, handed back once looked at
-        ours = None
-        while (message := await orphans.get(fail=False, no_ack=False)) is not None:
-            if message.message_id == message_id:
-                ours = message
-                await message.ack()
-                break
-            others.append(message)
-        for other in others:
-            await other.nack(requeue=True)
-        return ours is not None
+        await orphans_tally(channel, tally, {message_id})
+        return message_id in tally
 
     await wait_for(orphaned, 20, "the job in ricochet.orphans")
