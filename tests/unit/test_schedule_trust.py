@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from ricochet.broker.schedule_store import LATEST_MS, Entry, State, decode_state, encode_state
 from ricochet.observe.metrics import Metrics
-from ricochet.schedules.catchup import Reading, Skipped, jumped
+from ricochet.schedules.catchup import Reading, Skipped, drift_ms, jumped
 from ricochet.schedules.rules import Cron, Every
 from ricochet.schedules.schedule import Schedule
 from ricochet.settings import Settings
@@ -83,6 +83,17 @@ def test_a_jump_is_the_wall_clock_moving_other_than_the_monotonic_one(
 ) -> None:
     previous = Reading(NOW, 7 * S)
     assert jumped(previous, Reading(NOW + wall_ms, 7 * S + mono_ms)) is expected
+
+
+@pytest.mark.parametrize(
+    ("wall_ms", "mono_ms", "expected"),
+    [(HOUR + 2 * S, 2 * S, HOUR), (-HOUR + 2 * S, 2 * S, -HOUR), (2 * S, 7 * S, -5 * S)],
+)
+def test_the_drift_is_how_far_the_wall_clock_moved_past_the_monotonic_one(
+    wall_ms: int, mono_ms: int, expected: int
+) -> None:
+    """Set forward: ahead; set back, or a machine that slept: behind."""
+    assert drift_ms(Reading(NOW, 7 * S), Reading(NOW + wall_ms, 7 * S + mono_ms)) == expected
 
 
 def test_a_jump_is_seen_once_by_a_process_however_often_it_leads(

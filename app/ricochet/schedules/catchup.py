@@ -30,11 +30,15 @@ class Reading:
     mono_ms: int
 
 
+def drift_ms(previous: Reading, current: Reading) -> int:
+    """How far the wall clock moved other than the monotonic one between readings (ahead: > 0)."""
+    return (current.wall_ms - previous.wall_ms) - (current.mono_ms - previous.mono_ms)
+
+
 def jumped(previous: Reading, current: Reading) -> bool:
     """Whether the wall clock was set forward or back (or the machine slept) between readings."""
     elapsed_ms = current.mono_ms - previous.mono_ms
-    moved_ms = current.wall_ms - previous.wall_ms
-    return abs(moved_ms - elapsed_ms) > JUMP_MS + abs(elapsed_ms) // SLEW_PER
+    return abs(drift_ms(previous, current)) > JUMP_MS + abs(elapsed_ms) // SLEW_PER
 
 
 @dataclass(frozen=True)

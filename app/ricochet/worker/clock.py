@@ -6,7 +6,7 @@ import time
 
 import structlog
 
-from ricochet.schedules.catchup import Reading, jumped
+from ricochet.schedules.catchup import Reading, drift_ms, jumped
 
 log = structlog.get_logger("ricochet.schedules")
 
@@ -35,8 +35,7 @@ class Clock:
         if jumped(self._previous, current):
             log.warning(
                 "the clock jumped: what it jumped over is caught up like a time with no worker",
-                jumped_ms=(current.wall_ms - self._previous.wall_ms)
-                - (current.mono_ms - self._previous.mono_ms),
+                jumped_ms=drift_ms(self._previous, current),
             )
             self.seen_ms = current.wall_ms
         self._previous = current
