@@ -107,7 +107,6 @@ def plan_round(schedules: Sequence[Schedule], state: State, seen_ms: int, now_ms
             ahead.append((schedule, entry))
         try:
             caught = catch_up(schedule.rule, kept.accounted_ms, seen_ms, now_ms)
-            next_ms = schedule.rule.after(max([kept.accounted_ms, *caught.due]))
         except Exception as error:  # one schedule's failure is not the others'
             failed.append((schedule, error))
             kept_state[schedule.name] = Entry(None, now_ms + 1)
@@ -116,8 +115,8 @@ def plan_round(schedules: Sequence[Schedule], state: State, seen_ms: int, now_ms
         due.extend((at, schedule) for at in caught.due)
         if caught.skipped is not None:
             skipped.append((schedule, caught.skipped))
-        if next_ms is not None:
-            upcoming.append(next_ms)
+        if caught.next_ms is not None:
+            upcoming.append(caught.next_ms)
     due.sort(key=lambda d: d[0])
     return Round(kept_state, due, min(upcoming, default=None), skipped, ahead, failed)
 
