@@ -22,7 +22,6 @@ from ricochet.settings import Settings
 from ricochet.worker.leader import ScheduleLeader
 from ricochet.worker.queue_worker import QueueWorker
 from ricochet.worker.redeclare import exits_at_start
-from ricochet.worker.session import State
 
 log = structlog.get_logger("ricochet.worker")
 
@@ -47,13 +46,6 @@ class Worker:
         self._leader = ScheduleLeader(settings, invoker.schedules, settings.queue_names, metrics)
         self._started = False  # it has consumed on a connection
         lifecycle.not_working = self.not_consuming
-
-    @property
-    def state(self) -> State:
-        """What the worker does now: consuming when every queue is consumed, else the state of
-        the first queue that is not."""
-        states = (queue.state for queue in self.queues)
-        return next((s for s in states if s is not State.CONSUMING), State.CONSUMING)
 
     def not_consuming(self) -> list[str]:
         """Each queue not consumed now, and why (/readyz names them)."""
