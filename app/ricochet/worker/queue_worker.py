@@ -89,7 +89,7 @@ class QueueWorker:
     @property
     def conflict(self) -> TopologyConflict | None:
         """What keeps the queue's topology from being declared, while it does."""
-        return self._redeclare.conflict
+        return self._applied.conflict
 
     @property
     def unready(self) -> str | None:
@@ -131,7 +131,7 @@ class QueueWorker:
         """Declare the queue's topology (and what every queue shares), and record it; None when
         the queue is in conflict (conflict says how)."""
         try:
-            return await self._redeclare.declare(connection)
+            return await self._applied.declare(connection)
         except TopologyConflict:
             return None
 

@@ -52,7 +52,7 @@ class _Wait(wait_base):
 
 
 class Redeclare:
-    """One queue's declarations, and the conflict that keeps the last one from being done."""
+    """One queue's topology declared again until it is done."""
 
     def __init__(
         self,
@@ -63,18 +63,6 @@ class Redeclare:
         self._settings = settings
         self._lifecycle = lifecycle
         self._declare = declare  # one declare of the queue's topology, recorded
-        self.conflict: TopologyConflict | None = None
-
-    async def declare(self, connection: AbstractConnection) -> Plan:
-        """Declare the queue's topology (and what every queue shares) once, and record it;
-        TopologyConflict when the queue (or one of its objects) is in conflict."""
-        try:
-            declared = await self._declare(connection)
-        except TopologyConflict as error:
-            self.conflict = error
-            raise
-        self.conflict = None
-        return declared
 
     async def again(self, connection: AbstractConnection) -> Plan | None:
         """Declare until it is done, with backoff: the topology declared, or None if a stop was
@@ -83,7 +71,7 @@ class Redeclare:
         return await self._lifecycle.unless_stopped(retrying(self._unless_closed, connection))
 
     async def _unless_closed(self, connection: AbstractConnection) -> Plan | None:
-        return None if connection.is_closed else await self.declare(connection)
+        return None if connection.is_closed else await self._declare(connection)
 
     def _retrying(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
