@@ -83,9 +83,10 @@ async def reported(
 
     async def named() -> bool:
         status, body = await readyz(port)
-        return status == 503 and f"{conflict}: conflict" in body
+        return status == 503 and f"{conflict}: conflict" in body and healthy not in body
 
-    await wait_for(named, 30, f"/readyz 503 naming {conflict} in conflict")
+    # The parent hears of a process's queues up to REPORT_S after the broker sees a consumer.
+    await wait_for(named, 30, f"/readyz 503 naming {conflict} in conflict, and only it")
     _, body = await readyz(port)
     assert healthy not in body
     samples = await scrape(port)
