@@ -14,7 +14,6 @@ again, so that every tool shows the delay the broker applies.
 
 import asyncio
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -23,9 +22,10 @@ from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan
 from ricochet.broker.record import declare_recorded, record_declared
 from ricochet.errors import ConfigError, TopologyConflict
+from ricochet.log import get_logger
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.topology")
+log = get_logger("ricochet.topology")
 
 # How often a worker looks whether a kept tier is empty yet.
 KEPT_CHECK_S = 2.0

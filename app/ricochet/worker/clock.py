@@ -4,11 +4,10 @@ and shared by every queue's lead, so that a jump is seen, and logged, once."""
 
 import time
 
-import structlog
-
+from ricochet.log import get_logger
 from ricochet.schedules.catchup import Reading, drift_ms, jumped
 
-log = structlog.get_logger("ricochet.schedules")
+log = get_logger("ricochet.schedules")
 
 
 def reading() -> Reading:

@@ -22,7 +22,6 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -30,13 +29,14 @@ from ricochet.broker.publish import confirming_channel
 from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
 from ricochet.client.client import Client
+from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
 from ricochet.schedules.catchup import Skipped, catch_up
 from ricochet.schedules.schedule import Schedule
 from ricochet.settings import Settings
 from ricochet.worker.clock import Clock, now_ms
 
-log = structlog.get_logger("ricochet.schedules")
+log = get_logger("ricochet.schedules")
 
 # How often a process that does not lead a queue's schedules looks whether the lead is free
 # (give or take half, so that processes started together do not all look at once): the

@@ -6,7 +6,6 @@ other queue of the worker back (SPEC 24)."""
 import random
 from collections.abc import Awaitable, Callable
 
-import structlog
 from aio_pika.abc import AbstractConnection
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
@@ -15,10 +14,11 @@ from ricochet.backoff import backoff
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.plan import Plan
 from ricochet.errors import TopologyConflict
+from ricochet.log import get_logger
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 FIRST_WAIT_S = 0.1
 # A queue that keeps going away (a quorum queue without a leader) is declared again this often.

@@ -3,12 +3,12 @@
 
 import asyncio
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.handlers.invoker import Invoker
+from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import (
@@ -23,7 +23,7 @@ from ricochet.worker.leader import ScheduleLeader
 from ricochet.worker.queue_worker import QueueWorker
 from ricochet.worker.redeclare import exits_at_start
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 
 class Worker:
