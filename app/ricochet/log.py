@@ -188,7 +188,8 @@ class _Logger:
 
 
 def get_logger(name: str) -> Any:
-    """The logger of a ricochet module (every one takes its logger here)."""
+    """The logger of a ricochet module: structlog's once logging is configured (by ricochet or
+    by the application), the standard library's logger of the same name until then."""
     return _Logger(name)
 
 

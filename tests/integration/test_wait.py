@@ -17,7 +17,6 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job, RetryLater
 from ricochet.broker.cancels import publish_cancel
 from ricochet.names import Names
-from ricochet.worker.session import State
 
 from tests.support import (
     StartWorker,
@@ -392,7 +391,9 @@ async def test_a_worker_that_reconnects_reads_the_cancel_store_again(
     clock = Clock()
     worker = await start_worker(clock)
     assert await asyncio.to_thread(close_connections, queue_name) >= 1
-    await wait_for(lambda: worker.worker.state is State.CONSUMING, 20, "the worker consuming again")
+    await wait_for(
+        lambda: worker.gauge("ricochet_worker_consuming") == 1, 20, "the worker consuming again"
+    )
     at = iso(time.time() + 1.5)
     await publish(channel, queue_name, "{}", message_id="after", headers={"run-at": at})
     await cancel(connection, queue_name, "after")

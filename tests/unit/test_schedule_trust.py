@@ -7,10 +7,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from ricochet.broker.schedule_store import LATEST_MS, Entry, State, decode_state, encode_state
-from ricochet.schedules.catchup import Reading, Skipped, jumped
+from ricochet.observe.metrics import Metrics
+from ricochet.schedules.catchup import Reading, Skipped, drift_ms, jumped
 from ricochet.schedules.rules import Cron, Every
 from ricochet.schedules.schedule import Schedule
-from ricochet.worker.leader import WAKE_S, plan_round, sleep_s
+from ricochet.settings import Settings
+from ricochet.worker import clock
+from ricochet.worker.leader import WAKE_S, ScheduleLeader, plan_round, sleep_s
+from structlog.testing import capture_logs
 
 S = 1000
 HOUR = 3600 * S
@@ -79,6 +83,32 @@ def test_a_jump_is_the_wall_clock_moving_other_than_the_monotonic_one(
 ) -> None:
     previous = Reading(NOW, 7 * S)
     assert jumped(previous, Reading(NOW + wall_ms, 7 * S + mono_ms)) is expected
+
+
+@pytest.mark.parametrize(
+    ("wall_ms", "mono_ms", "expected"),
+    [(HOUR + 2 * S, 2 * S, HOUR), (-HOUR + 2 * S, 2 * S, -HOUR), (2 * S, 7 * S, -5 * S)],
+)
+def test_the_drift_is_how_far_the_wall_clock_moved_past_the_monotonic_one(
+    wall_ms: int, mono_ms: int, expected: int
+) -> None:
+    """Set forward: ahead; set back, or a machine that slept: behind."""
+    assert drift_ms(Reading(NOW, 7 * S), Reading(NOW + wall_ms, 7 * S + mono_ms)) == expected
+
+
+def test_a_jump_is_seen_once_by_a_process_however_often_it_leads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader that leads again on a new connection reads the process's clock on: a jump
+    before the reconnect is logged once, and the time seen since it is kept."""
+    readings = iter([Reading(NOW, 0), Reading(NOW + HOUR, S), Reading(NOW + HOUR + S, 2 * S)])
+    monkeypatch.setattr(clock, "reading", lambda: next(readings))
+    leader = ScheduleLeader(Settings(), [], ["jobs"], Metrics("jobs"))
+    with capture_logs() as logs:
+        for _connection in range(2):  # a round on a connection, then one on the next
+            leader.clock.now_ms()
+    assert [line["jumped_ms"] for line in logs if "jumped_ms" in line] == [HOUR - S]
+    assert leader.clock.seen_ms == NOW + HOUR
 
 
 def every(name: str, period_s: int) -> Schedule:

@@ -117,21 +117,22 @@ S = 1000
 # (accounted for up to, leader started, now, expected)
 CATCH_UP = [
     # A takeover: nothing missed, then two missed while the leader ran.
-    (100 * S, 50 * S, 105 * S, CatchUp(())),
-    (100 * S, 50 * S, 125 * S, CatchUp((110 * S, 120 * S))),
+    (100 * S, 50 * S, 105 * S, CatchUp((), 110 * S)),
+    (100 * S, 50 * S, 125 * S, CatchUp((110 * S, 120 * S), 130 * S)),
     # A takeover just after the new leader started: what fell due since its start, all of it.
-    (100 * S, 115 * S, 135 * S, CatchUp((110 * S, 120 * S, 130 * S))),
+    (100 * S, 115 * S, 135 * S, CatchUp((110 * S, 120 * S, 130 * S), 140 * S)),
     # A start after a time with no worker: the latest missed before the start, once; the rest
     # skipped and logged; then what fell due since the start.
-    (100 * S, 201 * S, 205 * S, CatchUp((200 * S,), Skipped(9, 110 * S, 190 * S))),
-    (100 * S, 195 * S, 215 * S, CatchUp((190 * S, 200 * S, 210 * S), Skipped(8, 110 * S, 180 * S))),
-    (100 * S, 111 * S, 111 * S, CatchUp((110 * S,))),
+    (100 * S, 201 * S, 205 * S, CatchUp((200 * S,), 210 * S, Skipped(9, 110 * S, 190 * S))),
+    (100 * S, 195 * S, 215 * S,
+     CatchUp((190 * S, 200 * S, 210 * S), 220 * S, Skipped(8, 110 * S, 180 * S))),
+    (100 * S, 111 * S, 111 * S, CatchUp((110 * S,), 120 * S)),
     # A schedule first run by this leader: accounted for up to just before its start.
-    (50 * S - 1, 50 * S, 65 * S, CatchUp((50 * S, 60 * S))),
-    (50 * S - 1, 50 * S, 50 * S, CatchUp((50 * S,))),
+    (50 * S - 1, 50 * S, 65 * S, CatchUp((50 * S, 60 * S), 70 * S)),
+    (50 * S - 1, 50 * S, 50 * S, CatchUp((50 * S,), 60 * S)),
     # Skipped occurrences are counted up to a bound.
     (0, (SKIPPED_COUNTED + 50) * 10 * S + 1, (SKIPPED_COUNTED + 50) * 10 * S + 1,
-     CatchUp(((SKIPPED_COUNTED + 50) * 10 * S,),
+     CatchUp(((SKIPPED_COUNTED + 50) * 10 * S,), (SKIPPED_COUNTED + 51) * 10 * S,
              Skipped(SKIPPED_COUNTED, 10 * S, (SKIPPED_COUNTED + 49) * 10 * S))),
 ]  # fmt: skip
 
@@ -139,7 +140,7 @@ CATCH_UP = [
 @pytest.mark.parametrize(("accounted", "started", "now", "expected"), CATCH_UP)
 def test_catch_up(accounted: int, started: int, now: int, expected: CatchUp) -> None:
     """Every missed occurrence that fell due once the leader had started, and of the earlier
-    ones only the latest (every 10 s)."""
+    ones only the latest, then the next one to come (every 10 s)."""
     assert catch_up(Every(10 * S), accounted, started, now) == expected
 
 
@@ -156,6 +157,7 @@ def test_catch_up_of_a_cron_rule_across_a_skipped_time() -> None:
     assert result.skipped == Skipped(
         2, ms("2026-03-28T02:30:00+01:00"), ms("2026-03-30T02:30:00+02:00")
     )
+    assert result.next_ms == ms("2026-04-01T02:30:00+02:00")
 
 
 BAD = [

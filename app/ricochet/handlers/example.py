@@ -9,14 +9,14 @@ Publish one and watch it walk the retry ladder:
 import asyncio
 from typing import Literal
 
-import structlog
 from pydantic import BaseModel, Field
 
 from ricochet.errors import PermanentError
 from ricochet.handlers.job import Job
 from ricochet.handlers.router import Router
+from ricochet.log import get_logger
 
-log = structlog.get_logger("ricochet.example")
+log = get_logger("ricochet.example")
 router = Router()
 
 

@@ -13,18 +13,16 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
-import structlog
-
 from ricochet.errors import ConfigError
 from ricochet.handlers.invoker import Invoker, load_handler
-from ricochet.log import configure_logging
+from ricochet.log import configure_logging, get_logger
 from ricochet.observe.metrics import Metrics
 from ricochet.processes.liveness import BEAT_S
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 from ricochet.worker.worker import run_worker
 
-log = structlog.get_logger("ricochet.processes")
+log = get_logger("ricochet.processes")
 
 # The exit code of invalid configuration (as `ricochet worker`'s): the parent stops with it
 # rather than start the process again, which would fail the same way.

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-import structlog
 from prometheus_client.multiprocess import mark_process_dead
 
+from ricochet.log import get_logger
 from ricochet.observe.metrics import processes_registry
 from ricochet.processes import child
 from ricochet.processes.liveness import BEAT_S, Liveness, liveness
@@ -27,7 +27,7 @@ from ricochet.service.http import serve_http
 from ricochet.service.process import Lifecycle, stop_signals
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.processes")
+log = get_logger("ricochet.processes")
 
 # Each process a fresh interpreter: nothing of the parent's (its event loop, its threads, its
 # open sockets) is copied into it, as a fork would.

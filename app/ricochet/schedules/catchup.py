@@ -30,11 +30,15 @@ class Reading:
     mono_ms: int
 
 
+def drift_ms(previous: Reading, current: Reading) -> int:
+    """How far the wall clock moved other than the monotonic one between readings (ahead: > 0)."""
+    return (current.wall_ms - previous.wall_ms) - (current.mono_ms - previous.mono_ms)
+
+
 def jumped(previous: Reading, current: Reading) -> bool:
     """Whether the wall clock was set forward or back (or the machine slept) between readings."""
     elapsed_ms = current.mono_ms - previous.mono_ms
-    moved_ms = current.wall_ms - previous.wall_ms
-    return abs(moved_ms - elapsed_ms) > JUMP_MS + abs(elapsed_ms) // SLEW_PER
+    return abs(drift_ms(previous, current)) > JUMP_MS + abs(elapsed_ms) // SLEW_PER
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,11 @@ class Skipped:
 
 @dataclass(frozen=True)
 class CatchUp:
-    """The occurrences to enqueue now, in order, and those skipped, if any."""
+    """The occurrences to enqueue now, in order, the next one after them (None when the rule has
+    no more), and those skipped, if any."""
 
     due: tuple[int, ...]
+    next_ms: int | None
     skipped: Skipped | None = None
 
 
@@ -63,18 +69,19 @@ def catch_up(rule: Rule, accounted_ms: int, seen_ms: int, now_ms: int) -> CatchU
     due: list[int] = []
     if latest_before_start is not None and latest_before_start > accounted_ms:
         due.append(latest_before_start)
-    at = rule.after(max(accounted_ms, seen_ms - 1))
-    while at is not None and at <= now_ms:
-        due.append(at)
-        at = rule.after(at)
+    next_ms = rule.after(max(accounted_ms, seen_ms - 1))
+    while next_ms is not None and next_ms <= now_ms:
+        due.append(next_ms)
+        next_ms = rule.after(next_ms)
     if latest_before_start is None or latest_before_start <= accounted_ms:
-        return CatchUp(tuple(due))
+        return CatchUp(tuple(due), next_ms)
     first = rule.after(accounted_ms)
     last = rule.at_or_before(latest_before_start - 1)
     if first is None or last is None or first >= latest_before_start:
-        return CatchUp(tuple(due))
-    count, at = 0, first
+        return CatchUp(tuple(due), next_ms)
+    count = 0
+    at: int | None = first
     while at is not None and at < latest_before_start and count < SKIPPED_COUNTED:
         count += 1
         at = rule.after(at)
-    return CatchUp(tuple(due), Skipped(count, first, last))
+    return CatchUp(tuple(due), next_ms, Skipped(count, first, last))

@@ -1,6 +1,6 @@
-"""A queue's plan as the broker applies it, in the worker: what its last declare found, with a
-tier kept at an older delay (it held jobs when the settings changed) declared again with the
-planned delay once it is empty.
+"""A queue's plan as the broker applies it, in the worker: what its last declare found (the
+conflict that kept it from being done, or the plan), with a tier kept at an older delay (it held
+jobs when the settings changed) declared again with the planned delay once it is empty.
 
 A tier's delay is its queue's x-message-ttl, fixed for the queue's life: it changes only by
 deleting the queue, which must hold nothing. So while a tier is kept, the worker looks every few
@@ -14,7 +14,6 @@ again, so that every tool shows the delay the broker applies.
 
 import asyncio
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -22,10 +21,11 @@ from ricochet.broker.declare import declare_tier_again
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan
 from ricochet.broker.record import declare_recorded, record_declared
-from ricochet.errors import ConfigError
+from ricochet.errors import ConfigError, TopologyConflict
+from ricochet.log import get_logger
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.topology")
+log = get_logger("ricochet.topology")
 
 # How often a worker looks whether a kept tier is empty yet.
 KEPT_CHECK_S = 2.0
@@ -37,6 +37,7 @@ class AppliedPlan:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._plan: Plan | None = None
+        self.conflict: TopologyConflict | None = None  # what the last declare found, if in conflict
         # One declare of the queue's tiers at a time in the process: a lock held by the
         # connection (broker/redeclaring.py) keeps out only other connections.
         self._declaring = asyncio.Lock()
@@ -48,9 +49,16 @@ class AppliedPlan:
         return self._plan
 
     async def declare(self, connection: AbstractConnection) -> Plan:
-        """Declare the queue's topology (and what every queue shares), and record it."""
+        """Declare the queue's topology (and what every queue shares), and record it;
+        TopologyConflict, kept as conflict until a declare is done, when the queue (or one of its
+        objects) is in conflict."""
         async with self._declaring:
-            self._plan = await declare_recorded(connection, self._settings)
+            try:
+                self._plan = await declare_recorded(connection, self._settings)
+            except TopologyConflict as error:
+                self.conflict = error
+                raise
+            self.conflict = None
             return self._plan
 
     async def declare_kept_once_empty(self, connection: AbstractConnection) -> None:

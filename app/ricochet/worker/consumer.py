@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import structlog
 from aio_pika.exceptions import ChannelInvalidStateError
 
 from ricochet.broker.amqp import Delivery
@@ -35,12 +34,13 @@ from ricochet.errors import RetryLater
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import Job, bind_log_context, job_of
 from ricochet.headers import FRESH_ID, INCARNATION
+from ricochet.log import get_logger
 from ricochet.names import Names, is_delay_key
 from ricochet.observe.metrics import QueueMetrics
 from ricochet.observe.spans import attempt_span, record_outcome, settle_span
 from ricochet.worker.settler import Settler
 
-log = structlog.get_logger("ricochet.consumer")
+log = get_logger("ricochet.consumer")
 # The longest incarnation token read (the client's are 16 characters).
 TOKEN_MAX_CHARS = 64
 

@@ -11,19 +11,17 @@ by the next, with the same message_id.
 
 Neither the clock nor the recorded state is trusted: a recorded instant ahead of the clock (a
 forged record, a leader whose clock ran ahead, this one's clock set back) counts as now; a clock
-that jumps is seen (schedules/catchup.py) and what it jumped over is caught up like a time with
-no worker; a round is at most WAKE_S away, so a clock set back never holds a schedule longer;
-and one schedule's failure is logged while the others go on.
+that jumps is seen, once per process (worker/clock.py), and what it jumped over is caught up like
+a time with no worker; a round is at most WAKE_S away, so a clock set back never holds a schedule
+longer; and one schedule's failure is logged while the others go on.
 """
 
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -31,12 +29,14 @@ from ricochet.broker.publish import confirming_channel
 from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
 from ricochet.client.client import Client
+from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
-from ricochet.schedules.catchup import Reading, Skipped, catch_up, jumped
+from ricochet.schedules.catchup import Skipped, catch_up
 from ricochet.schedules.schedule import Schedule
 from ricochet.settings import Settings
+from ricochet.worker.clock import Clock, now_ms
 
-log = structlog.get_logger("ricochet.schedules")
+log = get_logger("ricochet.schedules")
 
 # How often a process that does not lead a queue's schedules looks whether the lead is free
 # (give or take half, so that processes started together do not all look at once): the
@@ -55,16 +55,6 @@ WAKE_S = 2.0
 
 class LeadLost(Exception):
     """The lead went to another connection, or was deleted, while this one led."""
-
-
-def reading() -> Reading:
-    """The wall clock and the monotonic clock, now."""
-    return Reading(time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000)
-
-
-def now_ms() -> int:
-    """The wall clock, in milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
 
 
 def clamped(entry: Entry, now_ms: int) -> Entry:
@@ -117,7 +107,6 @@ def plan_round(schedules: Sequence[Schedule], state: State, seen_ms: int, now_ms
             ahead.append((schedule, entry))
         try:
             caught = catch_up(schedule.rule, kept.accounted_ms, seen_ms, now_ms)
-            next_ms = schedule.rule.after(max([kept.accounted_ms, *caught.due]))
         except Exception as error:  # one schedule's failure is not the others'
             failed.append((schedule, error))
             kept_state[schedule.name] = Entry(None, now_ms + 1)
@@ -126,8 +115,8 @@ def plan_round(schedules: Sequence[Schedule], state: State, seen_ms: int, now_ms
         due.extend((at, schedule) for at in caught.due)
         if caught.skipped is not None:
             skipped.append((schedule, caught.skipped))
-        if next_ms is not None:
-            upcoming.append(next_ms)
+        if caught.next_ms is not None:
+            upcoming.append(caught.next_ms)
     due.sort(key=lambda d: d[0])
     return Round(kept_state, due, min(upcoming, default=None), skipped, ahead, failed)
 
@@ -153,7 +142,7 @@ class ScheduleLeader:
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._started = reading()
+        self.clock = Clock()  # the process's: a connection lost and made again keeps it
         self._by_queue: dict[str, list[Schedule]] = {}
         self._elsewhere: list[Schedule] = []
         for schedule in schedules:
@@ -202,8 +191,7 @@ class _QueueLead:
     ) -> None:
         self._settings = leader._settings
         self._metrics = leader._metrics
-        self._previous = leader._started
-        self._seen_ms = leader._started.wall_ms
+        self._clock = leader.clock
         self._connection = connection
         self._queue = queue
         self._schedules = schedules
@@ -235,7 +223,7 @@ class _QueueLead:
 
     async def _lead(self, channel: AbstractChannel) -> None:
         while not self._holding:
-            self._tick()
+            self._clock.now_ms()  # read while waiting too: a jump is seen when it comes
             if not await lead_is_held(channel, self._queue):
                 self._holding = await take_lead(self._connection, self._queue)
             if not self._holding:
@@ -250,36 +238,22 @@ class _QueueLead:
         ) as client:
             recorded = await read_states(self._connection, [self._queue])
             self._state = leading_state(
-                recorded.get(self._queue, {}), self._schedules, self._tick()
+                recorded.get(self._queue, {}), self._schedules, self._clock.now_ms()
             )
             await self._record(channel)  # a new schedule's start, before anything else
             await self._follow(client, channel)
 
-    def _tick(self) -> int:
-        """The wall clock, now; from now on if it jumped since the last reading."""
-        current = reading()
-        if jumped(self._previous, current):
-            log.warning(
-                "the clock jumped: what it jumped over is caught up like a time with no worker",
-                queue=self._queue,
-                jumped_ms=(current.wall_ms - self._previous.wall_ms)
-                - (current.mono_ms - self._previous.mono_ms),
-            )
-            self._seen_ms = current.wall_ms
-        self._previous = current
-        return current.wall_ms
-
     async def _follow(self, client: Client, channel: AbstractChannel) -> None:
         while True:
-            now = self._tick()
-            round_ = plan_round(self._schedules, self._state, self._seen_ms, now)
+            now = self._clock.now_ms()
+            round_ = plan_round(self._schedules, self._state, self._clock.seen_ms, now)
             self._state = round_.state
             self._report(round_, now)
             if round_.due:
                 await self._enqueue(client, channel, round_.due)
             elif not 0 <= now - self._written_ms < CHECKPOINT_MS:
                 await self._record(channel)
-            await asyncio.sleep(sleep_s(round_.wake_ms, self._tick()))
+            await asyncio.sleep(sleep_s(round_.wake_ms, self._clock.now_ms()))
 
     def _report(self, round_: Round, now: int) -> None:
         """Log what a round clamped, skipped and failed."""

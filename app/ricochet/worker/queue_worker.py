@@ -8,7 +8,6 @@ paused, failing, deleted, in conflict) never holds another back.
 import asyncio
 import contextlib
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
@@ -19,6 +18,7 @@ from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer
 from ricochet.errors import TopologyConflict
 from ricochet.handlers.invoker import Invoker
+from ricochet.log import get_logger
 from ricochet.observe.alerts import pause_alert
 from ricochet.observe.joblog import JobLog
 from ricochet.observe.metrics import Metrics, QueueMetrics
@@ -33,7 +33,7 @@ from ricochet.worker.session import Session, State
 from ricochet.worker.settler import Settler
 from ricochet.worker.subscription import Subscription
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 # A queue whose channel keeps closing opens the next one after this long, while the worker's
 # other queues go on (a queue in conflict is declared again with the backoff of redeclare.py).
@@ -89,7 +89,7 @@ class QueueWorker:
     @property
     def conflict(self) -> TopologyConflict | None:
         """What keeps the queue's topology from being declared, while it does."""
-        return self._redeclare.conflict
+        return self._applied.conflict
 
     @property
     def unready(self) -> str | None:
@@ -131,7 +131,7 @@ class QueueWorker:
         """Declare the queue's topology (and what every queue shares), and record it; None when
         the queue is in conflict (conflict says how)."""
         try:
-            return await self._redeclare.declare(connection)
+            return await self._applied.declare(connection)
         except TopologyConflict:
             return None
 

@@ -6,7 +6,6 @@ other queue of the worker back (SPEC 24)."""
 import random
 from collections.abc import Awaitable, Callable
 
-import structlog
 from aio_pika.abc import AbstractConnection
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
@@ -15,10 +14,11 @@ from ricochet.backoff import backoff
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.plan import Plan
 from ricochet.errors import TopologyConflict
+from ricochet.log import get_logger
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 FIRST_WAIT_S = 0.1
 # A queue that keeps going away (a quorum queue without a leader) is declared again this often.
@@ -52,7 +52,7 @@ class _Wait(wait_base):
 
 
 class Redeclare:
-    """One queue's declarations, and the conflict that keeps the last one from being done."""
+    """One queue's topology declared again until it is done."""
 
     def __init__(
         self,
@@ -63,18 +63,6 @@ class Redeclare:
         self._settings = settings
         self._lifecycle = lifecycle
         self._declare = declare  # one declare of the queue's topology, recorded
-        self.conflict: TopologyConflict | None = None
-
-    async def declare(self, connection: AbstractConnection) -> Plan:
-        """Declare the queue's topology (and what every queue shares) once, and record it;
-        TopologyConflict when the queue (or one of its objects) is in conflict."""
-        try:
-            declared = await self._declare(connection)
-        except TopologyConflict as error:
-            self.conflict = error
-            raise
-        self.conflict = None
-        return declared
 
     async def again(self, connection: AbstractConnection) -> Plan | None:
         """Declare until it is done, with backoff: the topology declared, or None if a stop was
@@ -83,7 +71,7 @@ class Redeclare:
         return await self._lifecycle.unless_stopped(retrying(self._unless_closed, connection))
 
     async def _unless_closed(self, connection: AbstractConnection) -> Plan | None:
-        return None if connection.is_closed else await self.declare(connection)
+        return None if connection.is_closed else await self._declare(connection)
 
     def _retrying(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None

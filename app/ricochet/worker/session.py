@@ -7,10 +7,10 @@ import contextlib
 import enum
 from collections.abc import Awaitable, Callable
 
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.plan import Plan
+from ricochet.log import get_logger
 from ricochet.observe.alerts import PAUSED, RESUMED
 from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
@@ -18,7 +18,7 @@ from ricochet.worker.consumer import Consumer
 from ricochet.worker.pause import PauseWatch
 from ricochet.worker.subscription import Subscription
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 
 class State(enum.Enum):

@@ -18,7 +18,6 @@ from collections.abc import Collection, Sequence
 from typing import assert_never
 
 import aio_pika
-import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import DeliveryError
 
@@ -46,9 +45,10 @@ from ricochet.delivery.retry import (
     Settlement,
 )
 from ricochet.errors import CopyTooLarge
+from ricochet.log import get_logger
 from ricochet.names import Names, delay_route
 
-log = structlog.get_logger("ricochet.settler")
+log = get_logger("ricochet.settler")
 
 
 def plan_acks(running: Collection[int], finished: Collection[int]) -> tuple[int | None, list[int]]:

@@ -8,13 +8,12 @@ subscription still opening, deliveries held) reaches the next.
 import asyncio
 from collections.abc import Callable
 
-import structlog
-
 from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames
+from ricochet.log import get_logger
 from ricochet.worker.consumer import Arrival
 from ricochet.worker.settler import Settler
 
-log = structlog.get_logger("ricochet.subscription")
+log = get_logger("ricochet.subscription")
 
 # A delivery's facts, read once as it comes in (ricochet.worker.consumer.Consumer.intake).
 Intake = Callable[[Delivery], Arrival]

@@ -3,12 +3,12 @@
 
 import asyncio
 
-import structlog
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.handlers.invoker import Invoker
+from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import (
@@ -22,9 +22,8 @@ from ricochet.settings import Settings
 from ricochet.worker.leader import ScheduleLeader
 from ricochet.worker.queue_worker import QueueWorker
 from ricochet.worker.redeclare import exits_at_start
-from ricochet.worker.session import State
 
-log = structlog.get_logger("ricochet.worker")
+log = get_logger("ricochet.worker")
 
 
 class Worker:
@@ -47,13 +46,6 @@ class Worker:
         self._leader = ScheduleLeader(settings, invoker.schedules, settings.queue_names, metrics)
         self._started = False  # it has consumed on a connection
         lifecycle.not_working = self.not_consuming
-
-    @property
-    def state(self) -> State:
-        """What the worker does now: consuming when every queue is consumed, else the state of
-        the first queue that is not."""
-        states = (queue.state for queue in self.queues)
-        return next((s for s in states if s is not State.CONSUMING), State.CONSUMING)
 
     def not_consuming(self) -> list[str]:
         """Each queue not consumed now, and why (/readyz names them)."""
