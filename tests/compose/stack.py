@@ -45,8 +45,6 @@ OVERRIDE = """\
 services:
   worker:
     build: {network: host}
-  monitor:
-    build: {network: host}
   grafana:
     profiles: [grafana]
 """
