@@ -2,11 +2,12 @@
 delay the broker applies, everywhere, and is declared again with the new one once empty."""
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,21 @@ async def test_a_kept_tier_shows_its_delay_and_is_declared_again_once_empty(
             await asyncio.to_thread(worker.wait, 30)
 
 
+@contextlib.asynccontextmanager
+async def lock_held_elsewhere(n: Names) -> AsyncIterator[None]:
+    """The lock for declaring the queue's tiers again, held by another connection (an exclusive
+    queue, as a declarer takes it) until the block ends."""
+    other = await aio_pika.connect(BROKER.amqp_url)
+    try:
+        holder = await other.channel()
+        await holder.declare_queue(
+            n.redeclaring, exclusive=True, arguments={"x-queue-type": "classic"}
+        )
+        yield
+    finally:
+        await other.close()
+
+
 async def test_a_tier_is_declared_again_by_one_declarer_at_a_time(
     connection: AbstractConnection, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,16 +180,9 @@ async def test_a_tier_is_declared_again_by_one_declarer_at_a_time(
     n = Names(queue_name)
     await declare(connection, make_settings(queue_name, max_retries=1, retry_delay_ms=OLD_MS))
     after = make_settings(queue_name, max_retries=1, retry_delay_ms=NEW_MS)
-    other = await aio_pika.connect(BROKER.amqp_url)
-    try:
-        holder = await other.channel()
-        await holder.declare_queue(
-            n.redeclaring, exclusive=True, arguments={"x-queue-type": "classic"}
-        )
+    async with lock_held_elsewhere(n):
         with capture_logs() as logs:
             declared = await declare(connection, after)
-    finally:
-        await other.close()
     assert declared.kept == {n.tier(1): OLD_MS}
     [kept] = [log for log in logs if log["event"] == "tier keeps its old delay until it drains"]
     assert (kept["queue"], kept["reason"]) == (n.tier(1), "another declarer holds the lock")
@@ -183,6 +192,7 @@ async def test_a_tier_is_declared_again_by_one_declarer_at_a_time(
     assert await _ttl_is(n.tier(1), NEW_MS)()
 
 
+@pytest.mark.timing
 async def test_a_declare_waits_for_the_lock_once(
     connection: AbstractConnection, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,18 +202,11 @@ async def test_a_declare_waits_for_the_lock_once(
     n = Names(queue_name)
     await declare(connection, make_settings(queue_name, max_retries=3, retry_delay_ms=OLD_MS))
     after = make_settings(queue_name, max_retries=3, retry_delay_ms=NEW_MS)
-    other = await aio_pika.connect(BROKER.amqp_url)
-    try:
-        holder = await other.channel()
-        await holder.declare_queue(
-            n.redeclaring, exclusive=True, arguments={"x-queue-type": "classic"}
-        )
+    async with lock_held_elsewhere(n):
         started = time.monotonic()
         with capture_logs() as logs:
             declared = await declare(connection, after)
         took_s = time.monotonic() - started
-    finally:
-        await other.close()
     tiers = [n.tier(k) for k in (1, 2, 3)]
     assert sorted(declared.kept) == tiers
     kept = [log for log in logs if log["event"] == "tier keeps its old delay until it drains"]
