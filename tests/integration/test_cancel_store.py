@@ -7,6 +7,7 @@ queues, so other tests' records in it change nothing here."""
 import asyncio
 import datetime as dt
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,11 +16,13 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job
 from ricochet.broker import cancels
+from ricochet.broker.cancel_log import SNAPSHOT_MAX_BYTES
 from ricochet.broker.cancels import cancel_record, read_snapshot
 from ricochet.broker.declare import declare
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
 from ricochet.names import SHARED
+from structlog.testing import capture_logs
 
 from tests.broker import BROKER
 from tests.support import (
@@ -211,6 +214,32 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
             assert "old" not in runs.runs
         finally:
             await second.stop()  # before its vhost goes (the fixture's stop is then a no-op)
+
+
+async def test_a_snapshot_that_would_inflate_past_its_bound_is_passed_over(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """Anyone who may publish in the vhost can write the snapshot: one that would decompress to
+    more than SNAPSHOT_MAX_BYTES (130 KB that inflate to 128 MiB) is passed over with a warning,
+    the store is read from its start, and a cancel in it holds."""
+    bomb = zlib.compress(b" " * (SNAPSHOT_MAX_BYTES + 1), 9)
+    async with BROKER.scratch_vhost() as url:
+        async with await aio_pika.connect(url) as connection:
+            await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
+            await publish(await connection.channel(), SHARED.cancels_snapshot, bomb)
+        async with Client(url, queue_name) as client:
+            await client.enqueue("job", {}, message_id="old", delay=1)
+            await client.cancel("old")
+        runs = Runs()
+        with capture_logs() as logs:
+            worker = await start_worker(runs, amqp_url=url)
+            try:
+                await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
+            finally:
+                await worker.stop()  # before its vhost goes
+    assert "old" not in runs.runs
+    [unread] = [x for x in logs if x["event"].startswith("cancels snapshot unreadable")]
+    assert unread["bytes"] == len(bomb)
 
 
 async def test_a_snapshot_another_reader_holds_is_waited_for(

@@ -1,8 +1,17 @@
 """The cancel log: cancels keyed by queue, the covering rule decided by the store's order (not
 two clocks), and the snapshot that lets a worker start without reading the whole store."""
 
+import tracemalloc
+import zlib
+
 import pytest
-from ricochet.broker.cancel_log import CancelLog, Snapshot, decode_snapshot, encode_snapshot
+from ricochet.broker import cancel_log
+from ricochet.broker.cancel_log import (
+    CancelLog,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
+)
 from ricochet.headers import FRESH_ID
 
 KEPT_S = 31 * 86_400
@@ -133,4 +142,34 @@ def test_a_snapshot_is_compact() -> None:
 @pytest.mark.parametrize("data", [b"", b"junk", b"\x78\x9c" + b"\x00" * 8])
 def test_an_unreadable_snapshot_is_none(data: bytes) -> None:
     """A snapshot that cannot be read is passed over (the store is then read from its start)."""
+    assert decode_snapshot(data) is None
+
+
+def test_a_snapshot_that_would_inflate_past_its_bound_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small message that decompresses to far more than SNAPSHOT_MAX_BYTES (64 MiB of spaces
+    in 64 KB, against a bound of 1 MiB here) is passed over without being inflated whole."""
+    bomb = zlib.compress(b" " * (64 << 20), 9)
+    assert len(bomb) < 100_000
+    monkeypatch.setattr(cancel_log, "SNAPSHOT_MAX_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        assert decode_snapshot(bomb) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_snapshot_up_to_its_bound_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is on what the snapshot decompresses to: one of exactly that size is read, one
+    a byte longer is not."""
+    log = CancelLog(KEPT_S)
+    log.add_cancel("q", "id", offset=0, at_s=NOW, now_s=NOW)
+    data = encode_snapshot(Snapshot(log.entries(), log.wait_entries(), 1, {}))
+    size = len(zlib.decompress(data))
+    monkeypatch.setattr(cancel_log, "SNAPSHOT_MAX_BYTES", size)
+    assert decode_snapshot(data) is not None
+    monkeypatch.setattr(cancel_log, "SNAPSHOT_MAX_BYTES", size - 1)
     assert decode_snapshot(data) is None

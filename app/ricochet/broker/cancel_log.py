@@ -28,6 +28,11 @@ BEFORE_ALL = -1
 _TIME_BITS = 33
 _TIME_MASK = (1 << _TIME_BITS) - 1
 SNAPSHOT_VERSION = 1
+# The most a snapshot may decompress to: about 2.5 million cancels of uuid-like ids, five times
+# the most a start is sized for. Anyone who may publish in the vhost can write a snapshot; one
+# that would grow past this (a small message that inflates to gigabytes) is passed over, and the
+# store is read from its start.
+SNAPSHOT_MAX_BYTES = 128 * 1024 * 1024
 
 
 def _key(queue: str, message_id: str) -> str:
@@ -215,9 +220,14 @@ def encode_snapshot(snapshot: Snapshot) -> bytes:
 
 
 def decode_snapshot(data: bytes) -> Snapshot | None:
-    """The snapshot in data, or None when it cannot be read (then the store is read whole)."""
+    """The snapshot in data, or None when it cannot be read or would decompress to more than
+    SNAPSHOT_MAX_BYTES (then the store is read whole)."""
     try:
-        document = json.loads(zlib.decompress(data))
+        inflating = zlib.decompressobj()
+        text = inflating.decompress(data, SNAPSHOT_MAX_BYTES)
+        if inflating.unconsumed_tail or not inflating.eof:
+            return None
+        document = json.loads(text)
         if document["v"] != SNAPSHOT_VERSION:
             return None
         entries: list[Entry] = []

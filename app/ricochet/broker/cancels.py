@@ -349,7 +349,8 @@ def _encoded(copied: CancelLog, next_offset: int, legacy: dict[str, int]) -> byt
 
 
 async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
-    """The newest snapshot, left in its queue; None when there is none or it cannot be read.
+    """The newest snapshot, left in its queue; None when there is none or it cannot be read
+    (said in a warning: anyone who may publish in the vhost can write one).
 
     A get takes the one message from every other reader until it is handed back, so it goes
     back at once, before it is decoded, and a reader that finds the queue empty looks again for
@@ -363,4 +364,9 @@ async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
         await asyncio.sleep(SNAPSHOT_LOOK_EVERY_S)
     body = message.body
     await message.nack(requeue=True)
-    return await asyncio.to_thread(decode_snapshot, body)
+    snapshot = await asyncio.to_thread(decode_snapshot, body)
+    if snapshot is None:
+        log.warning(
+            "cancels snapshot unreadable: the store is read from its start", bytes=len(body)
+        )
+    return snapshot
