@@ -86,8 +86,10 @@ run tests/unit --ignore=tests/unit/test_observability_files.py -q "${@}"
 # The smoke: a job's life through the library calls each release could break (aio-pika's
 # channels, confirms and nacks, pydantic's models and settings, structlog's lines, tenacity's
 # connects, threads): enqueue, retry, fail, replay, both clients, the logs, a worker's start, stop
-# and reconnect. Timing rows stay out: make test runs them on an idler machine.
+# and reconnect. Timing rows stay out: make test runs them on an idler machine. Over two
+# processes (a file each at a time): the matrix has ended by then, and the smoke waits on the
+# broker far more than it computes.
 SMOKE=(tests/integration/test_lifecycle.py tests/integration/test_client.py
   tests/integration/test_sync_client.py tests/integration/test_replay.py
   tests/integration/test_logs.py)
-run "${SMOKE[@]}" -q "${@}"
+run "${SMOKE[@]}" -n 2 --dist loadfile -q "${@}"
