@@ -392,8 +392,9 @@ async def test_the_records_kept_are_written_before_write_returns(
     connection: AbstractConnection, queue_name: str
 ) -> None:
     """A settler writes the records kept ahead of their nacks: once write returns they are on
-    the connection, and a connection closed at once still delivers
-    them to the stream, where a look reads them."""
+    the connection, ahead of anything sent after them, so the stream holds them once the
+    connection's next round trip is done, and a look reads them. (A close alone is no round
+    trip: aiormq sends Connection.Close ahead of frames still queued, so it waits for one.)"""
     from ricochet.broker import retries
 
     await declare(connection, make_settings(queue_name))
@@ -403,7 +404,8 @@ async def test_the_records_kept_are_written_before_write_returns(
     log.record(queue_name, "kept-1", 1, "ValueError: down", 1, "job")
     log.record(queue_name, "kept-2", 2, "KeyError: 'sku'", 2, "job")
     await log.write()
-    await stopping.close()  # at once: a record still kept would be lost with it
+    await (await stopping.channel()).close()  # the round trip, behind the records
+    await stopping.close()
     found = await retries.read_retries(connection, since, queue_name)
     assert {key: (r.reason, r.tier) for key, r in found.items()} == {
         ("kept-1", 1): ("ValueError: down", 1),
