@@ -118,6 +118,8 @@ def _worker(url: str) -> "subprocess.Popen[str]":
         RICOCHET_QUEUE=QUEUE,
         RICOCHET_HANDLER="bench.handlers:noop",
         RICOCHET_LOG_FORMAT="json",
+        # "connected", the start of every figure, is a debug line (SPEC 27's quiet start).
+        RICOCHET_LOG_LEVEL="DEBUG",
         RICOCHET_HTTP_PORT="0",
         PYTHONPATH=f"{ROOT / 'app'}:{ROOT}",
         PYTHONUNBUFFERED="1",
