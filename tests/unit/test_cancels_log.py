@@ -108,6 +108,26 @@ def test_cancels_past_the_kept_time_are_forgotten() -> None:
     assert log.covers("q", "new", FRESH_ID, published(None))
 
 
+def test_a_cancel_stamped_ahead_holds_no_pruning() -> None:
+    """One cancel stamped a year ahead by its producer's clock, then 100,000 on time: the one
+    ahead counts from when it was read, and 40 days on none is kept."""
+    log = CancelLog(KEPT_S)
+    log.add_cancel("q", "ahead", offset=0, at_s=NOW + 365 * 86_400, now_s=NOW)
+    for i in range(1, 100_001):
+        log.add_cancel("q", f"id-{i}", offset=i, at_s=NOW, now_s=NOW)
+    log.prune(NOW + 40 * 86_400)
+    assert len(log) == 0
+
+
+def test_a_cancel_stamped_ahead_covers_no_job_published_after_it_was_read() -> None:
+    """Another producer's job is covered when published by the cancel's time: a cancel stamped
+    ahead reaches as far as the moment it was read, not its producer's clock."""
+    log = CancelLog(KEPT_S)
+    log.add_cancel("q", "m", offset=0, at_s=NOW + 86_400, now_s=NOW)
+    assert log.covers("q", "m", None, published(NOW))
+    assert not log.covers("q", "m", None, published(NOW + 60))
+
+
 def test_a_snapshot_gives_back_the_log_and_the_offsets_it_covers() -> None:
     """encode then decode: every cancel, every kept wait, the next offset of the store and of
     each old per-queue store read."""

@@ -84,7 +84,10 @@ class CancelLog:
     def add_cancel(
         self, queue: str, message_id: str, *, offset: int, at_s: float, now_s: float
     ) -> None:
-        """Record a cancel read at offset of the store (BEFORE_ALL from an old store)."""
+        """Record a cancel read at offset of the store (BEFORE_ALL from an old store). Its time
+        is its producer's, but never later than now: one stamped ahead counts from when it was
+        read, so that it is forgotten in time and does not hold the pruning of those after it."""
+        at_s = min(at_s, now_s)
         if now_s - at_s >= self._kept_s:
             return
         key = _key(queue, message_id)
