@@ -10,15 +10,18 @@ import time
 import zlib
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import ChannelClosed
 from ricochet import Client, Job
 from ricochet.broker import cancels
-from ricochet.broker.cancel_log import SNAPSHOT_MAX_BYTES
+from ricochet.broker.cancel_log import SNAPSHOT_MAX_BYTES, Snapshot, encode_snapshot
 from ricochet.broker.cancels import cancel_record, read_snapshot
 from ricochet.broker.declare import declare
+from ricochet.broker.stream_log import tail
 from ricochet.client import client as client_module
 from ricochet.client import message as message_module
 from ricochet.names import SHARED
@@ -199,7 +202,7 @@ async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
             # Workers starting together (a deploy, a broker restart) each find it: a reader
             # hands the one message back at once, and one that finds the queue empty looks again.
             readers = [await connection.channel() for _ in range(8)]
-            found = await asyncio.gather(*(read_snapshot(reader) for reader in readers))
+            found = await asyncio.gather(*(read_snapshot(reader, "guest") for reader in readers))
             assert all(snapshot is not None for snapshot in found)
         async with Client(url, queue_name) as client:
             await client.enqueue("job", {}, message_id="old", delay=1)
@@ -226,7 +229,9 @@ async def test_a_snapshot_that_would_inflate_past_its_bound_is_passed_over(
     async with BROKER.scratch_vhost() as url:
         async with await aio_pika.connect(url) as connection:
             await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
-            await publish(await connection.channel(), SHARED.cancels_snapshot, bomb)
+            # Written as the workers' own user: only its content can be refused.
+            channel = await connection.channel()
+            await publish(channel, SHARED.cancels_snapshot, bomb, user_id="guest")
         async with Client(url, queue_name) as client:
             await client.enqueue("job", {}, message_id="old", delay=1)
             await client.cancel("old")
@@ -242,6 +247,76 @@ async def test_a_snapshot_that_would_inflate_past_its_bound_is_passed_over(
     assert unread["bytes"] == len(bomb)
 
 
+async def test_a_snapshot_written_by_another_user_is_passed_over(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """A producer of another user writes a snapshot that forgets a cancel (no cancels, an offset
+    past it): the worker passes it over, and the cancelled job stays cancelled. The broker will
+    not let that producer write as the workers' user."""
+    producer = f"{queue_name}-producer"
+    async with BROKER.scratch_vhost() as url:
+        vhost = quote(urlsplit(url).path[1:], safe="")
+        BROKER.api("PUT", f"users/{producer}", {"password": "p", "tags": ""})
+        try:
+            every = {"configure": ".*", "write": ".*", "read": ".*"}
+            BROKER.api("PUT", f"permissions/{vhost}/{producer}", every)
+            async with await aio_pika.connect(url) as connection:
+                await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
+            async with Client(url, queue_name) as client:
+                await client.enqueue("job", {}, message_id="old", delay=1)
+                await client.cancel("old")
+            as_producer = url.replace("guest:guest@", f"{producer}:p@")
+            async with await aio_pika.connect(as_producer) as connection:
+                end = await tail(connection, SHARED.cancels, 10)
+                assert end is not None
+                forged = encode_snapshot(Snapshot([], [], end + 1, {}))
+                channel = await connection.channel()
+                await publish(channel, SHARED.cancels_snapshot, forged, user_id=producer)
+                with pytest.raises(ChannelClosed, match="PRECONDITION_FAILED"):
+                    await publish(channel, SHARED.cancels_snapshot, forged, user_id="guest")
+            runs = Runs()
+            with capture_logs() as logs:
+                worker = await start_worker(runs, amqp_url=url)
+                try:
+                    await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
+                finally:
+                    await worker.stop()  # before its vhost goes
+        finally:
+            BROKER.api("DELETE", f"users/{producer}")
+    assert "old" not in runs.runs
+    [passed] = [x for x in logs if x["event"].startswith("register not written by this user")]
+    assert (passed["written_by"], passed["user"]) == (producer, "guest")
+
+
+async def test_a_snapshot_ahead_of_the_store_is_passed_over_at_once(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """A snapshot claiming an offset the store has not reached (10**9) would hold every start
+    until its catch-up gave up (a minute): it is passed over at once, and a cancel holds."""
+    async with BROKER.scratch_vhost() as url:
+        async with await aio_pika.connect(url) as connection:
+            await declare(connection, make_settings(queue_name, amqp_url=url))  # the store
+            forged = encode_snapshot(Snapshot([], [], 10**9, {}))
+            channel = await connection.channel()
+            await publish(channel, SHARED.cancels_snapshot, forged, user_id="guest")
+        async with Client(url, queue_name) as client:
+            await client.enqueue("job", {}, message_id="old", delay=1)
+            await client.cancel("old")
+            await client.enqueue("job", {}, message_id="first")
+        runs = Runs()
+        with capture_logs() as logs:
+            worker = await start_worker(runs, amqp_url=url)
+            try:
+                await wait_for(lambda: "first" in runs.runs, 20, "the first job")
+                await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
+            finally:
+                await worker.stop()  # before its vhost goes
+    assert "old" not in runs.runs
+    [ahead] = [x for x in logs if x["event"].startswith("cancels snapshot ahead of the store")]
+    assert ahead["snapshot"] == 10**9
+    assert ahead["store_end"] < 100
+
+
 async def test_a_snapshot_another_reader_holds_is_waited_for(
     start_worker: StartWorker, connection: AbstractConnection
 ) -> None:
@@ -253,7 +328,7 @@ async def test_a_snapshot_another_reader_holds_is_waited_for(
     try:
         store = await holder.get_queue(SHARED.cancels_snapshot, ensure=False)
         held = await store.get(no_ack=False)
-        reading = asyncio.ensure_future(read_snapshot(reader))
+        reading = asyncio.ensure_future(read_snapshot(reader, "guest"))
         await asyncio.sleep(cancels.SNAPSHOT_PATIENCE_S / 2)
         assert not reading.done(), "the reader gave up while the snapshot was held"
         await held.nack(requeue=True)
@@ -271,7 +346,7 @@ async def test_a_start_that_finds_no_snapshot_leaves_one(start_worker: StartWork
         try:
             await wait_for(lambda: not worker.worker.cancels.snapshot_pending, 20, "the snapshot")
             async with await aio_pika.connect(url) as connection:
-                snapshot = await read_snapshot(await connection.channel())
+                snapshot = await read_snapshot(await connection.channel(), "guest")
         finally:
             await worker.stop()
     assert snapshot is not None

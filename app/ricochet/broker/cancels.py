@@ -4,23 +4,25 @@ and the waits of the client's jobs (ricochet.broker.cancel_log says how both dec
 A stream keeps its records for everyone who reads it, from any offset, for as long as its
 retention says: a worker started after a cancel reads it too, and nothing but RabbitMQ keeps it.
 A worker does not read it whole: it starts from the newest snapshot, the live cancels as of an
-offset, kept in a queue of one message that the workers write as they read on, then reads the
-stream from that offset. An old per-queue store (Q.cancels, from an earlier ricochet) is read
+offset, kept in a register (ricochet.broker.register) that the workers write as they read on,
+then reads the stream from that offset. A snapshot is taken only as far as the broker vouches
+for it: written by the reader's own user, and of an offset the stream has reached.
+
+An old per-queue store (Q.cancels, from an earlier ricochet) is read
 too while it exists, never declared, and deleted once its newest cancel is past the kept time.
 """
 
 import asyncio
 import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
+from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError, ChannelNotFoundEntity
 
-from ricochet.broker.amqp import Frames, epoch_s
+from ricochet.broker.amqp import epoch_s
 from ricochet.broker.cancel_log import (
     BEFORE_ALL,
     CancelLog,
@@ -30,26 +32,22 @@ from ricochet.broker.cancel_log import (
 )
 from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
-from ricochet.headers import INCARNATION, RECORD_QUEUE, STREAM_OFFSET
+from ricochet.broker.register import read_register, write_register
+from ricochet.broker.stream_log import LogReader, tail
+from ricochet.headers import INCARNATION, RECORD_QUEUE
 from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
 
 log = get_logger("ricochet.cancels")
 
-# A record's AMQP type: a cancel, a wait of a client's job, or a reader's marker (how it knows
-# it has read up to now).
+# A record's AMQP type: a cancel, or a wait of a client's job.
 CANCEL = "cancel"
 WAIT = "wait"
-MARKER = "marker"
-# The newest snapshot of the live cancels: a queue that keeps one message (the last written).
-# Another reader holds it for a round trip (a get, then a requeue), longer on a loaded broker
-# or client: a reader that finds the queue empty looks again this often, for this long, before
-# it reads the whole store (seconds to hours). Every start that found none writes one, so only
-# the first start on a vhost waits it out.
-SNAPSHOT_LOOK_EVERY_S = 0.05
+# Another reader holds the snapshot's register for a round trip, longer on a loaded broker or
+# client: a reader that finds it empty looks again for this long before it reads the whole
+# store (seconds to hours). Every start that found none writes one, so only the first start on
+# a vhost waits it out.
 SNAPSHOT_PATIENCE_S = 2.0
-# Records a reader has in flight; a stream consumer must ack, and a stream needs a prefetch.
-READ_PREFETCH = 1000
 # A worker takes no job until it has read the store up to its own marker; past this, it
 # starts over on a new connection rather than wait on a store that does not answer.
 CATCH_UP_TIMEOUT_S = 60.0
@@ -63,7 +61,7 @@ PRUNE_EVERY_S = 60.0
 
 
 def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) -> aio_pika.Message:
-    """A record of the cancel store: a cancel, a wait, or a reader's marker."""
+    """A record of the cancel store: a cancel or a wait."""
     return aio_pika.Message(
         b"",
         message_id=message_id,
@@ -95,55 +93,48 @@ async def publish_cancel(connection: AbstractConnection, names: Names, message_i
         await channel.close()
 
 
-def _resolve(marker: asyncio.Future[None]) -> None:
-    if not marker.done():
-        marker.set_result(None)
-
-
 class _Legacy:
-    """An old per-queue store, read on a channel of its own while it exists."""
+    """An old per-queue store's cancels, read into the same CancelLog while it exists."""
 
-    def __init__(self, name: str, log: CancelLog, queue: str, next_offset: int | None) -> None:
-        self.name = name
+    def __init__(self, log: CancelLog, queue: str) -> None:
         self._log = log
         self._queue = queue
-        self.next_offset = next_offset
-        self.markers: dict[str, asyncio.Future[None]] = {}
+        self.reader: LogReader | None = None
 
-    async def read(self, entry: AbstractIncomingMessage) -> None:
-        offset = entry.headers.get(STREAM_OFFSET)
+    def read(self, entry: AbstractIncomingMessage, _: int) -> None:
         if entry.type == CANCEL and entry.message_id:
-            stamp = entry.timestamp
-            at = epoch_s(stamp) if stamp else time.time()
+            now = time.time()
+            at = _stamp(entry, now)
             self._log.add_cancel(
-                self._queue, entry.message_id, offset=BEFORE_ALL, at_s=at, now_s=time.time()
+                self._queue, entry.message_id, offset=BEFORE_ALL, at_s=at, now_s=now
             )
-        elif entry.type == MARKER and entry.message_id in self.markers:
-            _resolve(self.markers.pop(entry.message_id))
-        if isinstance(offset, int):
-            self.next_offset = offset + 1
-        await entry.ack()
+
+
+def _stamp(entry: AbstractIncomingMessage, now_s: float) -> float:
+    """A cancel's time: its publisher's stamp, or now when it has none."""
+    stamp = entry.timestamp
+    return epoch_s(stamp) if stamp else now_s
 
 
 class CancelReader:
-    """Follows the cancel store on a channel of its own, into one CancelLog, loaded again from
-    the newest snapshot on every connection."""
+    """Follows the cancel store (a log: ricochet.broker.stream_log) into one CancelLog, loaded
+    again from the newest snapshot on every connection."""
 
-    def __init__(self, *queues: str) -> None:
+    def __init__(self, user: str, *queues: str) -> None:
+        # Snapshots are taken only from this user (the broker vouches for it), and written as it.
+        self._user = user
         # The queues whose old per-queue stores (Q.cancels) are read while they exist.
         self._queues = queues
         self.cancelled = CancelLog(CANCELS_MAX_AGE_S)
-        self._channel: AbstractChannel | None = None
-        self._markers: dict[str, asyncio.Future[None]] = {}
-        self._next_offset = 0
+        self._channel: AbstractChannel | None = None  # where snapshots are written
+        self._reader: LogReader | None = None
         self._since_snapshot = 0
         self._snapshot_after = SNAPSHOT_EVERY
         self._legacy_next: dict[str, int] = {}
         self._legacy: dict[str, _Legacy] = {}
         self._writing: asyncio.Task[None] | None = None
-        self._use_snapshot = True
         self._pruned_at = 0.0
-        # Set when the reader's channel closes, or the broker cancels its consumer, under a live
+        # Set when a reader's channel closes, or the broker cancels its consumer, under a live
         # connection: cancels stop arriving.
         self.lost = asyncio.Event()
         # Told of each cancel as it is read (queue, message_id): the jobs running now may be
@@ -163,33 +154,24 @@ class CancelReader:
         """
         self.lost.clear()
         self.cancelled.clear()
-        channel = await confirming_channel(connection)
-        await channel.set_qos(prefetch_count=READ_PREFETCH)
-        snapshot = await read_snapshot(channel) if self._use_snapshot else None
+        self._channel = await confirming_channel(connection)
+        snapshot = await self._checked(connection, await read_snapshot(self._channel, self._user))
         start: int | str = "first"
-        self._next_offset, self._legacy_next = 0, {}
+        self._legacy_next = {}
         if snapshot is not None:
             self.cancelled.load(snapshot, time.time())
-            self._next_offset = start = snapshot.next_offset
+            start = snapshot.next_offset
             self._legacy_next = dict(snapshot.legacy)
         self._since_snapshot = 0
-        self._channel = channel
-        self._markers = {}
-        queue = await channel.get_queue(SHARED.cancels, ensure=False)
-        await queue.consume(self._read, arguments={STREAM_OFFSET: start})
-        channel.close_callbacks.add(self._closed)
-        # The broker cancels a stream's consumer when the stream goes (deleted, its member lost).
-        (await Frames.under(channel)).on_cancelled(self._closed)
-        if not await self._caught_up(channel, SHARED.cancels, self._markers):
-            # A snapshot newer than the stream (the stream deleted and declared again) would
-            # wait for ever at an offset the stream has not reached: start over without it.
-            self._use_snapshot = snapshot is None
-            await channel.close()
+        self._reader = reader = await LogReader.open(
+            connection, SHARED.cancels, self._read, start, self.lost
+        )
+        if await reader.up_to_now(CATCH_UP_TIMEOUT_S) is None:
+            await reader.close()
             raise ChannelInvalidStateError(
                 "the cancel store could not be read up to now (its channel closed, or its "
                 f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
             )
-        self._use_snapshot = True
         self._legacy = {}
         for queue_name in self._queues:
             await self._follow_legacy(connection, queue_name)
@@ -201,10 +183,31 @@ class CancelReader:
         )
         if snapshot is None or self._since_snapshot >= SNAPSHOT_AFTER_START:
             # After the one being written, if any: the next start reads from here. A start that
-            # found none (a new vhost, or one ahead of the stream) writes one however little it
-            # read, so that the next does not wait for it.
+            # found none (a new vhost, or one passed over) writes one however little it read, so
+            # that the next does not wait for it.
             pending = self._writing
             self._writing = asyncio.get_running_loop().create_task(self._after(pending))
+
+    async def _checked(
+        self, connection: AbstractConnection, snapshot: Snapshot | None
+    ) -> Snapshot | None:
+        """The snapshot, unless it claims an offset the store has not reached (the store deleted
+        and declared again, or a forgery): a reader from there would wait for it."""
+        if snapshot is None:
+            return None
+        end = await tail(connection, SHARED.cancels, CATCH_UP_TIMEOUT_S)
+        if end is None:
+            raise ChannelInvalidStateError("the cancel store did not answer")
+        if snapshot.next_offset > end or any(
+            offset >= snapshot.next_offset for *_, offset, _ in snapshot.entries
+        ):
+            log.warning(
+                "cancels snapshot ahead of the store: the store is read from its start",
+                snapshot=snapshot.next_offset,
+                store_end=end,
+            )
+            return None
+        return snapshot
 
     @property
     def snapshot_pending(self) -> bool:
@@ -215,77 +218,44 @@ class CancelReader:
         """Return once every record written to the store before this call has been read
         (a marker's round trip): asked before a job of the client is dropped as cancelled, so
         that a wait recorded by another process is not missed."""
-        channel = self._channel
-        if channel is None or channel.is_closed:
+        if self._reader is None or await self._reader.up_to_now(CATCH_UP_TIMEOUT_S) is None:
             raise ChannelInvalidStateError("the cancel store is not being read")
-        if not await self._caught_up(channel, SHARED.cancels, self._markers):
-            raise ChannelInvalidStateError("the cancel store did not answer")
-
-    async def _caught_up(
-        self, channel: AbstractChannel, store: str, markers: dict[str, asyncio.Future[None]]
-    ) -> bool:
-        marker = uuid.uuid4().hex
-        seen = markers[marker] = asyncio.get_running_loop().create_future()
-        await publish_to_queue(channel, store, record(MARKER, marker))
-        lost = asyncio.ensure_future(self.lost.wait())
-        try:
-            await asyncio.wait(
-                {seen, lost}, timeout=CATCH_UP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            lost.cancel()
-            markers.pop(marker, None)
-        return seen.done() and not seen.cancelled()
 
     async def _follow_legacy(self, connection: AbstractConnection, queue: str) -> None:
         """Read the queue's old per-queue store when it exists (without declaring it), or
         delete it once it holds no cancel within the kept time and nobody else reads it."""
         name = Names(queue).cancels
-        channel = await connection.channel(publisher_confirms=True)
+        legacy = _Legacy(self.cancelled, queue)
+        start = self._legacy_next.get(queue, "first")
         try:
-            await channel.declare_queue(name, passive=True)
-        except ChannelClosed:
-            return  # none: the channel is closed with the refusal
-        await channel.set_qos(prefetch_count=READ_PREFETCH)
-        legacy = _Legacy(name, self.cancelled, queue, self._legacy_next.get(queue))
-        store = await channel.get_queue(name, ensure=False)
-        start = "first" if legacy.next_offset is None else legacy.next_offset
-        tag = await store.consume(legacy.read, arguments={STREAM_OFFSET: start})
-        channel.close_callbacks.add(self._closed)
-        if not await self._caught_up(channel, name, legacy.markers):
-            await channel.close()
+            reader = await LogReader.open(connection, name, legacy.read, start, self.lost)
+        except ChannelNotFoundEntity:
+            return  # none
+        legacy.reader = reader
+        if await reader.up_to_now(CATCH_UP_TIMEOUT_S) is None:
+            await reader.close()
             raise ChannelInvalidStateError(f"the old cancel store {name} could not be read")
         self._legacy[queue] = legacy
-        if not any(
-            of == queue and offset == BEFORE_ALL for of, _, offset, _ in self.cancelled.entries()
-        ):
-            channel.close_callbacks.discard(self._closed)
-            await store.cancel(tag)
-            try:
-                await channel.queue_delete(name, if_unused=True)
-            except ChannelClosed as error:  # read by a worker of an earlier ricochet: kept
-                log.info("old cancel store kept: still in use", store=name, reason=str(error))
-                return
-            log.info("old cancel store deleted: its cancels are past the kept time", store=name)
-            del self._legacy[queue]
-            self._legacy_next.pop(queue, None)
-            await channel.close()
+        entries = self.cancelled.entries()
+        if any(of == queue and offset == BEFORE_ALL for of, _, offset, _ in entries):
+            return
+        await reader.close()
+        del self._legacy[queue]
+        self._legacy_next.pop(queue, None)
+        channel = await connection.channel(publisher_confirms=True)
+        try:
+            await channel.queue_delete(name, if_unused=True)
+        except ChannelClosed as error:  # read by a worker of an earlier ricochet: kept
+            log.info("old cancel store kept: still in use", store=name, reason=str(error))
+            return
+        log.info("old cancel store deleted: its cancels are past the kept time", store=name)
+        await channel.close()
 
-    def _closed(self, *_: Any) -> None:
-        self.lost.set()
-        for marker in self._markers.values():
-            if not marker.done():
-                marker.cancel()
-
-    async def _read(self, entry: AbstractIncomingMessage) -> None:
-        offset = entry.headers.get(STREAM_OFFSET)
+    def _read(self, entry: AbstractIncomingMessage, offset: int) -> None:
         queue = entry.headers.get(RECORD_QUEUE)
-        if not isinstance(offset, int):
-            offset = self._next_offset
         if entry.type == CANCEL and entry.message_id and isinstance(queue, str):
-            stamp = entry.timestamp
             now = time.time()
-            at = epoch_s(stamp) if stamp else now
+            at = _stamp(entry, now)
             self.cancelled.add_cancel(queue, entry.message_id, offset=offset, at_s=at, now_s=now)
             for listener in self._listeners:
                 listener(queue, entry.message_id)
@@ -293,9 +263,6 @@ class CancelReader:
             token = entry.headers.get(INCARNATION)
             if isinstance(token, str):
                 self.cancelled.add_wait(queue, entry.message_id, token, offset=offset)
-        elif entry.type == MARKER and entry.message_id in self._markers:
-            _resolve(self._markers[entry.message_id])
-        self._next_offset = offset + 1
         self._since_snapshot += 1
         now = time.monotonic()
         if now - self._pruned_at >= PRUNE_EVERY_S:
@@ -303,7 +270,6 @@ class CancelReader:
             self.cancelled.prune(time.time())
         if self._since_snapshot >= self._snapshot_after:
             self._write_snapshot()
-        await entry.ack()
 
     async def _after(self, pending: "asyncio.Task[None] | None") -> None:
         if pending is not None:
@@ -321,9 +287,10 @@ class CancelReader:
         self._snapshot_after = int(SNAPSHOT_EVERY * (1 + random.random() / 2))
         legacy = dict(self._legacy_next)
         for queue, store in self._legacy.items():
-            if store.next_offset is not None:
-                legacy[queue] = store.next_offset
-        copied, next_offset = self.cancelled.copy(), self._next_offset
+            if store.reader is not None:
+                legacy[queue] = store.reader.next_offset
+        next_offset = 0 if self._reader is None else self._reader.next_offset
+        copied = self.cancelled.copy()
         self._writing = asyncio.get_running_loop().create_task(
             self._publish_snapshot(copied, next_offset, legacy)
         )
@@ -337,8 +304,7 @@ class CancelReader:
             data = await asyncio.to_thread(_encoded, copied, next_offset, legacy)
             if channel is None or channel.is_closed:
                 return
-            message = aio_pika.Message(data, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-            await publish_to_queue(channel, SHARED.cancels_snapshot, message)
+            await write_register(channel, SHARED.cancels_snapshot, data, writer=self._user)
             log.info("cancels snapshot written", cancels=len(copied), bytes=len(data))
         except Exception as error:  # a snapshot is an optimisation: the next reader writes one
             log.warning("cancels snapshot not written", error=f"{type(error).__name__}: {error}")
@@ -348,22 +314,16 @@ def _encoded(copied: CancelLog, next_offset: int, legacy: dict[str, int]) -> byt
     return encode_snapshot(Snapshot(copied.entries(), copied.wait_entries(), next_offset, legacy))
 
 
-async def read_snapshot(channel: AbstractChannel) -> Snapshot | None:
-    """The newest snapshot, left in its queue; None when there is none or it cannot be read
-    (said in a warning: anyone who may publish in the vhost can write one).
+async def read_snapshot(channel: AbstractChannel, user: str) -> Snapshot | None:
+    """The newest snapshot written by user, left in its register; None when there is none or it
+    cannot be read (said in a warning: anyone who may publish in the vhost can write one).
 
-    A get takes the one message from every other reader until it is handed back, so it goes
-    back at once, before it is decoded, and a reader that finds the queue empty looks again for
-    SNAPSHOT_PATIENCE_S: workers started together (a deploy, a broker restart) all find it.
+    Workers started together (a deploy, a broker restart) all find it: each holds it for a round
+    trip only, and one that finds the register empty looks again for SNAPSHOT_PATIENCE_S.
     """
-    queue = await channel.get_queue(SHARED.cancels_snapshot, ensure=False)
-    give_up = time.monotonic() + SNAPSHOT_PATIENCE_S
-    while (message := await queue.get(no_ack=False, fail=False)) is None:
-        if time.monotonic() >= give_up:
-            return None
-        await asyncio.sleep(SNAPSHOT_LOOK_EVERY_S)
-    body = message.body
-    await message.nack(requeue=True)
+    body = await read_register(channel, SHARED.cancels_snapshot, SNAPSHOT_PATIENCE_S, writer=user)
+    if body is None:
+        return None
     snapshot = await asyncio.to_thread(decode_snapshot, body)
     if snapshot is None:
         log.warning(

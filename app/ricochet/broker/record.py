@@ -4,20 +4,18 @@
 command (status, monitor, replay, doctor, failed, cancel) reads them back, so it needs only the
 broker's URL and the queue's name: it neither needs the worker's retry settings nor redeclares
 or deletes a tier the worker declared. AMQP cannot read a queue's arguments back, so the record is
-a message: one persistent JSON object in a classic queue of length one, read without taking it
-(basic.get, then handed back). A classic queue counts no deliveries, so reading spends nothing.
+a message: one persistent JSON object in a register (ricochet.broker.register), a classic queue of
+length one, which counts no deliveries, so reading spends nothing.
 
 The record also says which tiers the declaration found with an older delay and kept (they held
 jobs), with the delay each really has, so that every tool shows the delay the broker applies; a
 worker writes it again when it declares such a tier again.
 """
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
 
-import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
@@ -25,9 +23,13 @@ from ricochet.broker.declare import declare
 from ricochet.broker.legacy import retire_legacy_delays
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.publish import confirming_channel
+from ricochet.broker.register import read_register, write_register
 from ricochet.ladders import is_int
+from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.settings import Settings
+
+log = get_logger("ricochet.topology")
 
 ARGUMENTS: dict[str, Any] = {
     "x-queue-type": "classic",
@@ -37,8 +39,7 @@ ARGUMENTS: dict[str, Any] = {
 # The record's key for the tiers and lanes kept with an older delay, by name (Plan.kept).
 KEPT = "kept_delays_ms"
 # Another reader may hold the record for a moment (between its get and its hand-back).
-READ_TRIES = 10
-READ_PAUSE_S = 0.05
+READ_PATIENCE_S = 0.5
 
 
 def record_of(settings: Settings, kept: Mapping[str, int | None]) -> bytes:
@@ -75,12 +76,8 @@ async def write_record(channel: AbstractChannel, settings: Settings, declared: P
     The channel must confirm publishes: the record is written before the worker consumes."""
     name = Names(settings.queue).record
     await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
-    message = aio_pika.Message(
-        record_of(settings, declared.kept),
-        content_type="application/json",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )
-    await channel.default_exchange.publish(message, routing_key=name)
+    body = record_of(settings, declared.kept)
+    await write_register(channel, name, body, content_type="application/json")
 
 
 async def declare_recorded(connection: AbstractConnection, settings: Settings) -> Plan:
@@ -104,24 +101,31 @@ async def record_declared(
 
 
 async def read_record(connection: AbstractConnection, queue: str) -> dict[str, Any] | None:
-    """The record of the queue's topology, or None when nothing has declared it yet."""
+    """The record of the queue's topology, or None when nothing has declared it yet (or what
+    its register holds is not a record: said in a warning)."""
     channel = await connection.channel(publisher_confirms=False)
     try:
+        name = Names(queue).record
         try:
-            records = await channel.declare_queue(Names(queue).record, passive=True)
+            await channel.declare_queue(name, passive=True)
         except ChannelNotFoundEntity:
             return None
-        for _ in range(READ_TRIES):
-            message = await records.get(no_ack=False, fail=False)
-            if message is not None:
-                await message.nack(requeue=True)
-                record: dict[str, Any] = json.loads(message.body)
-                return record
-            await asyncio.sleep(READ_PAUSE_S)
-        return None
+        body = await read_register(channel, name, READ_PATIENCE_S)
     finally:
         if not channel.is_closed:
             await channel.close()
+    return None if body is None else _record(name, body)
+
+
+def _record(name: str, body: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(body)
+    except (ValueError, RecursionError):
+        record = None
+    if not isinstance(record, dict):
+        log.warning("topology record unreadable: the settings given are used", register=name)
+        return None
+    return record
 
 
 async def declared_settings(connection: AbstractConnection, settings: Settings) -> Settings:

@@ -24,7 +24,6 @@ import asyncio
 import datetime as dt
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from contextvars import Context
 from typing import NamedTuple
@@ -39,7 +38,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.publish import publish_to_queue
+from ricochet.broker.stream_log import LogReader
 from ricochet.errors import MissingQueue
 from ricochet.headers import (
     RECORD_AT_MS,
@@ -47,7 +46,6 @@ from ricochet.headers import (
     RECORD_QUEUE,
     RECORD_TIER,
     RECORD_TYPE,
-    STREAM_OFFSET,
 )
 from ricochet.log import get_logger
 from ricochet.names import SHARED
@@ -56,7 +54,6 @@ log = get_logger("ricochet.retries")
 
 RETRIES = "retries"  # a batch of records
 RETRY = "retry"  # the one record of an earlier ricochet
-MARKER = "marker"
 # A worker writes an entry this often at most, each of the retries since the last: a busy one
 # writes two hundred a second, each of many, so that a look reads few (an entry costs a reader
 # about as much as a job in a tier). The nacks behind them wait that long at most.
@@ -67,10 +64,6 @@ BATCH_MOST = 500
 # job's nack, but on another channel of the worker's connection, so another path through the
 # broker: this leaves the record of a job counted just before time to be in the stream.
 WRITTEN_WITHIN_S = 0.1
-# Records a reader has in flight (a stream consumer needs a prefetch); it acks them this many
-# at a time (one basic.ack with multiple), not one frame a record.
-READ_PREFETCH = 1000
-ACK_EVERY = READ_PREFETCH // 4
 # A reader that has not read up to its marker by then gives up on the rest (the reasons stay
 # unknown): looking must not hang on a slow store.
 READ_TIMEOUT_S = 30.0
@@ -263,42 +256,22 @@ async def read_retries(
     connection: AbstractConnection, since: dt.datetime, queue: str
 ) -> dict[tuple[str, int], Retried]:
     """What the records say by (message_id, failed attempt) of queue's retries recorded since
-    then (the newest of one recorded twice); the stream is read up to a marker of the reader's
-    own."""
+    then (the newest of one recorded twice); the stream is read up to now (a marker)."""
     found: dict[tuple[str, int], Retried] = {}
-    channel = await connection.channel(publisher_confirms=True)
-    marker = uuid.uuid4().hex
-    seen = asyncio.get_running_loop().create_future()
 
-    async def read(entry: AbstractIncomingMessage) -> None:
-        if seen.done():  # read to the end, or given up: no frame may follow the channel's close
-            return
-        if entry.type == MARKER and entry.message_id == marker:
-            seen.set_result(None)
-            return
+    def read(entry: AbstractIncomingMessage, _: int) -> None:
         for message_id, attempt, retried in read_records(entry, queue):
             found[message_id, attempt] = retried
-        # The channel's delivery tags count the entries read: every ACK_EVERY-th acks them all.
-        if entry.delivery_tag is not None and entry.delivery_tag % ACK_EVERY == 0:
-            await entry.ack(multiple=True)
 
+    reader: LogReader | None = None
     try:
-        await channel.set_qos(prefetch_count=READ_PREFETCH)
-        store = await channel.get_queue(SHARED.retries, ensure=False)
-        await store.consume(read, arguments={STREAM_OFFSET: since})
+        reader = await LogReader.open(connection, SHARED.retries, read, since)
         await asyncio.sleep(WRITTEN_WITHIN_S)
-        await publish_to_queue(
-            channel, SHARED.retries, aio_pika.Message(b"", message_id=marker, type=MARKER)
-        )
-        try:
-            await asyncio.wait_for(asyncio.shield(seen), READ_TIMEOUT_S)
-        except TimeoutError:
+        if await reader.up_to_now(READ_TIMEOUT_S) is None:
             log.warning("retries not read to the end: some reasons stay unknown", read=len(found))
     except (ChannelNotFoundEntity, MissingQueue):
         log.warning("no record of the retries yet (no worker of this version ran): no reasons")
     finally:
-        if not seen.done():
-            seen.set_result(None)
-        if not channel.is_closed:
-            await channel.close()
+        if reader is not None:
+            await reader.close()
     return found

@@ -5,11 +5,10 @@ A record holds the whole state of one queue's schedules, so a reader needs only 
 record of each queue it asks about. The leader writes one after the occurrences it enqueues,
 and again at least every CHECKPOINT_S: a reader finds every led queue's state within the last
 READ_WINDOW_S, and reads the whole stream (31 days at most, SCHEDULES_MAX_BYTES at most) only
-for a queue that had no leader for longer, or none ever. A marker of the reader's own, written
-once it has subscribed, tells it when it has read up to now.
+for a queue that had no leader for longer, or none ever. It is read as every log is
+(ricochet.broker.stream_log).
 """
 
-import asyncio
 import datetime as dt
 import json
 import time
@@ -21,8 +20,9 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from ricochet.broker.publish import confirming_channel, publish_to_queue
-from ricochet.headers import RECORD_QUEUE, STREAM_OFFSET
+from ricochet.broker.publish import publish_to_queue
+from ricochet.broker.stream_log import read_up_to_now
+from ricochet.headers import RECORD_QUEUE
 from ricochet.ladders import is_int
 from ricochet.log import get_logger
 from ricochet.names import SHARED
@@ -30,10 +30,8 @@ from ricochet.names import SHARED
 log = get_logger("ricochet.schedules")
 
 STATE = "schedules"
-MARKER = "marker"
 CHECKPOINT_S = 3600.0
 READ_WINDOW_S = 2 * CHECKPOINT_S
-READ_PREFETCH = 1000
 # A reader that has not seen its own marker by then gives up (the store does not answer).
 READ_TIMEOUT_S = 60.0
 # The latest instant a record may hold: the last millisecond a datetime can name (an occurrence is
@@ -145,25 +143,12 @@ async def _read(
 ) -> dict[str, bytes]:
     """The newest record body of each of queues, reading the store from offset up to now."""
     newest: dict[str, bytes] = {}
-    marker = uuid.uuid4().hex
-    seen = asyncio.get_running_loop().create_future()
 
-    async def read(entry: AbstractIncomingMessage) -> None:
+    def read(entry: AbstractIncomingMessage, _: int) -> None:
         queue = (entry.headers or {}).get(RECORD_QUEUE)
         if entry.type == STATE and queue in queues:
             newest[str(queue)] = entry.body
-        elif entry.type == MARKER and entry.message_id == marker and not seen.done():
-            seen.set_result(None)
-        await entry.ack()
 
-    channel = await confirming_channel(connection)
-    try:
-        await channel.set_qos(prefetch_count=READ_PREFETCH)
-        store = await channel.get_queue(SHARED.schedules, ensure=False)
-        await store.consume(read, arguments={STREAM_OFFSET: offset})
-        await publish_to_queue(channel, SHARED.schedules, _record(MARKER, b"", marker))
-        await asyncio.wait_for(seen, READ_TIMEOUT_S)
-    finally:
-        if not channel.is_closed:
-            await channel.close()
+    if await read_up_to_now(connection, SHARED.schedules, read, offset, READ_TIMEOUT_S) is None:
+        raise TimeoutError(f"the schedules' store was not read up to now in {READ_TIMEOUT_S:g} s")
     return newest

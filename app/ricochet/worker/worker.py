@@ -7,6 +7,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
+from ricochet.broker.register import amqp_user
 from ricochet.handlers.invoker import Invoker
 from ricochet.log import get_logger
 from ricochet.observe.metrics import Metrics
@@ -37,7 +38,7 @@ class Worker:
         self._settings = settings
         self._lifecycle = lifecycle
         each = settings.per_queue()
-        self.cancels = CancelReader(*settings.queue_names)
+        self.cancels = CancelReader(amqp_user(settings.amqp_url), *settings.queue_names)
         self._webhook = Webhook(settings.alert_webhook_url, metrics)
         self.queues = [
             QueueWorker(queue, invoker, metrics, lifecycle, self.cancels, self._webhook)

@@ -1,0 +1,149 @@
+"""The log: a stream that a store appends records to and reads from an offset up to now (SPEC 25).
+
+Cancels, the schedules' state and the retries' records are kept this way, and read alike: a
+consumer on a channel of the reader's own, from an offset, acking in batches (a stream consumer
+must ack to be sent more), and a marker the reader appends once it has subscribed. When its own
+marker comes back, the reader has read every record appended before it.
+
+The broker numbers the records, and nobody else does: the offset a marker comes back with is
+where the stream ended then. A checkpoint that claims an offset (the cancels' snapshot) is
+checked against it (tail()), so that one claiming more than the stream holds is passed over at
+once instead of waited on: a consumer from an offset past the end waits for it.
+"""
+
+import asyncio
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from ricochet.broker.amqp import Frames
+from ricochet.broker.publish import confirming_channel, publish_to_queue
+from ricochet.headers import STREAM_OFFSET
+
+MARKER = "marker"
+# Records a reader has in flight (a stream consumer needs a prefetch); it acks them this many at
+# a time (one basic.ack with multiple), not one frame a record.
+READ_PREFETCH = 1000
+ACK_EVERY = READ_PREFETCH // 4
+
+# Where a reader starts: an offset, "first", "next", or the first record appended since then.
+Start = int | str | dt.datetime
+# What a reader does with each record but its own markers: the record and its offset.
+Read = Callable[[AbstractIncomingMessage, int], None]
+
+
+class LogReader:
+    """Reads one stream, from an offset, on a channel of its own, handing each record to read()
+    until closed; lost is set when the channel closes or the broker cancels the consumer (the
+    stream deleted, its member lost) while it reads."""
+
+    def __init__(
+        self, channel: AbstractChannel, store: str, read: Read, lost: asyncio.Event | None = None
+    ) -> None:
+        self._channel = channel
+        self._store = store
+        self._read = read
+        self._markers: dict[str, asyncio.Future[int]] = {}
+        # The offset after the last record read.
+        self.next_offset = 0
+        self.lost = asyncio.Event() if lost is None else lost
+        self._closing = False
+
+    @classmethod
+    async def open(
+        cls,
+        connection: AbstractConnection,
+        store: str,
+        read: Read,
+        start: Start,
+        lost: asyncio.Event | None = None,
+    ) -> "LogReader":
+        """A reader of store from start, on a confirming channel of its own; lost (an event of
+        the caller's, when given) is set when it is lost."""
+        channel = await confirming_channel(connection)
+        reader = cls(channel, store, read, lost)
+        if isinstance(start, int):
+            reader.next_offset = start
+        try:
+            await channel.set_qos(prefetch_count=READ_PREFETCH)
+            queue = await channel.get_queue(store, ensure=False)
+            await queue.consume(reader._deliver, arguments={STREAM_OFFSET: start})
+        except BaseException:
+            await reader.close()
+            raise
+        channel.close_callbacks.add(reader._lose)
+        (await Frames.under(channel)).on_cancelled(reader._lose)
+        return reader
+
+    async def up_to_now(self, timeout_s: float) -> int | None:
+        """Append a marker and wait until it is read: then every record appended before this
+        call has been read. The marker's offset (where the stream ended), or None when the
+        stream was lost or the marker did not come back within timeout_s."""
+        if self.lost.is_set() or self._channel.is_closed:
+            return None
+        marker = uuid.uuid4().hex
+        seen = self._markers[marker] = asyncio.get_running_loop().create_future()
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            message = aio_pika.Message(b"", message_id=marker, type=MARKER)
+            await publish_to_queue(self._channel, self._store, message)
+            await asyncio.wait({seen, lost}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            self._markers.pop(marker, None)
+        return seen.result() if seen.done() and not seen.cancelled() else None
+
+    async def close(self) -> None:
+        self._closing = True  # from now on: no frame may follow the channel's close
+        self._channel.close_callbacks.discard(self._lose)
+        if not self._channel.is_closed:
+            await self._channel.close()
+
+    def _lose(self, *_: Any) -> None:
+        self.lost.set()
+        for marker in self._markers.values():
+            if not marker.done():
+                marker.cancel()
+
+    async def _deliver(self, entry: AbstractIncomingMessage) -> None:
+        if self._closing:  # an ack after the channel's close would close the connection
+            return
+        offset = entry.headers.get(STREAM_OFFSET)
+        if not isinstance(offset, int):
+            offset = self.next_offset
+        self.next_offset = offset + 1
+        marker = self._markers.get(entry.message_id or "") if entry.type == MARKER else None
+        if marker is not None:
+            if not marker.done():
+                marker.set_result(offset)
+        else:
+            self._read(entry, offset)
+        # The channel's delivery tags count the records read: every ACK_EVERY-th acks them all.
+        if entry.delivery_tag is not None and entry.delivery_tag % ACK_EVERY == 0:
+            await entry.ack(multiple=True)
+
+
+async def read_up_to_now(
+    connection: AbstractConnection, store: str, read: Read, start: Start, timeout_s: float
+) -> int | None:
+    """Read store from start up to now, handing each record to read(): the end's offset, or None
+    when the store did not answer within timeout_s (what was read is read)."""
+    reader = await LogReader.open(connection, store, read, start)
+    try:
+        return await reader.up_to_now(timeout_s)
+    finally:
+        await reader.close()
+
+
+async def tail(connection: AbstractConnection, store: str, timeout_s: float) -> int | None:
+    """The offset the broker gives a record appended now (a marker's), or None when the store
+    did not answer: an offset past it is not one the store has reached."""
+    return await read_up_to_now(connection, store, _skip, "next", timeout_s)
+
+
+def _skip(entry: AbstractIncomingMessage, offset: int) -> None:
+    """What a look at the tail does with another's record appended meanwhile: nothing."""
