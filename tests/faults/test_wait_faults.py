@@ -6,13 +6,17 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 from ricochet import Client
+from ricochet.broker.cancel_log import Snapshot, encode_snapshot
+from ricochet.broker.stream_log import tail
+from ricochet.names import SHARED
 
 from tests.broker import Broker
 from tests.faults.harness import FaultRun, progress
-from tests.support import close_connections, wait_for
+from tests.support import close_connections, publish, wait_for
 
 JOBS = 600
 
@@ -172,3 +176,44 @@ async def test_a_cancel_racing_a_re_enqueue_of_its_id_through_kill_9(
     tally = await run.account()
     assert set(ids) <= set(run.done())
     assert tally.duplicates <= 32
+
+
+async def test_a_forged_snapshot_written_while_a_worker_is_killed_forgets_no_cancel(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """Half the scheduled jobs are cancelled; then, while the worker is killed, a producer of
+    another user writes a snapshot that forgets every cancel (none, and an offset past them),
+    and one as the workers' own user claims offset 10**9. The successor passes both over: no
+    cancelled job runs, every other completes."""
+    run = fault_run("forged snapshots, then kill -9")
+    messages = scheduled(run, JOBS // 8, in_s=10)
+    await run.publish_messages(messages)
+    worker = await run.start_worker()
+    ids = [m.message_id or "" for m in messages]
+    await run.cancel(ids[::2])
+    producer = f"{run.settings.queue}-producer"
+    vhost = unquote(urlsplit(run.settings.amqp_url).path[1:]) or "/"
+    fault_broker.rabbitmqctl("add_user", producer, "p")
+    try:
+        fault_broker.rabbitmqctl("set_permissions", "-p", vhost, producer, ".*", ".*", ".*")
+        worker.kill()
+        parts = urlsplit(run.settings.amqp_url)
+        as_producer = parts._replace(netloc=f"{producer}:p@{parts.hostname}:{parts.port}")
+        async with await aio_pika.connect(as_producer.geturl()) as connection:
+            end = await tail(connection, SHARED.cancels, 10)
+            assert end is not None
+            forgetting = encode_snapshot(Snapshot([], [], end + 1, {}))
+            await publish(
+                await connection.channel(), SHARED.cancels_snapshot, forgetting, user_id=producer
+            )
+        successor = await run.start_worker()
+        assert await successor.terminate() == 0
+        async with await aio_pika.connect(run.settings.amqp_url) as connection:
+            ahead = encode_snapshot(Snapshot([], [], 10**9, {}))
+            guest = parts.username or "guest"
+            await publish(await connection.channel(), SHARED.cancels_snapshot, ahead, user_id=guest)
+        await run.start_worker()
+        tally = await run.account()
+    finally:
+        fault_broker.rabbitmqctl("delete_user", producer)
+    assert tally.cancelled == len(ids[::2])
