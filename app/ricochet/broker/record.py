@@ -114,10 +114,12 @@ async def read_record(connection: AbstractConnection, queue: str) -> dict[str, A
     finally:
         if not channel.is_closed:
             await channel.close()
-    return None if body is None else _record(name, body)
+    return None if body is None else parsed_record(name, body)
 
 
-def _record(name: str, body: bytes) -> dict[str, Any] | None:
+def parsed_record(name: str, body: bytes) -> dict[str, Any] | None:
+    """The record a register's body holds, or None (in a warning) when it is not a JSON object:
+    anyone who may publish in the vhost can write one (pure but for the warning)."""
     try:
         record = json.loads(body)
     except (ValueError, RecursionError):
