@@ -33,6 +33,7 @@ from ricochet.observe.metrics import Metrics
 from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.ops.migrate import migrate as run_migrate
 from ricochet.ops.queues import held_queues
 from ricochet.ops.reference import setting_rows, settings_text
 from ricochet.ops.replay import replay as replay_failed
@@ -461,6 +462,30 @@ def topology(dry_run: bool) -> None:
     ]
     click.echo(plan_table(*declared))
     _echo_types(policies)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be moved, moving nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def migrate(dry_run: bool, as_json: bool) -> None:
+    """Move what an earlier ricochet left in the vhost (per-queue cancel stores and delay
+    levels), so that no worker's start reads them again (see docs/upgrading.md).
+
+    Refuses while a worker of an earlier version is connected. Old levels that still hold jobs
+    stay (they pass them on when due): exit 1 then, and run it again once they are empty.
+    """
+    steps = _run(run_migrate(_settings(), dry_run))
+    done = all(step.done for step in steps)
+    if as_json:
+        shown = {"done": done, "dry_run": dry_run, "steps": [s.as_dict() for s in steps]}
+        click.echo(json.dumps(shown, indent=2))
+    elif not steps:
+        click.echo("nothing of an earlier ricochet in this vhost (dry run: nothing written)")
+    else:
+        status = "would" if dry_run else "done"
+        rows = [(f"{s.what} {s.name}", status if s.done else "kept", s.detail) for s in steps]
+        click.echo(checks_table(rows))
+    sys.exit(0 if done else EXIT_RUNTIME)
 
 
 @main.command()

@@ -67,6 +67,9 @@ RECORD_ATTEMPT = "ricochet-attempt"
 RECORD_AT_MS = "ricochet-at-ms"
 RECORD_TIER = "ricochet-tier"
 RECORD_TYPE = "ricochet-type"
+# `ricochet migrate`'s, on a cancel it moved from an earlier ricochet's per-queue store: the store
+# it came from. Such a cancel keeps its place before every record of the shared store.
+MOVED_FROM = "ricochet-moved-from"
 
 RESERVED_NAMES = frozenset(
     {

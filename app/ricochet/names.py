@@ -95,6 +95,12 @@ class SharedNames:
         return f"{SHARED_PREFIX}retries"
 
     @property
+    def migrated(self) -> str:
+        """The register that says `ricochet migrate` has moved what earlier versions left in the
+        vhost: a worker's start then reads none of it."""
+        return f"{SHARED_PREFIX}migrated"
+
+    @property
     def waiting_scan(self) -> str:
         """The exclusive queue that a scan of the waiting jobs holds as its lock while it reads
         (the levels are the vhost's, so one scan at a time in the vhost)."""

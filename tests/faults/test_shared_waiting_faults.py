@@ -28,18 +28,19 @@ from ricochet.headers import RETRY_DELAYS
 from ricochet.names import DELAY_LEVELS, SHARED, Names, delay_key
 
 from tests.broker import BROKER, Broker
-from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, WorkerProcess, fault_settings
+from tests.faults.harness import QUIET_S, TALLIES, FaultRun, Tally, fault_settings
 from tests.faults.node import Node
-from tests.integration.test_legacy_levels import declare_legacy_levels
+from tests.integration.test_legacy_levels import declare_legacy_levels, declare_legacy_store
 from tests.support import (
     api_queue,
     delete_topology,
     depth,
     exists,
-    figures_known,
     journal,
-    log_events,
     orphans_tally,
+    ricochet_env,
+    run_cli,
+    spawn,
     wait_for,
 )
 
@@ -489,19 +490,11 @@ async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_work
 # kill -9 during the move from the per-queue levels of earlier versions.
 
 MIGRATION_JOBS = 20
-# Ahead of their publication: past two workers' decisions (a start decides about the levels as
-# soon as it has connected and declared, a second or two after it is spawned on an idle machine;
-# with three suites on two cores, two starts took more than 5 s).
+# Ahead of their publication: past two workers' starts and two runs of migrate.
 MIGRATION_DUE_S = 15
-KEPT = "earlier per-queue delay levels kept"
-RETIRED = "earlier per-queue delay levels retired"
-
-
-def kept_reasons(run: FaultRun) -> list[str]:
-    """Why each worker start so far kept the per-queue levels (its log line's reason)."""
-    log = run.tmp_path / "worker.log"
-    events = log_events(log.read_text() if log.exists() else "")
-    return [str(line.get("reason")) for line in events if line["event"] == KEPT]
+# When the first `ricochet migrate` is killed: about when it has connected and reads the old
+# store, on an idle machine (wherever it lands, the next run must finish the move).
+MIGRATE_KILLED_AFTER_S = 1.0
 
 
 async def levels_exist(run: FaultRun) -> list[bool]:
@@ -509,23 +502,31 @@ async def levels_exist(run: FaultRun) -> list[bool]:
     return [await exists(run.connection, n.delay(k)) for k in range(DELAY_LEVELS)]
 
 
-async def test_kill_9_during_the_move_from_the_per_queue_levels(broker_runs: Runs) -> None:
-    """The per-queue levels of an earlier version (Q.delay.0-24) hold 20 jobs scheduled 15 s
-    ahead. A worker of this version starts, keeps the levels for the jobs they hold, and is
-    killed with `kill -9` as soon as it has decided so, while the jobs wait; another starts and
-    keeps them too. Every job runs once; once the levels are empty by the management API's
-    figures, a worker that starts retires them, all 25.
+def migrate(run: FaultRun) -> tuple[int, dict[str, Any]]:
+    done = run_cli(["migrate", "--json"], ricochet_env(run.settings))
+    assert done.stdout.startswith("{"), done.stderr
+    return done.returncode, json.loads(done.stdout)
 
-    It runs on the broker under test, not the private node: whether the levels are retired is
-    decided from the broker's management API, which the private node does not serve."""
-    run = await broker_runs.make("kill -9 during the migration, jobs in the old levels")
+
+async def test_kill_9_of_a_worker_and_of_migrate_while_old_objects_hold_jobs_and_cancels(
+    broker_runs: Runs,
+) -> None:
+    """An earlier version's objects: its per-queue levels (Q.delay.0-24) hold 20 jobs scheduled
+    15 s ahead, and its cancel store (Q.cancels) cancels half of them. A worker of this version
+    starts (it honours both) and is killed with `kill -9`; another starts. `ricochet migrate` is
+    killed with `kill -9` a second after it started, and run again: the cancels are moved and the
+    old store deleted, the levels kept while they hold jobs; once the management API shows them
+    empty, a third run retires all 25. Every job not cancelled runs once, no cancelled one runs.
+
+    It runs on the broker under test, not the private node: migrate reads the broker's
+    management API, which the private node does not serve."""
+    run = await broker_runs.make("kill -9 of a worker and of migrate, old levels and store")
     n = Names(run.settings.queue)
     levels = [n.delay(k) for k in range(DELAY_LEVELS)]
     await run.publish_messages([])  # Q and its return exchange, as an upgrade finds them
     channel = await run.connection.channel(publisher_confirms=True)
     await declare_legacy_levels(channel, n.queue)
-    # Until the API has figures for the new levels, a start keeps them for want of figures.
-    await wait_for(figures_known(*levels), 30, "the API's figures for the levels")
+    await declare_legacy_store(channel, n.queue)
     entry = await channel.get_exchange(n.delay_entry, ensure=False)
     due = time.time() + MIGRATION_DUE_S
     # An earlier version's key: the levels' 25 digits alone.
@@ -534,32 +535,44 @@ async def test_kill_9_during_the_move_from_the_per_queue_levels(broker_runs: Run
     for message in scheduled(dict.fromkeys(ids, due)):
         await entry.publish(message, old_key)
     run.published.extend(ids)
+    cancelled = ids[::2]
+    for message_id in cancelled:
+        record = aio_pika.Message(b"", message_id=message_id, type="cancel", timestamp=time.time())
+        await channel.default_exchange.publish(record, n.cancels)
+    run.cancelled.update(cancelled)
+    run.cancel_returned(cancelled)
     await channel.close()
-
-    async def start_deciding(starts: int) -> WorkerProcess:
-        """Start a worker and wait until it has decided about the levels: they must be kept."""
-        worker = run.worker().start()
-        await wait_for(lambda: len(kept_reasons(run)) == starts, 30, f"start {starts} to decide")
-        assert time.time() < due, "a start decided after the jobs came due: schedule them later"
-        assert f"they still hold {MIGRATION_JOBS} waiting job(s)" in kept_reasons(run)[-1]
+    try:
+        killed = run.worker().start()
+        await run.wait_consumers(1)
+        killed.kill()
+        run.worker().start()
+        await run.wait_consumers(1)
+        first = spawn(["migrate"], ricochet_env(run.settings))
+        await asyncio.sleep(MIGRATE_KILLED_AFTER_S)
+        first.kill()
+        first.wait(10)
+        code, kept = migrate(run)
+        assert code == 1, kept  # the levels hold the jobs not cancelled yet
+        assert not await exists(run.connection, n.cancels)
+        assert [s["done"] for s in kept["steps"] if s["what"] == "delay levels"] == [False]
+        assert time.time() < due, "migrate ran after the jobs came due: schedule them later"
         assert all(await levels_exist(run))
-        return worker
+        wanted = set(ids) - set(cancelled)
+        await wait_for(lambda: wanted <= set(run.done()), MIGRATION_DUE_S + 30, "every job to run")
 
-    (await start_deciding(1)).kill()
-    await start_deciding(2)
-    await run.wait_consumers(1)
-    await wait_for(lambda: set(ids) <= set(run.done()), MIGRATION_DUE_S + 30, "every job to run")
+        async def empty_by_the_api() -> bool:  # its figures lag some seconds behind
+            figures = [await api_queue(level, "messages,messages_dlx") for level in levels]
+            return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
 
-    async def empty_by_the_api() -> bool:  # its figures lag some seconds behind
-        figures = [await api_queue(level, "messages,messages_dlx") for level in levels]
-        return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
-
-    await wait_for(empty_by_the_api, 30, "the API to show the old levels empty")
-    run.worker().start()
-    log = run.tmp_path / "worker.log"
-    await wait_for(lambda: RETIRED in log.read_text(), 30, "the third start to retire the levels")
-    assert not any(await levels_exist(run))
-    assert len(kept_reasons(run)) == 2
-    await run.wait_consumers(2)
-    tally = await run.account()
-    assert tally.duplicates == 0  # none was in flight when the worker was killed
+        await wait_for(empty_by_the_api, 30, "the API to show the old levels empty")
+        code, done = migrate(run)
+        assert code == 0, done
+        assert not any(await levels_exist(run))
+        tally = await run.account()
+    finally:
+        # Migrated is the vhost's: the other tests of this process read old stores still.
+        cleanup = await run.connection.channel()
+        await cleanup.queue_delete(SHARED.migrated)
+        await cleanup.close()
+    assert tally.cancelled == len(cancelled)

@@ -1,19 +1,15 @@
 """An upgrade from the per-queue delay levels to the shared ones (SPEC 18): jobs waiting in the
-old levels still come due and run, and the old levels are retired only once they are empty and
-no worker of the earlier version is connected."""
+old levels still come due and run; `ricochet migrate` retires the levels (test_migrate.py)."""
 
 import datetime as dt
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Job
-from ricochet.broker.legacy import LEVEL_FIGURES, older_workers_connected
-from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import TTL, delay_bindings
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, Names, delay_key
 
-from tests.broker import BROKER
-from tests.support import AMQP_URL, StartWorker, api_queue, exists, wait_for
+from tests.support import StartWorker, exists, wait_for
 
 
 async def declare_legacy_levels(channel: AbstractChannel, queue: str) -> None:
@@ -44,15 +40,28 @@ async def declare_legacy_levels(channel: AbstractChannel, queue: str) -> None:
             await level.bind(b.source, routing_key=b.routing_key)
 
 
-async def test_jobs_in_the_old_levels_run_and_the_levels_go_once_empty(
+async def declare_legacy_store(channel: AbstractChannel, queue: str) -> None:
+    """Q's cancel store as an earlier version declared it."""
+    await channel.declare_queue(
+        Names(queue).cancels,
+        durable=True,
+        arguments={
+            "x-queue-type": "stream",
+            "x-max-age": "31D",
+            "x-stream-max-segment-size-bytes": 1_000_000,
+        },
+    )
+
+
+async def test_jobs_in_the_old_levels_run_and_the_levels_stay_for_migrate(
     start_worker: StartWorker,
     connection: AbstractConnection,
     channel: AbstractChannel,
     queue_name: str,
 ) -> None:
-    """A job an earlier version sent to wait in Q's own levels: the new worker keeps the levels
-    while the job waits (and while a worker of the earlier version is connected), runs the job
-    when due as a first attempt, and its next start retires the levels."""
+    """A job an earlier version sent to wait in Q's own levels (a key of the levels' digits
+    alone): this version's worker runs it when due as a first attempt. The levels stay, empty,
+    for `ricochet migrate` (tests/integration/test_migrate.py): a start no longer looks at them."""
     n = Names(queue_name)
     ran: list[tuple[str | None, int]] = []
 
@@ -67,31 +76,7 @@ async def test_jobs_in_the_old_levels_run_and_the_levels_go_once_empty(
     await entry.publish(
         aio_pika.Message(b"{}", message_id="waiting", headers={"run-at": due}), old_key
     )
-    older = await aio_pika.connect(
-        AMQP_URL, client_properties={"connection_name": f"ricochet worker {queue_name} old:1"}
-    )
-    try:
-        worker = await start_worker(handler)
-        assert await exists(connection, n.delay(4))  # it holds the job: kept
-        await wait_for(lambda: ran == [("waiting", 1)], 15, "the job to come due and run")
-        await worker.stop()
-        await start_worker(handler)
-        assert await exists(connection, n.delay(4))  # empty, but an older worker is connected
-    finally:
-        await older.close()
-
-    async def empty_by_the_api() -> bool:  # its figures lag a few seconds behind
-        levels = [n.delay(k) for k in range(DELAY_LEVELS)]  # all the worker reads, not a few
-        figures = [await api_queue(level, LEVEL_FIGURES) for level in levels]
-        return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
-
-    async def no_older_worker_by_the_api() -> bool:  # its list of connections lags too
-        async with open_api(BROKER.management_url, BROKER.amqp_url) as api:
-            return not await older_workers_connected(api, vhost(BROKER.amqp_url), queue_name)
-
-    await wait_for(empty_by_the_api, 20, "the API to show the old levels empty")
-    await wait_for(no_older_worker_by_the_api, 20, "the API to show the older worker gone")
     await start_worker(handler)
+    await wait_for(lambda: ran == [("waiting", 1)], 15, "the job to come due and run")
     for k in range(DELAY_LEVELS):
-        assert not await exists(connection, n.delay(k))
-    assert ran == [("waiting", 1)]
+        assert await exists(connection, n.delay(k))

@@ -34,7 +34,7 @@ from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.register import read_register, write_register
 from ricochet.broker.stream_log import LogReader, tail
-from ricochet.headers import INCARNATION, RECORD_QUEUE
+from ricochet.headers import INCARNATION, MOVED_FROM, RECORD_QUEUE
 from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
 
@@ -60,14 +60,16 @@ SNAPSHOT_AFTER_START = 1_000
 PRUNE_EVERY_S = 60.0
 
 
-def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) -> aio_pika.Message:
-    """A record of the cancel store: a cancel or a wait."""
+def record(
+    kind: str, message_id: str, headers: dict[str, Any] | None = None, at_s: float | None = None
+) -> aio_pika.Message:
+    """A record of the cancel store, a cancel or a wait, made now (or at at_s)."""
     return aio_pika.Message(
         b"",
         message_id=message_id,
         type=kind,
         headers=headers,
-        timestamp=time.time(),
+        timestamp=time.time() if at_s is None else at_s,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
 
@@ -75,6 +77,12 @@ def record(kind: str, message_id: str, headers: dict[str, Any] | None = None) ->
 def cancel_record(queue: str, message_id: str) -> aio_pika.Message:
     """The record that cancels queue's job message_id."""
     return record(CANCEL, message_id, {RECORD_QUEUE: queue})
+
+
+def moved_cancel_record(queue: str, message_id: str, store: str, at_s: float) -> aio_pika.Message:
+    """A cancel made at at_s in an earlier ricochet's per-queue store, moved to the shared one by
+    `ricochet migrate`: read as made before every record there."""
+    return record(CANCEL, message_id, {RECORD_QUEUE: queue, MOVED_FROM: store}, at_s)
 
 
 def wait_record(queue: str, message_id: str, token: str) -> aio_pika.Message:
@@ -145,9 +153,10 @@ class CancelReader:
         """Call listener(queue, message_id) for every cancel read from the stream from now on."""
         self._listeners.append(listener)
 
-    async def follow(self, connection: AbstractConnection) -> None:
+    async def follow(self, connection: AbstractConnection, *, old_stores: bool = True) -> None:
         """Read every cancel recorded until now (the newest snapshot, then the stream from its
-        offset), then go on reading new ones as they come.
+        offset, then, unless `ricochet migrate` has moved them, the old per-queue stores), then
+        go on reading new ones as they come.
 
         A marker of its own tells when the reader has caught up: a job that comes due after
         this returns is checked against every cancel made before it.
@@ -173,7 +182,7 @@ class CancelReader:
                 f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
             )
         self._legacy = {}
-        for queue_name in self._queues:
+        for queue_name in self._queues if old_stores else ():
             await self._follow_legacy(connection, queue_name)
         log.info(
             "cancels read",
@@ -228,7 +237,9 @@ class CancelReader:
         legacy = _Legacy(self.cancelled, queue)
         start = self._legacy_next.get(queue, "first")
         try:
-            reader = await LogReader.open(connection, name, legacy.read, start, self.lost)
+            # Lost on its own: deleted (by `ricochet migrate`, once its cancels are moved), it
+            # takes nothing this reader holds, and the shared store reads on.
+            reader = await LogReader.open(connection, name, legacy.read, start)
         except ChannelNotFoundEntity:
             return  # none
         legacy.reader = reader
@@ -256,6 +267,8 @@ class CancelReader:
         if entry.type == CANCEL and entry.message_id and isinstance(queue, str):
             now = time.time()
             at = _stamp(entry, now)
+            if MOVED_FROM in entry.headers:  # made in an earlier ricochet's store: before all
+                offset = BEFORE_ALL
             self.cancelled.add_cancel(queue, entry.message_id, offset=offset, at_s=at, now_s=now)
             for listener in self._listeners:
                 listener(queue, entry.message_id)

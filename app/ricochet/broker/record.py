@@ -20,10 +20,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.declare import declare
-from ricochet.broker.legacy import retire_legacy_delays
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.register import read_register, write_register
+from ricochet.broker.register import declare_register, read_register, write_register
 from ricochet.ladders import is_int
 from ricochet.log import get_logger
 from ricochet.names import Names
@@ -31,11 +30,6 @@ from ricochet.settings import Settings
 
 log = get_logger("ricochet.topology")
 
-ARGUMENTS: dict[str, Any] = {
-    "x-queue-type": "classic",
-    "x-max-length": 1,
-    "x-overflow": "drop-head",
-}
 # The record's key for the tiers and lanes kept with an older delay, by name (Plan.kept).
 KEPT = "kept_delays_ms"
 # Another reader may hold the record for a moment (between its get and its hand-back).
@@ -75,16 +69,14 @@ async def write_record(channel: AbstractChannel, settings: Settings, declared: P
 
     The channel must confirm publishes: the record is written before the worker consumes."""
     name = Names(settings.queue).record
-    await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
+    await declare_register(channel, name)
     body = record_of(settings, declared.kept)
     await write_register(channel, name, body, content_type="application/json")
 
 
 async def declare_recorded(connection: AbstractConnection, settings: Settings) -> Plan:
-    """Declare the topology (broker/declare.py), then record the settings it was declared with;
-    retire the per-queue delay levels of earlier versions once they are done with."""
+    """Declare the topology (broker/declare.py), then record the settings it was declared with."""
     declared = await declare(connection, settings)
-    await retire_legacy_delays(connection, settings)
     await record_declared(connection, settings, declared)
     return declared
 

@@ -13,6 +13,7 @@ another user, or by nobody named, is passed over with a warning, as if there wer
 
 import asyncio
 import time
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import aio_pika
@@ -23,12 +24,24 @@ from ricochet.log import get_logger
 log = get_logger("ricochet.register")
 
 LOOK_EVERY_S = 0.05
+# A register of ricochet's own declaring (the snapshot's is a queue of the plan): a classic queue
+# counts no deliveries, so reading spends nothing.
+ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "classic",
+    "x-max-length": 1,
+    "x-overflow": "drop-head",
+}
 
 
 def amqp_user(amqp_url: str) -> str:
     """The user a connection to this URL authenticates as (AMQP's default: guest) (pure)."""
     username = urlsplit(amqp_url).username
     return unquote(username) if username else "guest"
+
+
+async def declare_register(channel: AbstractChannel, name: str) -> None:
+    """Declare a register of ricochet's own (durable; as it is when it exists)."""
+    await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
 
 
 async def write_register(

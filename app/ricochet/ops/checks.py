@@ -88,6 +88,8 @@ class BrokerState:
     # dead_letters_recheck_s later; None when they were not read again.
     dead_letters_again: dict[str, int] | None = None
     dead_letters_recheck_s: float = 0.0
+    # What an earlier ricochet left for this queue (its cancel store, its delay levels' entry).
+    earlier: list[str] = field(default_factory=list)
 
 
 # The statuses, worst first: the order doctor prints its findings in.
@@ -435,6 +437,18 @@ def failed_check(plan: Plan, threshold: int, state: BrokerState) -> Check:
     if depth >= threshold:
         return Check("failed jobs", "fail", text + see)
     return Check("failed jobs", "ok", text + (see if depth else ""))
+
+
+def earlier_check(state: BrokerState) -> Check:
+    """What an earlier ricochet left, that every worker's start still reads (SPEC 25)."""
+    if not state.earlier:
+        return Check("earlier versions' objects", "ok", "none: nothing to migrate")
+    return Check(
+        "earlier versions' objects",
+        "warn",
+        f"{', '.join(state.earlier)}: left by an earlier ricochet, and honoured by every worker; "
+        "run `ricochet migrate` once no worker of that version is left",
+    )
 
 
 def orphans_check(state: BrokerState) -> Check:

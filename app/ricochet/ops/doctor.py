@@ -2,22 +2,26 @@
 
 import asyncio
 import re
-from urllib.parse import quote, unquote, urlsplit
+from typing import Any
+from urllib.parse import quote
 
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.diff import diff, exchange_names, queue_names
+from ricochet.broker.legacy import old_levels, old_stores
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.record import declared_settings
+from ricochet.broker.register import amqp_user
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
 from ricochet.log import get_logger
-from ricochet.names import SHARED_PREFIX
+from ricochet.names import DELAY_LEVELS, SHARED_PREFIX, Names
 from ricochet.ops.checks import (
     BrokerState,
     Check,
     binding_check,
     consumer_check,
     dead_letters,
+    earlier_check,
     exchange_checks,
     failed_check,
     held_of,
@@ -92,7 +96,7 @@ async def read_state(
         nodes, all_queues = await asyncio.gather(
             api.get("nodes", columns="name,fd_used,fd_total"), api.get("queues", columns="type")
         )
-        user = unquote(urlsplit(amqp_url).username or "guest")
+        user = amqp_user(amqp_url)
         try:
             permissions = await api.get(f"permissions/{v}/{quote(user, safe='')}")
         except ManagementUnavailable:  # only an administrator may read them
@@ -117,7 +121,18 @@ async def read_state(
         permissions=permissions,
         dead_letters_again=again,
         dead_letters_recheck_s=recheck_s,
+        earlier=earlier_objects(plan.names, queues, exchanges),
     )
+
+
+def earlier_objects(
+    names: Names, queues: list[dict[str, Any]], exchanges: list[dict[str, Any]]
+) -> list[str]:
+    """The objects an earlier ricochet left for this queue, by the listings (pure)."""
+    found = [names.cancels] if names.queue in old_stores(queues) else []
+    if names.queue in old_levels(exchanges):
+        found.append(f"{names.delay(0)}..{DELAY_LEVELS - 1}")
+    return found
 
 
 async def _dead_letters_again(
@@ -154,6 +169,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         monitor_check(p, state),
         failed_check(p, settings.alert_failed_threshold, state),
         orphans_check(state),
+        earlier_check(state),
         open_files_check(state),
         permission_check(p, state),
         policy_check(p, settings.queue_type, version, state),

@@ -7,6 +7,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
+from ricochet.broker.legacy import is_migrated
 from ricochet.broker.register import amqp_user
 from ricochet.handlers.invoker import Invoker
 from ricochet.log import get_logger
@@ -77,7 +78,9 @@ class Worker:
         if exits_at_start(not self._started, len(self.queues), len(conflicts)):
             raise conflicts[0]
         self._started = True
-        await self.cancels.follow(connection)  # before any job: every cancel made until now
+        # Before any job: every cancel made until now, those of earlier versions' stores too
+        # until `ricochet migrate` has moved them.
+        await self.cancels.follow(connection, old_stores=not await is_migrated(connection))
         runs = [
             asyncio.ensure_future(queue.run(connection, plan))
             for queue, plan in zip(self.queues, declared, strict=True)
