@@ -1,6 +1,8 @@
 """What an earlier ricochet left, as the management API lists it: what `ricochet migrate` moves
 and `doctor` names (pure)."""
 
+from typing import Any
+
 from ricochet.broker.legacy import old_levels, old_stores, older_workers
 from ricochet.names import Names
 from ricochet.ops.checks import BrokerState, earlier_check
@@ -36,7 +38,7 @@ def test_doctor_names_what_a_queue_has_left_and_says_to_migrate() -> None:
 
 
 def test_an_older_worker_of_any_queue_is_counted_for_migrate() -> None:
-    connections = [
+    connections: list[dict[str, Any]] = [
         {"client_properties": {"connection_name": "ricochet worker jobs host:1"}},
         {"client_properties": {"connection_name": "ricochet worker mail host:2"}},
         {
