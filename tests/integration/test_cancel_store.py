@@ -8,7 +8,7 @@ import asyncio
 import datetime as dt
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -181,6 +181,22 @@ async def first_job_after(
     return worker, time.monotonic() - started
 
 
+async def until_cancelled(
+    start_worker: StartWorker, url: str, *ran: str
+) -> tuple[Runs, list[MutableMapping[str, Any]]]:
+    """Run a worker on url until the jobs ran have run and it has dropped one cancelled job, then
+    stop it (before its vhost goes): its runs, and what it logged."""
+    runs = Runs()
+    with capture_logs() as logs:
+        worker = await start_worker(runs, amqp_url=url)
+        try:
+            await wait_for(lambda: set(ran) <= runs.runs.keys(), 20, f"jobs {ran}")
+            await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
+        finally:
+            await worker.stop()
+    return runs, logs
+
+
 async def test_a_worker_starts_from_the_snapshot_not_the_whole_history(
     start_worker: StartWorker, queue_name: str
 ) -> None:
@@ -235,13 +251,7 @@ async def test_a_snapshot_that_would_inflate_past_its_bound_is_passed_over(
         async with Client(url, queue_name) as client:
             await client.enqueue("job", {}, message_id="old", delay=1)
             await client.cancel("old")
-        runs = Runs()
-        with capture_logs() as logs:
-            worker = await start_worker(runs, amqp_url=url)
-            try:
-                await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
-            finally:
-                await worker.stop()  # before its vhost goes
+        runs, logs = await until_cancelled(start_worker, url)
     assert "old" not in runs.runs
     [unread] = [x for x in logs if x["event"].startswith("cancels snapshot unreadable")]
     assert unread["bytes"] == len(bomb)
@@ -274,13 +284,7 @@ async def test_a_snapshot_written_by_another_user_is_passed_over(
                 await publish(channel, SHARED.cancels_snapshot, forged, user_id=producer)
                 with pytest.raises(ChannelClosed, match="PRECONDITION_FAILED"):
                     await publish(channel, SHARED.cancels_snapshot, forged, user_id="guest")
-            runs = Runs()
-            with capture_logs() as logs:
-                worker = await start_worker(runs, amqp_url=url)
-                try:
-                    await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
-                finally:
-                    await worker.stop()  # before its vhost goes
+            runs, logs = await until_cancelled(start_worker, url)
         finally:
             BROKER.api("DELETE", f"users/{producer}")
     assert "old" not in runs.runs
@@ -303,14 +307,7 @@ async def test_a_snapshot_ahead_of_the_store_is_passed_over_at_once(
             await client.enqueue("job", {}, message_id="old", delay=1)
             await client.cancel("old")
             await client.enqueue("job", {}, message_id="first")
-        runs = Runs()
-        with capture_logs() as logs:
-            worker = await start_worker(runs, amqp_url=url)
-            try:
-                await wait_for(lambda: "first" in runs.runs, 20, "the first job")
-                await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
-            finally:
-                await worker.stop()  # before its vhost goes
+        runs, logs = await until_cancelled(start_worker, url, "first")
     assert "old" not in runs.runs
     [ahead] = [x for x in logs if x["event"].startswith("cancels snapshot ahead of the store")]
     assert ahead["snapshot"] == 10**9
