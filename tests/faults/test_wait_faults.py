@@ -11,11 +11,12 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 from ricochet import Client
 from ricochet.broker.cancel_log import Snapshot, encode_snapshot
+from ricochet.broker.cancels import read_snapshot
 from ricochet.broker.stream_log import tail
 from ricochet.names import SHARED
 
 from tests.broker import Broker
-from tests.faults.harness import FaultRun, progress
+from tests.faults.harness import FaultRun, WorkerProcess, progress
 from tests.support import close_connections, publish, wait_for
 
 JOBS = 600
@@ -217,3 +218,41 @@ async def test_a_forged_snapshot_written_while_a_worker_is_killed_forgets_no_can
     finally:
         fault_broker.rabbitmqctl("delete_user", producer)
     assert tally.cancelled == len(ids[::2])
+
+
+async def test_the_cancel_store_deleted_while_a_worker_runs(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """ricochet.cancels is deleted while a worker runs and jobs wait: the worker starts over on
+    a new connection, declares the store again, and passes over its snapshot, which is of the
+    store deleted (it used to take it, and skip as many records of the new store as the old one
+    had held). Half the jobs are cancelled after: no cancelled job runs, every other completes."""
+    run = fault_run("the cancel store deleted while a worker runs")
+    messages = scheduled(run, JOBS // 8, in_s=12)
+    await run.publish_messages(messages)
+    worker = await run.start_worker()
+    channel = await run.connection.channel()
+
+    async def snapshot_held() -> bool:  # this start's, or an earlier one's in the vhost
+        return await read_snapshot(channel, "guest") is not None
+
+    await wait_for(snapshot_held, 30, "a snapshot of the store")
+    await channel.queue_delete(SHARED.cancels)
+    await channel.close()
+    await wait_for(
+        lambda: (
+            "cancels snapshot does not match the store: the store is read from its start"
+            in logged(worker)
+        ),
+        20,
+        "the snapshot passed over on the new store",
+    )
+    await run.wait_consumers(1)
+    ids = [m.message_id or "" for m in messages]
+    await run.cancel(ids[::2])
+    tally = await run.account()
+    assert tally.cancelled == len(ids[::2])
+
+
+def logged(worker: WorkerProcess) -> set[str]:
+    return {str(line.get("event")) for line in worker.events()}

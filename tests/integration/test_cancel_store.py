@@ -309,7 +309,8 @@ async def test_a_snapshot_ahead_of_the_store_is_passed_over_at_once(
             await client.enqueue("job", {}, message_id="first")
         runs, logs = await until_cancelled(start_worker, url, "first")
     assert "old" not in runs.runs
-    [ahead] = [x for x in logs if x["event"].startswith("cancels snapshot ahead of the store")]
+    [ahead] = [x for x in logs if x["event"].startswith("cancels snapshot does not match")]
+    assert ahead["reason"] == "ahead of the store"
     assert ahead["snapshot"] == 10**9
     assert ahead["store_end"] < 100
 

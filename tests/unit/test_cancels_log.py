@@ -1,6 +1,7 @@
 """The cancel log: cancels keyed by queue, the covering rule decided by the store's order (not
 two clocks), and the snapshot that lets a worker start without reading the whole store."""
 
+import json
 import tracemalloc
 import zlib
 
@@ -11,6 +12,7 @@ from ricochet.broker.cancel_log import (
     Snapshot,
     decode_snapshot,
     encode_snapshot,
+    snapshot_mismatch,
 )
 from ricochet.headers import FRESH_ID
 
@@ -136,10 +138,11 @@ def test_a_snapshot_gives_back_the_log_and_the_offsets_it_covers() -> None:
         log.add_cancel(f"q{n % 3}", f"id-{n}", offset=n, at_s=NOW - n, now_s=NOW)
     log.add_cancel("q0", "legacy", offset=-1, at_s=NOW - 50, now_s=NOW)
     log.add_wait("q0", "id-0", "t", offset=2000)
-    data = encode_snapshot(Snapshot(log.entries(), log.wait_entries(), 2001, {"q1": 17}))
+    anchor = (1999, "f" * 32)
+    data = encode_snapshot(Snapshot(log.entries(), log.wait_entries(), 2001, {"q1": 17}, anchor))
     snapshot = decode_snapshot(data)
     assert snapshot is not None
-    assert (snapshot.next_offset, snapshot.legacy) == (2001, {"q1": 17})
+    assert (snapshot.next_offset, snapshot.legacy, snapshot.anchor) == (2001, {"q1": 17}, anchor)
     copy = CancelLog(KEPT_S)
     copy.load(snapshot, now_s=NOW)
     assert len(copy) == len(log)
@@ -192,4 +195,29 @@ def test_a_snapshot_up_to_its_bound_is_read(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(cancel_log, "SNAPSHOT_MAX_BYTES", size)
     assert decode_snapshot(data) is not None
     monkeypatch.setattr(cancel_log, "SNAPSHOT_MAX_BYTES", size - 1)
+    assert decode_snapshot(data) is None
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "reason"),
+    [
+        (Snapshot([("q", "m", 5, 0)], [], 10, {}, (9, "a")), None),
+        (Snapshot([], [], 10**9, {}, (9, "a")), "ahead of the store"),
+        (Snapshot([("q", "m", 10, 0)], [], 10, {}, (9, "a")), "a cancel at or past its offset"),
+        (Snapshot([], [], 10, {}), "no anchor before its offset"),
+        (Snapshot([], [], 10, {}, (10, "a")), "no anchor before its offset"),
+        (Snapshot([], [], 10, {}, (-1, "a")), "no anchor before its offset"),
+    ],
+)
+def test_a_snapshot_is_checked_against_the_stores_end(
+    snapshot: Snapshot, reason: str | None
+) -> None:
+    """Against a store whose next record gets offset 100: what a snapshot claims must be of it."""
+    assert snapshot_mismatch(snapshot, 100) == reason
+
+
+@pytest.mark.parametrize("anchor", [[1], ["x", "y"], 5, [1, 2, 3]])
+def test_a_snapshot_with_an_unreadable_anchor_is_none(anchor: object) -> None:
+    document = {"v": 1, "next": 1, "legacy": {}, "cancels": {}, "waits": [], "anchor": anchor}
+    data = zlib.compress(json.dumps(document).encode())
     assert decode_snapshot(data) is None

@@ -61,12 +61,15 @@ Wait = tuple[str, str, str, int]
 @dataclass(frozen=True)
 class Snapshot:
     """The live cancels once the store was read up to next_offset (exclusive), and the next
-    offset of each old per-queue store read into them."""
+    offset of each old per-queue store read into them. anchor: a reader's marker read before
+    next_offset, (its offset, its id), that ties the snapshot to the stream it was read from (one
+    deleted and declared again numbers its records from 0 anew)."""
 
     entries: list[Entry]
     waits: list[Wait]
     next_offset: int
     legacy: dict[str, int]
+    anchor: tuple[int, str] | None = None
 
 
 class CancelLog:
@@ -178,6 +181,17 @@ class CancelLog:
         return len(self._cancels)
 
 
+def snapshot_mismatch(snapshot: Snapshot, end: int) -> str | None:
+    """Why a snapshot cannot be of a store whose next record gets offset end, else None (pure)."""
+    if snapshot.next_offset > end:
+        return "ahead of the store"
+    if any(offset >= snapshot.next_offset for *_, offset, _ in snapshot.entries):
+        return "a cancel at or past its offset"
+    if snapshot.anchor is None or not 0 <= snapshot.anchor[0] < snapshot.next_offset:
+        return "no anchor before its offset"
+    return None
+
+
 def _deltas(values: Iterable[int]) -> list[int]:
     """Each value less the one before: offsets and times in store order are small steps."""
     out, before = [], 0
@@ -218,6 +232,7 @@ def encode_snapshot(snapshot: Snapshot) -> bytes:
         "legacy": snapshot.legacy,
         "cancels": _columns(snapshot.entries),
         "waits": [list(wait) for wait in snapshot.waits],
+        "anchor": None if snapshot.anchor is None else list(snapshot.anchor),
     }
     return zlib.compress(json.dumps(document, separators=(",", ":")).encode(), 6)
 
@@ -245,6 +260,12 @@ def decode_snapshot(data: bytes) -> Snapshot | None:
             (str(queue), str(m), str(token), int(o)) for queue, m, token, o in document["waits"]
         ]
         legacy = {str(q): int(o) for q, o in document["legacy"].items()}
-        return Snapshot(entries, waits, int(document["next"]), legacy)
+        anchor = document.get("anchor")
+        if anchor is not None:
+            at, marker = anchor  # two values, else ValueError
+            if type(at) is not int or not isinstance(marker, str):
+                return None
+            anchor = (at, marker)
+        return Snapshot(entries, waits, int(document["next"]), legacy, anchor)
     except (ValueError, TypeError, KeyError, AttributeError, zlib.error):
         return None

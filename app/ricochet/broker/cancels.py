@@ -6,7 +6,7 @@ retention says: a worker started after a cancel reads it too, and nothing but Ra
 A worker does not read it whole: it starts from the newest snapshot, the live cancels as of an
 offset, kept in a register (ricochet.broker.register) that the workers write as they read on,
 then reads the stream from that offset. A snapshot is taken only as far as the broker vouches
-for it: written by the reader's own user, and of an offset the stream has reached.
+for it: written by the reader's own user, and of this stream as the broker numbers it.
 
 An old per-queue store (Q.cancels, from an earlier ricochet) is read
 too while it exists, never declared, and deleted once its newest cancel is past the kept time.
@@ -29,11 +29,12 @@ from ricochet.broker.cancel_log import (
     Snapshot,
     decode_snapshot,
     encode_snapshot,
+    snapshot_mismatch,
 )
 from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.register import read_register, write_register
-from ricochet.broker.stream_log import LogReader, tail
+from ricochet.broker.stream_log import LogReader, marker_at, tail
 from ricochet.headers import INCARNATION, MOVED_FROM, RECORD_QUEUE
 from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
@@ -200,18 +201,24 @@ class CancelReader:
     async def _checked(
         self, connection: AbstractConnection, snapshot: Snapshot | None
     ) -> Snapshot | None:
-        """The snapshot, unless it claims an offset the store has not reached (the store deleted
-        and declared again, or a forgery): a reader from there would wait for it."""
+        """The snapshot, if it is one of this store as the broker numbers it: of an offset the
+        stream has reached (a reader from one ahead would wait for it), holding no cancel at or
+        past it, and whose anchor (a marker read before that offset) is at its offset still
+        (not so in a store deleted and declared again, which numbers its records anew)."""
         if snapshot is None:
             return None
         end = await tail(connection, SHARED.cancels, CATCH_UP_TIMEOUT_S)
         if end is None:
             raise ChannelInvalidStateError("the cancel store did not answer")
-        if snapshot.next_offset > end or any(
-            offset >= snapshot.next_offset for *_, offset, _ in snapshot.entries
-        ):
+        reason = snapshot_mismatch(snapshot, end)
+        if reason is None and snapshot.anchor is not None:
+            at, marker = snapshot.anchor
+            if await marker_at(connection, SHARED.cancels, at, CATCH_UP_TIMEOUT_S) != marker:
+                reason = "its anchor is not in the store"
+        if reason is not None:
             log.warning(
-                "cancels snapshot ahead of the store: the store is read from its start",
+                "cancels snapshot does not match the store: the store is read from its start",
+                reason=reason,
                 snapshot=snapshot.next_offset,
                 store_end=end,
             )
@@ -302,19 +309,25 @@ class CancelReader:
         for queue, store in self._legacy.items():
             if store.reader is not None:
                 legacy[queue] = store.reader.next_offset
-        next_offset = 0 if self._reader is None else self._reader.next_offset
+        reader = self._reader
+        if reader is None:
+            return
         copied = self.cancelled.copy()
         self._writing = asyncio.get_running_loop().create_task(
-            self._publish_snapshot(copied, next_offset, legacy)
+            self._publish_snapshot(copied, reader.next_offset, legacy, reader.last_marker)
         )
 
     async def _publish_snapshot(
-        self, copied: CancelLog, next_offset: int, legacy: dict[str, int]
+        self,
+        copied: CancelLog,
+        next_offset: int,
+        legacy: dict[str, int],
+        anchor: tuple[int, str] | None,
     ) -> None:
         channel = self._channel
         try:
             # Built and encoded off the loop: a second for 500,000 cancels.
-            data = await asyncio.to_thread(_encoded, copied, next_offset, legacy)
+            data = await asyncio.to_thread(_encoded, copied, next_offset, legacy, anchor)
             if channel is None or channel.is_closed:
                 return
             await write_register(channel, SHARED.cancels_snapshot, data, writer=self._user)
@@ -323,8 +336,12 @@ class CancelReader:
             log.warning("cancels snapshot not written", error=f"{type(error).__name__}: {error}")
 
 
-def _encoded(copied: CancelLog, next_offset: int, legacy: dict[str, int]) -> bytes:
-    return encode_snapshot(Snapshot(copied.entries(), copied.wait_entries(), next_offset, legacy))
+def _encoded(
+    copied: CancelLog, next_offset: int, legacy: dict[str, int], anchor: tuple[int, str] | None
+) -> bytes:
+    return encode_snapshot(
+        Snapshot(copied.entries(), copied.wait_entries(), next_offset, legacy, anchor)
+    )
 
 
 async def read_snapshot(channel: AbstractChannel, user: str) -> Snapshot | None:
