@@ -37,6 +37,9 @@ from tests.support import (
 
 # The last commit with per-queue delay levels and cancel stores (SPEC 18 came after it).
 EARLIER = "2f4e776"
+# The earlier release's default first retry delay, which its worker declared the tiers with:
+# this version's worker keeps the shape (the tiers hold no job to keep an older delay for).
+EARLIER_DELAY_MS = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +135,7 @@ async def test_migrate_moves_what_an_earlier_release_left(
             return "connected" not in str(migrate(url, queue_name, "--dry-run")[1].get("stderr"))
 
         # Upgraded: this version's worker declares the shared store, and honours Q.cancels.
-        first = await start_worker(handler, amqp_url=url)
+        first = await start_worker(handler, amqp_url=url, retry_delay_ms=EARLIER_DELAY_MS)
         await wait_for(older_gone, 30, "the API to show the earlier worker gone")
         code, moved = migrate(url, queue_name)
         assert code == 1, moved  # the levels still hold the two jobs
@@ -143,7 +146,7 @@ async def test_migrate_moves_what_an_earlier_release_left(
         assert not steps["delay levels"]["done"]
         await first.stop()
         # A start after it finds the cancel in the shared store alone: Q.cancels is gone.
-        worker = await start_worker(handler, amqp_url=url)
+        worker = await start_worker(handler, amqp_url=url, retry_delay_ms=EARLIER_DELAY_MS)
         try:
             await wait_for(lambda: ("waiting", 1) in ran, 60, "the waiting job")
             await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
