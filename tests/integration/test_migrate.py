@@ -20,7 +20,8 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractConnection
 from ricochet import Job
-from ricochet.broker.legacy import is_migrated
+from ricochet.broker.legacy import is_migrated, older_workers_connected
+from ricochet.broker.management import open_api, vhost
 from ricochet.names import DELAY_LEVELS, Names
 
 from tests.broker import BROKER
@@ -94,6 +95,13 @@ async def held_in_levels(connection: AbstractConnection, queue: str) -> int:
         await channel.close()
 
 
+async def older_listed(url: str) -> bool:
+    """Whether the management API lists a worker of an earlier version (it lists a new
+    connection a few seconds late): migrate refuses by that list."""
+    async with open_api(BROKER.management_url, url) as api:
+        return await older_workers_connected(api, vhost(url)) > 0
+
+
 def migrate(url: str, queue: str, *args: str) -> tuple[int, dict[str, Any]]:
     """Run this version's `ricochet migrate --json`: its exit code, and its JSON (or stderr)."""
     done = run_cli(["migrate", "--json", *args], ricochet_env(make_settings(queue, amqp_url=url)))
@@ -123,6 +131,7 @@ async def test_migrate_moves_what_an_earlier_release_left(
                 await wait_for(
                     lambda: held_in_levels(connection, queue_name), 30, "jobs in the old levels"
                 )
+                await wait_for(lambda: older_listed(url), 30, "the API to list the earlier worker")
                 code, refused = migrate(url, queue_name)
                 assert code == 1
                 assert "worker(s) of an earlier ricochet are connected" in str(refused["stderr"])
