@@ -11,7 +11,8 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 from ricochet import Client
 from ricochet.broker.cancel_log import Snapshot, encode_snapshot
-from ricochet.broker.cancels import read_snapshot
+from ricochet.broker.cancels import cancel_record, read_snapshot
+from ricochet.broker.publish import publish_to_queue
 from ricochet.broker.stream_log import tail
 from ricochet.names import SHARED
 
@@ -256,3 +257,37 @@ async def test_the_cancel_store_deleted_while_a_worker_runs(
 
 def logged(worker: WorkerProcess) -> set[str]:
     return {str(line.get("event")) for line in worker.events()}
+
+
+# Records ahead of a start: more than two checkpoints' worth (one every 5,000 to 7,500 read).
+CHECKPOINT_RECORDS = 12_000
+
+
+async def test_kill_9_of_a_worker_between_checkpoints_while_it_reads_the_store(
+    fault_run: Callable[..., FaultRun], fault_broker: Broker
+) -> None:
+    """The store holds 12,000 cancels of other ids, then those of half the scheduled jobs. A
+    worker reads it, writing a checkpoint (the snapshot) every 5,000 to 7,500 records, and is
+    killed with `kill -9` once it has written its first, while it reads on; its successor starts
+    from that checkpoint: no cancelled job runs, every other completes."""
+    run = fault_run("kill -9 between checkpoints")
+    messages = scheduled(run, JOBS // 8, in_s=15)
+    await run.publish_messages(messages)
+    ids = [m.message_id or "" for m in messages]
+    channel = await run.connection.channel(publisher_confirms=True)
+    other = f"{run.settings.queue}-other"
+    filler = [cancel_record(other, f"other-{i}") for i in range(CHECKPOINT_RECORDS)]
+    for start in range(0, len(filler), 1000):
+        batch = filler[start : start + 1000]
+        await asyncio.gather(*(publish_to_queue(channel, SHARED.cancels, r) for r in batch))
+    await channel.close()
+    await run.cancel(ids[::2])
+    worker = run.worker().start()
+    await wait_for(lambda: "cancels snapshot written" in logged(worker), 60, "a checkpoint")
+    worker.kill()
+    assert "cancels read" not in logged(worker), "killed after its read: fill the store more"
+    successor = await run.start_worker()
+    [read] = [e for e in successor.events() if e["event"] == "cancels read"]
+    assert read["snapshot"] is not None
+    tally = await run.account()
+    assert tally.cancelled == len(ids[::2])

@@ -61,9 +61,9 @@ Wait = tuple[str, str, str, int]
 @dataclass(frozen=True)
 class Snapshot:
     """The live cancels once the store was read up to next_offset (exclusive), and the next
-    offset of each old per-queue store read into them. anchor: a reader's marker read before
-    next_offset, (its offset, its id), that ties the snapshot to the stream it was read from (one
-    deleted and declared again numbers its records from 0 anew)."""
+    offset of each old per-queue store read into them. anchor: a record read before next_offset,
+    (its offset, its id), that ties the snapshot to the stream it was read from (one deleted and
+    declared again numbers its records from 0 anew)."""
 
     entries: list[Entry]
     waits: list[Wait]

@@ -34,7 +34,7 @@ from ricochet.broker.cancel_log import (
 from ricochet.broker.plan import CANCELS_MAX_AGE_S
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.broker.register import read_register, write_register
-from ricochet.broker.stream_log import LogReader, marker_at, tail
+from ricochet.broker.stream_log import LogReader, id_at, tail
 from ricochet.headers import INCARNATION, MOVED_FROM, RECORD_QUEUE
 from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
@@ -203,7 +203,7 @@ class CancelReader:
     ) -> Snapshot | None:
         """The snapshot, if it is one of this store as the broker numbers it: of an offset the
         stream has reached (a reader from one ahead would wait for it), holding no cancel at or
-        past it, and whose anchor (a marker read before that offset) is at its offset still
+        past it, and whose anchor (a record read before that offset) is at its offset still
         (not so in a store deleted and declared again, which numbers its records anew)."""
         if snapshot is None:
             return None
@@ -212,8 +212,8 @@ class CancelReader:
             raise ChannelInvalidStateError("the cancel store did not answer")
         reason = snapshot_mismatch(snapshot, end)
         if reason is None and snapshot.anchor is not None:
-            at, marker = snapshot.anchor
-            if await marker_at(connection, SHARED.cancels, at, CATCH_UP_TIMEOUT_S) != marker:
+            at, record_id = snapshot.anchor
+            if await id_at(connection, SHARED.cancels, at, CATCH_UP_TIMEOUT_S) != record_id:
                 reason = "its anchor is not in the store"
         if reason is not None:
             log.warning(
@@ -314,7 +314,7 @@ class CancelReader:
             return
         copied = self.cancelled.copy()
         self._writing = asyncio.get_running_loop().create_task(
-            self._publish_snapshot(copied, reader.next_offset, legacy, reader.last_marker)
+            self._publish_snapshot(copied, reader.next_offset, legacy, reader.last_read)
         )
 
     async def _publish_snapshot(

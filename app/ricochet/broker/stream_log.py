@@ -52,9 +52,10 @@ class LogReader:
         self.next_offset = 0
         self.lost = asyncio.Event() if lost is None else lost
         self._closing = False
-        # The newest marker read (any reader's): its offset and id, a record the broker has put
-        # at that offset of this stream and no other.
-        self.last_marker: tuple[int, str] | None = None
+        # The newest record read that has an id (a marker's, a job's): its offset and id, which
+        # the broker has put at that offset of this stream, and a stream made anew, almost surely
+        # not.
+        self.last_read: tuple[int, str] | None = None
 
     @classmethod
     async def open(
@@ -119,8 +120,8 @@ class LogReader:
         if not isinstance(offset, int):
             offset = self.next_offset
         self.next_offset = offset + 1
-        if entry.type == MARKER and entry.message_id:
-            self.last_marker = (offset, entry.message_id)
+        if entry.message_id:
+            self.last_read = (offset, entry.message_id)
         marker = self._markers.get(entry.message_id or "") if entry.type == MARKER else None
         if marker is not None:
             if not marker.done():
@@ -154,16 +155,16 @@ def _skip(entry: AbstractIncomingMessage, offset: int) -> None:
     """What a look at the tail does with another's record appended meanwhile: nothing."""
 
 
-async def marker_at(
+async def id_at(
     connection: AbstractConnection, store: str, offset: int, timeout_s: float
 ) -> str | None:
-    """The id of the marker at offset of store, or None when the record there is no marker (or
-    the store holds nothing from there within timeout_s)."""
+    """The id of the record at offset of store, or None when it has none (or the store holds
+    nothing from there within timeout_s)."""
     found: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
 
     def read(entry: AbstractIncomingMessage, at: int) -> None:
         if not found.done():
-            found.set_result(entry.message_id if at == offset and entry.type == MARKER else None)
+            found.set_result(entry.message_id if at == offset else None)
 
     reader = await LogReader.open(connection, store, read, offset)
     try:
