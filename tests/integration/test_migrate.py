@@ -126,7 +126,7 @@ async def test_migrate_moves_what_an_earlier_release_left(
             async with await aio_pika.connect(url) as connection:
                 await wait_for(lambda: exists(connection, n.delay(0)), 30, "the earlier topology")
                 for message_id in ("waiting", "cancelled"):
-                    earlier(["publish", "--delay", "40", "--message-id", message_id, "{}"], env)
+                    earlier(["publish", "--delay", "30", "--message-id", message_id, "{}"], env)
                 earlier(["cancel", "cancelled"], env)
                 await wait_for(
                     lambda: held_in_levels(connection, queue_name), 30, "jobs in the old levels"
