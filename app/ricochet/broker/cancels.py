@@ -102,8 +102,9 @@ async def publish_cancel(connection: AbstractConnection, names: Names, message_i
         await channel.close()
 
 
-class _Legacy:
-    """An old per-queue store's cancels, read into the same CancelLog while it exists."""
+class OldStore:
+    """An old per-queue store's cancels, read into a CancelLog (a worker's, while the store
+    exists; `ricochet migrate`'s, to move them): each made before every shared record."""
 
     def __init__(self, log: CancelLog, queue: str) -> None:
         self._log = log
@@ -140,7 +141,7 @@ class CancelReader:
         self._since_snapshot = 0
         self._snapshot_after = SNAPSHOT_EVERY
         self._legacy_next: dict[str, int] = {}
-        self._legacy: dict[str, _Legacy] = {}
+        self._legacy: dict[str, OldStore] = {}
         self._writing: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
         # Set when a reader's channel closes, or the broker cancels its consumer, under a live
@@ -241,7 +242,7 @@ class CancelReader:
         """Read the queue's old per-queue store when it exists (without declaring it), or
         delete it once it holds no cancel within the kept time and nobody else reads it."""
         name = Names(queue).cancels
-        legacy = _Legacy(self.cancelled, queue)
+        legacy = OldStore(self.cancelled, queue)
         start = self._legacy_next.get(queue, "first")
         try:
             # Lost on its own: deleted (by `ricochet migrate`, once its cancels are moved), it

@@ -66,6 +66,11 @@ def old_levels(exchanges: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def levels_name(names: Names) -> str:
+    """How the tools name a queue's per-queue levels, all 25 at once (pure)."""
+    return f"{names.delay(0)}..{DELAY_LEVELS - 1}"
+
+
 def held(figures: list[dict[str, Any] | None], ready: list[int | None]) -> int:
     """The jobs the levels hold, by the API's figures (messages, and those being dead-lettered)
     and the ready counts read just now (pure); a level that is gone holds none."""

@@ -7,14 +7,14 @@ from urllib.parse import quote
 
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.diff import diff, exchange_names, queue_names
-from ricochet.broker.legacy import old_levels, old_stores
+from ricochet.broker.legacy import levels_name, old_levels, old_stores
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
 from ricochet.broker.record import declared_settings
 from ricochet.broker.register import amqp_user
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
 from ricochet.log import get_logger
-from ricochet.names import DELAY_LEVELS, SHARED_PREFIX, Names
+from ricochet.names import SHARED_PREFIX, Names
 from ricochet.ops.checks import (
     BrokerState,
     Check,
@@ -131,7 +131,7 @@ def earlier_objects(
     """The objects an earlier ricochet left for this queue, by the listings (pure)."""
     found = [names.cancels] if names.queue in old_stores(queues) else []
     if names.queue in old_levels(exchanges):
-        found.append(f"{names.delay(0)}..{DELAY_LEVELS - 1}")
+        found.append(levels_name(names))
     return found
 
 

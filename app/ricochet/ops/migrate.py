@@ -16,16 +16,16 @@ It refuses while a worker of an earlier version is connected: it would write the
 
 import asyncio
 import datetime as dt
-import time
 from dataclasses import asdict, dataclass
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from ricochet.broker.amqp import epoch_s
-from ricochet.broker.cancels import CANCEL, moved_cancel_record
+from ricochet.broker.cancel_log import CancelLog
+from ricochet.broker.cancels import OldStore, moved_cancel_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.legacy import (
+    levels_name,
     mark_migrated,
     old_levels,
     old_stores,
@@ -101,22 +101,17 @@ async def move_cancels(connection: AbstractConnection, queue: str, dry_run: bool
     """Append the old store's cancels within the kept time to the shared store, confirmed, then
     delete the old store (dry: count them)."""
     name = Names(queue).cancels
-    now = time.time()
-    found: dict[str, float] = {}
-
-    def read(entry: AbstractIncomingMessage, _: int) -> None:
-        if entry.type == CANCEL and entry.message_id:
-            at = min(epoch_s(entry.timestamp), now) if entry.timestamp else now
-            if now - at < CANCELS_MAX_AGE_S:
-                found[entry.message_id] = at
-
-    if await read_up_to_now(connection, name, read, "first", READ_TIMEOUT_S) is None:
+    found = CancelLog(CANCELS_MAX_AGE_S)  # the worker's rule: stamps, their bound, the kept time
+    if (
+        await read_up_to_now(connection, name, OldStore(found, queue).read, "first", READ_TIMEOUT_S)
+        is None
+    ):
         return Step("cancel store", name, False, "not read up to now: nothing moved")
     if dry_run:
         return Step("cancel store", name, True, f"would move {len(found)} cancel(s) and delete it")
     channel = await confirming_channel(connection)
     try:
-        records = [moved_cancel_record(queue, m, name, at) for m, at in found.items()]
+        records = [moved_cancel_record(queue, m, name, at) for _, m, _, at in found.entries()]
         for start in range(0, len(records), BATCH):
             await _append(channel, records[start : start + BATCH])
         # This version's workers read it too: each drops its reader when it goes.
@@ -136,7 +131,7 @@ async def _append(channel: AbstractChannel, records: list[aio_pika.Message]) -> 
 
 async def retire_levels(connection: AbstractConnection, settings: Settings, dry_run: bool) -> Step:
     """Retire the queue's old levels when they are empty (dry: say whether they would be)."""
-    name = f"{Names(settings.queue).delay(0)}..{DELAY_LEVELS - 1}"
+    name = levels_name(Names(settings.queue))
     kept = await retire_legacy_delays(connection, settings, dry_run=dry_run)
     if kept is None:
         return Step("delay levels", name, True, "would be retired" if dry_run else "retired")
