@@ -469,7 +469,8 @@ def topology(dry_run: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def migrate(dry_run: bool, as_json: bool) -> None:
     """Move what an earlier ricochet left in the vhost (per-queue cancel stores and delay
-    levels), so that no worker's start reads them again (see docs/upgrading.md).
+    levels), so that no worker's start reads them again (docs/deploying.md, "Upgrading from an
+    earlier ricochet").
 
     Refuses while a worker of an earlier version is connected. Old levels that still hold jobs
     stay (they pass them on when due): exit 1 then, and run it again once they are empty.
