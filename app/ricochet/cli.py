@@ -27,12 +27,12 @@ from ricochet.handlers.invoker import Invoker, load_handler
 from ricochet.handlers.router import Router
 from ricochet.headers import MAX_RETRIES, RETRY_DELAYS
 from ricochet.log import configure_logging
-from ricochet.monitor.monitor import run_monitor
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
 from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
+from ricochet.ops.jobs import STATES, JobFilter, Read, decode_cursor, page, read_jobs
 from ricochet.ops.migrate import migrate as run_migrate
 from ricochet.ops.queues import held_queues
 from ricochet.ops.reference import setting_rows, settings_text
@@ -44,6 +44,8 @@ from ricochet.ops.report import (
     copy_text,
     discard_report,
     failed_list_table,
+    job_text,
+    jobs_table,
     plan_table,
     replay_report,
     schedules_table,
@@ -58,8 +60,8 @@ from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.status import read_status
 from ricochet.ops.waiting import list_waiting, show_waiting
+from ricochet.ops.waits import iso
 from ricochet.processes.cpus import process_count
-from ricochet.processes.parent import run_processes
 from ricochet.settings import (
     Settings,
     allowed,
@@ -68,7 +70,6 @@ from ricochet.settings import (
     queue_problem,
     variable_name,
 )
-from ricochet.worker.worker import run_worker
 
 # A click command function, as its decorators take and give it.
 Command = Callable[..., Any]
@@ -130,7 +131,11 @@ def _each_queue(settings: Settings, all_queues: bool) -> list[Settings]:
 
 
 def _run(main: Awaitable[Any]) -> Any:
-    """Run a command's coroutine, turning ricochet's errors into exit codes."""
+    """Run a command's coroutine, turning ricochet's errors into exit codes.
+
+    The long-running services (worker, its processes' parent, monitor) are imported by their
+    commands only: the console's templates and the processes' supervision are a quarter of a
+    short command's start, paid on every call of a script."""
     try:
         return asyncio.run(main)  # type: ignore[arg-type]
     except (ConfigError, InvalidJob) as error:  # settings or arguments out of bounds
@@ -233,12 +238,16 @@ def worker(**options: str | None) -> None:
     settings = _settings(service=True, options=given)
     processes = process_count(settings.processes)
     if processes > 1:
+        from ricochet.processes.parent import run_processes  # see _run
+
         sys.exit(run_processes(settings, processes))
     try:
         invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     except ConfigError as error:
         click.echo(f"ricochet: {error}", err=True)
         sys.exit(EXIT_CONFIG)
+    from ricochet.worker.worker import run_worker  # see _run
+
     _run(run_worker(settings, invoker, Metrics(*settings.queue_names)))
 
 
@@ -258,6 +267,8 @@ def settings_reference(as_json: bool) -> None:
 def monitor() -> None:
     """Log and alert on every failed job; never takes anything out of the failed queue."""
     settings = _settings(service=True)
+    from ricochet.monitor.monitor import run_monitor  # see _run
+
     _run(run_monitor(settings, Metrics(*settings.queue_names)))
 
 
@@ -759,3 +770,101 @@ def waiting_show(ctx: click.Context, message_id: str, queue: str | None, as_json
             click.echo(json.dumps(shown.as_dict(), indent=2))
     else:
         click.echo("\n\n".join(waiting_text(shown) for shown in found))
+
+
+def _since(text: str) -> dt.timedelta:
+    """A duration from the command line: 90s, 30m, 1h, 2d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.isdigit() or int(number) == 0:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 30m, 1h or 2d")
+    return dt.timedelta(seconds=int(number) * units[unit])
+
+
+_since_option = click.option(
+    "--since",
+    "since",
+    default="1h",
+    show_default=True,
+    metavar="DURATION",
+    callback=lambda _ctx, _param, value: _since(value),
+    help="How far back to read the journal (90s, 30m, 1h, 2d).",
+)
+
+
+def _read_journal(settings: Settings, since: dt.timedelta, message_id: str | None) -> Read:
+    start = dt.datetime.now(dt.UTC) - since
+    read: Read = _run(_with_connection(settings, "jobs", lambda c: read_jobs(c, start, message_id)))
+    if not read.complete:
+        click.echo(
+            "ricochet: the journal did not answer to the end: what was read is shown", err=True
+        )
+    return read
+
+
+@main.command()
+@click.argument("message_id")
+@_queue
+@_since_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def job(message_id: str, queue: str | None, since: dt.timedelta, as_json: bool) -> None:
+    """Where the job MESSAGE_ID is now and what happened to it, from the journal: its state,
+    each attempt, its result and progress. Exit 1 when the journal knows no such job."""
+    settings = _settings()
+    read = _read_journal(settings, since, message_id)
+    found = [j for j in read.jobs.values() if queue is None or j.queue == queue]
+    now_ms = time.time_ns() // 1_000_000
+    read_back = f"read the journal since {iso(read.since)}"
+    if not found:
+        click.echo(f"ricochet: no job {message_id!r} in the journal ({read_back})", err=True)
+        sys.exit(EXIT_RUNTIME)
+    found.sort(key=lambda j: j.last_at_ms)
+    newest = found[-1]
+    if as_json:
+        click.echo(json.dumps(newest.as_dict(now_ms), indent=2))
+    else:
+        click.echo(job_text(newest, now_ms))
+    others = [j.queue for j in found[:-1]]
+    if others:
+        click.echo(f"also in {', '.join(others)} (--queue chooses)", err=True)
+    click.echo(read_back, err=True)
+
+
+@main.command()
+@_queue
+@click.option("--type", "job_type", help="Only jobs of this type.")
+@click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--before", metavar="CURSOR", help="The page after the one that gave CURSOR.")
+@_since_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead.")
+def jobs(
+    queue: str | None,
+    job_type: str | None,
+    state: str | None,
+    limit: int,
+    before: str | None,
+    since: dt.timedelta,
+    as_json: bool,
+) -> None:
+    """Recent jobs from the journal, newest first, a page at a time (--before takes the cursor
+    the last page gave)."""
+    try:
+        cursor = None if before is None else decode_cursor(before)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--before") from None
+    settings = _settings()
+    read = _read_journal(settings, since, None)
+    now_ms = time.time_ns() // 1_000_000
+    shown, next_cursor = page(
+        read.jobs.values(), JobFilter(queue, job_type, state), now_ms, limit, cursor
+    )
+    rows = [job.row(now_ms) for job in shown]
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        click.echo(json.dumps({"next": next_cursor}))
+        return
+    click.echo(jobs_table(rows))
+    more = f"; the next page: --before {next_cursor}" if next_cursor else ""
+    click.echo(f"{len(rows)} jobs, read the journal since {iso(read.since)}{more}", err=True)

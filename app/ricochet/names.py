@@ -95,6 +95,11 @@ class SharedNames:
         return f"{SHARED_PREFIX}retries"
 
     @property
+    def journal(self) -> str:
+        """The journal: a stream of every change of a job's state (ricochet.broker.journal)."""
+        return f"{SHARED_PREFIX}journal"
+
+    @property
     def migrated(self) -> str:
         """The register that says `ricochet migrate` has moved what earlier versions left in the
         vhost: a worker's start then reads none of it."""

@@ -203,6 +203,12 @@ class ClientSettings(BaseSettings):
             "not a name ricochet derives from another queue's (Q.failed, Q.retry.1, ...)"
         },
     )
+    journal: Literal["on", "off"] = Field(
+        "on",
+        description="write every change of a job's state (by workers, and each enqueue by the "
+        "client) to the vhost's `ricochet.journal` stream, which `ricochet job` and `ricochet "
+        "jobs` read",
+    )
 
 
 class Settings(ClientSettings):
@@ -307,6 +313,13 @@ class Settings(ClientSettings):
         allow_inf_nan=False,
         description="how long a starting `worker` or `monitor` waits for the broker before "
         "exit 1 (the other commands ask once, and say within 10 s that it does not answer)",
+    )
+    result_max_bytes: int = Field(
+        4096,
+        ge=0,
+        le=1_000_000,
+        description="the largest handler return value (as JSON) the journal records; a larger "
+        "one is recorded as truncated, with its size",
     )
     log_level: Annotated[LogLevel, BeforeValidator(lambda v: str(v).upper())] = Field(
         "INFO", description="the lowest level of the log lines written"

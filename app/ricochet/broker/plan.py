@@ -43,6 +43,11 @@ SCHEDULES_SEGMENT_BYTES = 1_000_000
 RETRIES_MAX_AGE = "2D"
 RETRIES_MAX_BYTES = 1_000_000_000
 RETRIES_SEGMENT_BYTES = 10_000_000
+# The journal (ricochet.broker.journal): fixed arguments, so that workers of any settings
+# declare it alike; an operator changes its retention with a policy (SPEC 26).
+JOURNAL_MAX_AGE = "7D"
+JOURNAL_MAX_BYTES = 1_000_000_000
+JOURNAL_SEGMENT_BYTES = 10_000_000
 # Where an exchange that routes a due job to its queue sends it when the queue is gone.
 ORPHANED = {"alternate-exchange": SHARED.orphans}
 
@@ -126,13 +131,14 @@ class SharedPlan:
     cancel_snapshot: QueueSpec
     schedule_store: QueueSpec
     retries: QueueSpec
+    journal: QueueSpec
     exchanges: list[Exchange]
     bindings: list[Binding]
 
     @property
     def queues(self) -> list[QueueSpec]:
         """The levels of the delays, the orphans' queue, the cancel store and its snapshot, the
-        schedules' store, the record of the retries."""
+        schedules' store, the record of the retries, the journal."""
         return [
             *self.delays,
             self.orphans,
@@ -140,6 +146,7 @@ class SharedPlan:
             self.cancel_snapshot,
             self.schedule_store,
             self.retries,
+            self.journal,
         ]
 
 
@@ -334,6 +341,15 @@ def shared_plan(broker_version: tuple[int, ...] | None) -> SharedPlan:
                 "x-max-age": RETRIES_MAX_AGE,
                 "x-max-length-bytes": RETRIES_MAX_BYTES,
                 "x-stream-max-segment-size-bytes": RETRIES_SEGMENT_BYTES,
+            },
+        ),
+        journal=QueueSpec(
+            SHARED.journal,
+            {
+                QUEUE_TYPE: "stream",
+                "x-max-age": JOURNAL_MAX_AGE,
+                "x-max-length-bytes": JOURNAL_MAX_BYTES,
+                "x-stream-max-segment-size-bytes": JOURNAL_SEGMENT_BYTES,
             },
         ),
         exchanges=[

@@ -15,9 +15,11 @@ from aio_pika.exceptions import DeliveryError, PublishError
 from ricochet.broker.amqp import CONNECTION_ERRORS, Properties, Publisher, frame_max, refusal
 from ricochet.broker.cancels import cancel_record, wait_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
+from ricochet.broker.journal import Entry, Journal, now_ms
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.client.message import Delay, cancelled_id, check_frame, job_message, target_queue
 from ricochet.client.route import Routes, to_the_delays
+from ricochet.delivery.retry import parse_run_at
 from ricochet.errors import BrokerUnavailable, ClientClosed, MissingQueue, NotConfirmed
 from ricochet.headers import FRESH_ID, INCARNATION, RUN_AT
 from ricochet.log import redact
@@ -41,6 +43,17 @@ class _Publish:
     subject: str
     done: str
     again: str
+
+
+def enqueued_entry(
+    queue: str, job_id: str, job_type: str | None, headers: Mapping[str, Any]
+) -> Entry:
+    """The journal's entry of a job the broker confirmed; one due later says when."""
+    detail: dict[str, Any] = {}
+    run_at = parse_run_at(headers.get(RUN_AT))
+    if run_at is not None:
+        detail["due_at_ms"] = int(run_at.timestamp() * 1000)
+    return Entry(now_ms(), "enqueued", queue, job_id, job_type, None, detail)
 
 
 def _enqueuing(job_id: str) -> _Publish:
@@ -87,6 +100,9 @@ class Client:
         self._enqueuing = 0
         self._settled = asyncio.Event()
         self._closed = False
+        # The enqueued entries of the journal, written in the background on the connection.
+        self._journal = Journal(settings.journal == "on")
+        self._writing: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> Self:
         if self._closed:
@@ -152,6 +168,8 @@ class Client:
         # wait in the store (ricochet.broker.cancel_log). An id made up here needs no token.
         token = f"{random.getrandbits(64):016x}" if message_id else FRESH_ID
         headers[INCARNATION] = token
+        # Timed before its publish: a worker's entries of the job come after.
+        entry = enqueued_entry(target, job_id, job_type, headers)
         self._enqueuing += 1
         try:
             with publish_span(target, job_id, headers):
@@ -168,6 +186,7 @@ class Client:
                         await self._publish(
                             channel, body, properties, target, job_id, _enqueuing, via
                         )
+                        self._journal.add(entry)
                         return job_id
                     # A job of a given id waits from now (in the backlog, or for its schedule):
                     # its wait goes in the store first, on this channel, so that a worker that
@@ -187,6 +206,7 @@ class Client:
             self._enqueuing -= 1
             if not self._enqueuing:
                 self._settled.set()
+        self._journal.add(entry)
         return job_id
 
     async def cancel(self, message_id: str, *, queue: str | None = None) -> None:
@@ -270,6 +290,9 @@ class Client:
         while self._enqueuing:
             self._settled.clear()
             await self._settled.wait()
+        if self._writing is not None:  # what it kept is written first
+            self._writing.cancel()
+            await asyncio.wait({self._writing})
         if self._connection is not None:
             await close_quietly(self._connection)
         self._connection = self._channel = self._publisher = None
@@ -292,6 +315,7 @@ class Client:
                         self._connect_timeout_s,
                     )
                     self._frame_max = frame_max(self._connection)
+                    self._writing = asyncio.ensure_future(self._journal.run(self._connection))
                 self._channel = await confirming_channel(self._connection)
                 self._publisher = await Publisher.under(self._channel)
             return self._publisher

@@ -19,6 +19,16 @@ class Settled(NamedTuple):
     failure: Failure | None = None
     # The "job failed" line's fields, when it went to the failed queue.
     failed_fields: Mapping[str, Any] | None = None
+    kind: str | None = None  # the job's type
+    seconds: float | None = None  # how long its handler ran, when it ran
+    # What its handler returned, when it succeeded and its type keeps results.
+    result: "Returned | None" = None
+
+
+class Returned(NamedTuple):
+    """A handler's return value (None is a value too)."""
+
+    value: Any
 
 
 class Observer(Protocol):

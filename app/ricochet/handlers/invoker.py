@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ricochet.delivery.events import Returned
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import ConfigError, HandlerTimeout, JobCancelled, PermanentError, RetryLater
 from ricochet.handlers.job import Job
@@ -78,17 +79,16 @@ class Invoker:
             timeouts += [r.timeout_s for r in routes if r is not None and r.timeout_s is not None]
         return max(timeouts)
 
-    async def _call(self, route: Route, args: tuple[Any, ...], job: Job) -> None:
+    async def _call(self, route: Route, args: tuple[Any, ...], job: Job) -> Any:
         timeout_s = self._timeout_s if route.timeout_s is None else route.timeout_s
         limit = asyncio.timeout(timeout_s)
         try:
             async with limit:
                 if route.interrupt:
-                    await _interruptible(job, route.fn(*args))
-                elif route.is_async:
-                    await route.fn(*args)
-                else:
-                    await _in_thread(route.fn, *args)
+                    return await _interruptible(job, route.fn(*args))
+                if route.is_async:
+                    return await route.fn(*args)
+                return await _in_thread(route.fn, *args)
         except TimeoutError:
             if not limit.expired():
                 raise  # the handler's own (a socket's, say): a failure like any other
@@ -97,13 +97,14 @@ class Invoker:
             raise HandlerTimeout(f"handler ran longer than {timeout_s:g} s") from None
 
     async def __call__(self, job: Job) -> tuple[Outcome, BaseException | None]:
-        """Run the job; never raises for what the handler does (only for cancellation)."""
+        """Run the job; never raises for what the handler does (only for cancellation). What a
+        handler that succeeded returned is job.returned, unless its type keeps no result."""
         give_up_on: tuple[type[Exception], ...] = (PermanentError,)  # until the route is known
         try:
             route, args = self._resolve(job)
             give_up_on = route.give_up_on
             job.raise_if_cancelled()  # cancelled since it was delivered: it does not start
-            await self._call(route, args, job)
+            value = await self._call(route, args, job)
         except JobCancelled as error:  # whatever give_up_on says: a cancel is no failure
             return Outcome.CANCELLED, error
         except RetryLater as error:  # asked for a time, which a give_up_on class never overrides
@@ -111,17 +112,19 @@ class Invoker:
         except Exception as error:  # transient by contract, unless the route gives up on it
             outcome = Outcome.PERMANENT if isinstance(error, give_up_on) else Outcome.TRANSIENT
             return outcome, error
+        if route.keep_result:
+            job.returned = Returned(value)
         return Outcome.SUCCEEDED, None
 
 
-async def _interruptible(job: Job, call: Awaitable[Any]) -> None:
+async def _interruptible(job: Job, call: Awaitable[Any]) -> Any:
     """Await an async handler in a task of its own, which the job's cancel cancels: the handler
     sees CancelledError where it waits, and the job ends cancelled (JobCancelled). A deadline or
     a shutdown cancels the caller's task, and so this one, and stays theirs."""
     handler = asyncio.ensure_future(call)
     job.interrupt_with(handler.cancel)
     try:
-        await handler
+        return await handler
     except asyncio.CancelledError:
         caller = asyncio.current_task()
         if job.cancelled and caller is not None and not caller.cancelling():
@@ -134,29 +137,29 @@ async def _interruptible(job: Job, call: Awaitable[Any]) -> None:
 _threads = HandlerThreads()
 
 
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> None:
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Run fn(*args) on one of the handler threads (ricochet.handlers.threads) and wait for it,
     with the caller's context."""
     loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
+    done: asyncio.Future[Any] = loop.create_future()
     context = contextvars.copy_context()
 
-    def settle(error: BaseException | None) -> None:
+    def settle(value: Any, error: BaseException | None) -> None:
         if done.done():  # timed out or cancelled meanwhile
             return
         if error is None:
-            done.set_result(None)
+            done.set_result(value)
         else:
             done.set_exception(error)
 
     def run() -> None:
-        error: BaseException | None = None
+        value, error = None, None
         try:
-            context.run(fn, *args)
+            value = context.run(fn, *args)
         except BaseException as raised:  # handed to the waiting coroutine, as an executor does
             error = raised
         with contextlib.suppress(RuntimeError):  # the loop closed while the handler hung
-            loop.call_soon_threadsafe(settle, error)
+            loop.call_soon_threadsafe(settle, value, error)
 
     _threads.run(run)
-    await done
+    return await done

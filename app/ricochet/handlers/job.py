@@ -1,14 +1,37 @@
 """The Job a handler receives."""
 
 import json
+import math
+import time
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 from ricochet.broker.amqp import Delivery
+from ricochet.delivery.events import Returned
 from ricochet.delivery.retry import Facts, job_type
 from ricochet.errors import InvalidPayload, JobCancelled
 from ricochet.log import bind_job_fields
+
+# A job writes its progress this often at most.
+PROGRESS_EVERY_S = 1.0
+PROGRESS_MOST_BYTES = 1024
+
+
+def check_progress(value: Any) -> None:
+    """ValueError unless value is a number from 0 to 100 or a JSON object of at most 1 KB."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not 0 <= value <= 100:
+            raise ValueError(f"progress {value!r} is not between 0 and 100")
+        return
+    if not isinstance(value, dict):
+        raise ValueError(f"progress must be a number from 0 to 100 or a dict, not {value!r:.80}")
+    try:
+        size = len(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as error:
+        raise ValueError(f"progress is not a JSON object: {error}") from None
+    if size > PROGRESS_MOST_BYTES:
+        raise ValueError(f"progress takes {size} bytes of JSON, over {PROGRESS_MOST_BYTES}")
 
 
 class Job:
@@ -40,6 +63,12 @@ class Job:
         self._amqp_type = amqp_type
         self._cancelled = False
         self._interrupt: Callable[[], object] | None = None
+        # What the handler returned (the invoker sets it when its type keeps results).
+        self.returned: Returned | None = None
+        # Where progress goes (the journal), the last one written and the one held back.
+        self._note_progress: Callable[[Any], object] | None = None
+        self._progress_at = -math.inf
+        self.held_progress: Returned | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -63,6 +92,23 @@ class Job:
     def interrupt_with(self, interrupt: Callable[[], object] | None) -> None:
         """What cancel() calls to stop the handler at once (None: nothing, it reads the flag)."""
         self._interrupt = interrupt
+
+    def progress(self, value: Any) -> None:
+        """Record the job's progress in the journal: a number from 0 to 100, or a JSON object of
+        at most 1 KB. A plain method, safe from a sync handler's thread; one entry a second at
+        most (the last value is written when the job ends). ValueError for another value."""
+        check_progress(value)
+        now = time.monotonic()
+        if now - self._progress_at < PROGRESS_EVERY_S:
+            self.held_progress = Returned(value)
+            return
+        self._progress_at, self.held_progress = now, None
+        if self._note_progress is not None:
+            self._note_progress(value)
+
+    def note_progress_with(self, note: Callable[[Any], object] | None) -> None:
+        """Where progress() writes (None: nowhere, the journal is off)."""
+        self._note_progress = note
 
     @cached_property
     def payload(self) -> Any:

@@ -23,8 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Route:
     """A registered handler: the function, its payload model, whether it is a coroutine, its
     type's retry budget, ladder and timeout (None: the worker's), the exceptions that fail a
-    job at once, and whether a cancel interrupts it (its task cancelled) rather than only flag
-    the job."""
+    job at once, whether a cancel interrupts it (its task cancelled) rather than only flag
+    the job, and whether the journal records what it returns."""
 
     fn: Callable[..., Any]
     model: type[BaseModel] | None
@@ -34,6 +34,7 @@ class Route:
     retry_delays_ms: Ladder | None = None
     timeout_s: float | None = None
     interrupt: bool = False
+    keep_result: bool = True
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -60,6 +61,7 @@ class Router:
         retry_delays_ms: Sequence[int] | None = None,
         timeout_s: float | None = None,
         interrupt: bool = False,
+        keep_result: bool = True,
     ) -> Callable[[F], F]:
         """Register fn(job), or fn(job, payload) with the payload validated into model.
 
@@ -69,8 +71,9 @@ class Router:
         its length is the budget. timeout_s replaces RICOCHET_HANDLER_TIMEOUT_S for this type.
         interrupt (async handlers only): a cancel of a running job cancels the handler's task at
         once, and the job ends cancelled; without it the handler sees job.cancelled and stops
-        where it chooses. ValueError (TypeError for give_up_on and interrupt) for a value out of
-        bounds.
+        where it chooses. keep_result=False: the journal records none of what this type's
+        handler returns (a private type, a secret). ValueError (TypeError for give_up_on,
+        interrupt and keep_result) for a value out of bounds.
         """
         _check_max_retries(job_type, max_retries)
         _check_give_up_on(job_type, give_up_on)
@@ -78,6 +81,8 @@ class Router:
         _check_timeout(job_type, timeout_s)
         if not isinstance(interrupt, bool):
             raise TypeError(f"interrupt={interrupt!r} for job type {job_type!r} is not a bool")
+        if not isinstance(keep_result, bool):
+            raise TypeError(f"keep_result={keep_result!r} for job type {job_type!r} is not a bool")
 
         def register(fn: F) -> F:
             if job_type in self._routes:
@@ -97,6 +102,7 @@ class Router:
                 ladder,
                 None if timeout_s is None else float(timeout_s),
                 interrupt,
+                keep_result,
             )
             return fn
 

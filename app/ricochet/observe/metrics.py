@@ -129,6 +129,16 @@ class Metrics:
             ["queue"],
             registry=self.registry,
         )
+        self.journal_entries = Counter(
+            "ricochet_journal_entries",
+            "Entries this process wrote to the journal (ricochet.journal), confirmed.",
+            registry=self.registry,
+        )
+        self.journal_dropped = Counter(
+            "ricochet_journal_dropped",
+            "Entries this process could not write to the journal (never a job's failure).",
+            registry=self.registry,
+        )
         self.queue_messages = Gauge(
             "ricochet_queue_messages",
             "Messages ready in each queue of the topology, by stage (main, tier_1.., failed, "
@@ -156,6 +166,11 @@ class Metrics:
         if not self._shared:
             for queue in self.queues:
                 self.ready.labels(queue).set_function(_as_float(ready))
+
+    def journal_counted(self, written: int, dropped: int) -> None:
+        """Entries written to the journal and dropped, since the last count."""
+        self.journal_entries.inc(written)
+        self.journal_dropped.inc(dropped)
 
     def worker_when(
         self,

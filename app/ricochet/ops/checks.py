@@ -468,6 +468,29 @@ def orphans_check(state: BrokerState) -> Check:
     )
 
 
+def journal_check(enabled: bool, state: BrokerState) -> Check:
+    """The journal (SPEC 26): on or off, and the records its stream keeps."""
+    name = SHARED.journal
+    if not enabled:
+        return Check(
+            "journal",
+            "ok",
+            "off (RICOCHET_JOURNAL=off): `ricochet job` and `ricochet jobs` know nothing of this "
+            "worker's jobs",
+        )
+    records = _figure("journal", name, "messages", state)
+    if isinstance(records, Check):
+        return records
+    policy = state.queues[name].get("effective_policy_definition") or {}
+    kept = {k: v for k, v in policy.items() if k in ("max-age", "max-length-bytes")}
+    retention = f"a policy's {kept}" if kept else "7 days, 1 GB at most"
+    return Check(
+        "journal",
+        "ok",
+        f"on: {name} keeps {records} records of entries ({retention}); `ricochet job ID` reads it",
+    )
+
+
 # Open files a quorum queue takes on a node: RabbitMQ 3.10 with an open-file limit of 1,024 stops
 # accepting connections at 300-325 of them (its file-handle cache is full), and new connections
 # hang with nothing logged.

@@ -1,5 +1,6 @@
 """What the commands print: the rows of their tables, and the tables as plain text."""
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -9,6 +10,7 @@ from ricochet.delivery.failed import FailureInfo
 from ricochet.handlers.router import Router
 from ricochet.names import DELAY_UNIT_MS
 from ricochet.ops.failed_queue import CopyDetails
+from ricochet.ops.jobs import JobHistory, iso_ms
 from ricochet.ops.schedules import ScheduleRow
 from ricochet.ops.selection import Outcome
 from ricochet.ops.waits import Shown, Waiting, iso
@@ -369,4 +371,39 @@ def waiting_text(shown: Shown) -> str:
         f"body ({shown.body_encoding}):",
         shown.body,
     ]
+    return "\n".join(lines)
+
+
+def jobs_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """jobs: one line per job, newest first."""
+    header = ["message_id", "queue", "type", "state", "attempt", "at", "duration_s", "reason"]
+    return table(
+        header, [[row[name] for name in header[:-1]] + [_short(row["reason"])] for row in rows]
+    )
+
+
+def job_text(job: JobHistory, now_ms: int) -> str:
+    """job: where the job is now, then each attempt, its result and progress."""
+    shown = job.as_dict(now_ms)
+    lines = [
+        f"message_id:  {cell(job.message_id)}",
+        f"queue:       {cell(job.queue)}",
+        f"type:        {cell(job.type or '-')}",
+        f"state:       {shown['state']}",
+    ]
+    if shown["due_at"]:
+        lines.append(f"due_at:      {shown['due_at']}")
+    for attempt in job.attempts:
+        ended = attempt.outcome or "running"
+        took = "" if attempt.duration_s is None else f" in {attempt.duration_s:g} s"
+        line = f"attempt {attempt.attempt}:   {iso_ms(attempt.started_at_ms) or '-'} {ended}{took}"
+        if attempt.reason:
+            line += f": {cell(_short(attempt.reason))}"
+        lines.append(line)
+    if "result" in job.result:
+        lines.append(f"result:      {cell(json.dumps(job.result['result']))}")
+    elif job.result:
+        lines.append(f"result:      not recorded ({cell(job.result)})")
+    if job.progress is not None:
+        lines.append(f"progress:    {cell(json.dumps(job.progress))}")
     return "\n".join(lines)

@@ -36,6 +36,7 @@ from ricochet.handlers.job import Job, bind_log_context, job_of
 from ricochet.headers import FRESH_ID, INCARNATION
 from ricochet.log import get_logger
 from ricochet.names import Names, is_delay_key
+from ricochet.observe.journal import JournalWatch
 from ricochet.observe.metrics import QueueMetrics
 from ricochet.observe.spans import attempt_span, record_outcome, settle_span
 from ricochet.worker.settler import Settler
@@ -77,6 +78,7 @@ class Consumer:
         metrics: QueueMetrics,
         cancels: CancelReader,
         observers: Sequence[Observer],
+        journal: JournalWatch,
     ):
         self._names = names
         self._queue = names.queue
@@ -85,6 +87,7 @@ class Consumer:
         self._invoker = invoker
         self._cancels = cancels
         self._observers = observers
+        self._journal = journal
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
         metrics.in_flight_when(lambda: len(self.in_flight))
@@ -214,12 +217,13 @@ class Consumer:
         if not isinstance(decision, Run):
             if not isinstance(decision, Sanitize):  # a forged header is not the job's yet
                 bind_log_context(job_of(delivery, facts, kind, self._queue))
-            await settler.settle(delivery, facts, decision)
+            await settler.settle(delivery, facts, decision, kind=kind)
             return
         job = job_of(delivery, facts, kind, self._queue)
         bind_log_context(job)
         with attempt_span(self._queue, job) as span:  # the attempt's span covers its settling
             started = time.perf_counter()
+            self._journal.started(job)
             self._start(job, delivery)
             try:
                 outcome, error = await self._invoker(job)
@@ -233,5 +237,8 @@ class Consumer:
             decision = decide(facts, outcome, later_ms)
             failure = None if error is None or outcome is Outcome.CANCELLED else Failure(error)
             record_outcome(span, decision, failure)
+            self._journal.ended(job)
             with settle_span(self._queue, span, decision):
-                await settler.settle(delivery, facts, decision, failure, kind)
+                await settler.settle(
+                    delivery, facts, decision, failure, kind, seconds=seconds, result=job.returned
+                )

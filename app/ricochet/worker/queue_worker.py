@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
 from ricochet.broker.cancels import CancelReader
+from ricochet.broker.journal import Journal
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.retries import RetryLog
@@ -21,6 +22,7 @@ from ricochet.handlers.invoker import Invoker
 from ricochet.log import get_logger
 from ricochet.observe.alerts import pause_alert
 from ricochet.observe.joblog import JobLog
+from ricochet.observe.journal import JournalWatch
 from ricochet.observe.metrics import Metrics, QueueMetrics
 from ricochet.observe.webhook import Webhook
 from ricochet.service.process import Lifecycle
@@ -51,6 +53,7 @@ class QueueWorker:
         lifecycle: Lifecycle,
         cancels: CancelReader,
         webhook: Webhook,
+        journal: Journal,
     ) -> None:
         self.settings = settings  # the worker's, with this queue and its prefetch
         self._invoker = invoker
@@ -62,6 +65,9 @@ class QueueWorker:
         self._observers: list[Observer] = []
         self._session: Session | None = None
         self._applied = AppliedPlan(settings)
+        self._journal = JournalWatch(
+            journal, settings.queue, lambda: self._applied.plan, settings.result_max_bytes
+        )
         self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
         self._watch = PauseWatch(
             PausePolicy(
@@ -103,7 +109,7 @@ class QueueWorker:
     @property
     def observers(self) -> list[Observer]:
         """What the queue worker tells of every handler call and settled delivery (once it has a
-        consumer): metrics, the job's log lines, the pause window."""
+        consumer): metrics, the job's log lines, the pause window, the journal."""
         return self._observers
 
     @property
@@ -115,7 +121,12 @@ class QueueWorker:
         """The queue worker's consumer, made for the topology of its first session and kept for the
         next: a lost session's jobs run on in it."""
         if self._consumer is None:
-            self._observers = [self._metrics, JobLog(lambda: self._applied.plan), self._watch]
+            self._observers = [
+                self._metrics,
+                JobLog(lambda: self._applied.plan),
+                self._watch,
+                self._journal,
+            ]
             self._consumer = Consumer(
                 plan.names,
                 self.settings.max_retries,
@@ -124,6 +135,7 @@ class QueueWorker:
                 self._metrics,
                 self._cancels,
                 self._observers,
+                self._journal,
             )
         return self._consumer
 

@@ -30,7 +30,7 @@ from ricochet.broker.amqp import (
 )
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
 from ricochet.broker.retries import RetryLog
-from ricochet.delivery.events import Observer, Settled
+from ricochet.delivery.events import Observer, Returned, Settled
 from ricochet.delivery.failed import Failure, counted_copy, failed_copy
 from ricochet.delivery.retry import (
     FAIL_PERMANENT,
@@ -110,12 +110,16 @@ class Settler:
         decision: Settlement,
         failure: Failure | None = None,
         kind: str | None = None,
+        *,
+        seconds: float | None = None,
+        result: Returned | None = None,
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
         the others of this loop turn (a retry's nack behind its record), after the observers are
         told: if the channel closes first, the broker hands the delivery back and it runs again.
         A copy is confirmed before they are told: a channel that closes first settles nothing
-        and tells nothing. kind: the job's type, for the record of a retry."""
+        and tells nothing. kind: the job's type, for the record of a retry and the journal;
+        seconds, result: how long its handler ran and what it returned, for the journal."""
         match decision:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
@@ -135,7 +139,7 @@ class Settler:
                         f"its copy to publish again takes a frame of {size} bytes, and the "
                         f"broker's frame_max is {self._frame_max}: its headers are too large"
                     )
-                    await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large))
+                    await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large), kind)
                     return
                 if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
                     self._record(delivery, facts, failure, decision.tier, kind)
@@ -144,18 +148,25 @@ class Settler:
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
-                await self._fail(delivery, facts, decision, failure)
+                await self._fail(delivery, facts, decision, failure, kind, seconds)
                 return
             case _:
                 assert_never(decision)
-        self._tell(Settled(delivery.message_id, facts, decision, failure))
+        event = Settled(delivery.message_id, facts, decision, failure, None, kind, seconds, result)
+        self._tell(event)
 
     def _tell(self, event: Settled) -> None:
         for observer in self._observers:
             observer.settled(event)
 
     async def _fail(
-        self, delivery: Delivery, facts: Facts, decision: Fail, failure: Failure | None
+        self,
+        delivery: Delivery,
+        facts: Facts,
+        decision: Fail,
+        failure: Failure | None,
+        kind: str | None = None,
+        seconds: float | None = None,
     ) -> None:
         """Publish the failed copy, then ack, then tell the observers with its log fields
         (nothing if the channel closed first)."""
@@ -170,7 +181,10 @@ class Settler:
         )
         names = self._names
         if await self.copy_then_ack(delivery, failed.message, names.failed, notify=names.events):
-            self._tell(Settled(delivery.message_id, facts, decision, failure, failed.log_fields))
+            fields = failed.log_fields
+            self._tell(
+                Settled(delivery.message_id, facts, decision, failure, fields, kind, seconds)
+            )
 
     def _record(
         self,

@@ -7,6 +7,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
+from ricochet.broker.journal import Journal
 from ricochet.broker.legacy import is_migrated
 from ricochet.broker.register import amqp_user
 from ricochet.handlers.invoker import Invoker
@@ -41,8 +42,11 @@ class Worker:
         each = settings.per_queue()
         self.cancels = CancelReader(amqp_user(settings.amqp_url), *settings.queue_names)
         self._webhook = Webhook(settings.alert_webhook_url, metrics)
+        self.journal = Journal(settings.journal == "on", metrics.journal_counted)
         self.queues = [
-            QueueWorker(queue, invoker, metrics, lifecycle, self.cancels, self._webhook)
+            QueueWorker(
+                queue, invoker, metrics, lifecycle, self.cancels, self._webhook, self.journal
+            )
             for queue in each
         ]
         self._leader = ScheduleLeader(settings, invoker.schedules, settings.queue_names, metrics)
@@ -85,12 +89,15 @@ class Worker:
             asyncio.ensure_future(queue.run(connection, plan))
             for queue, plan in zip(self.queues, declared, strict=True)
         ]
+        writing = asyncio.ensure_future(self.journal.run(connection))
         try:
             async with self._leader.running(connection):
                 await asyncio.gather(*runs)
         finally:
             for run in runs:
                 run.cancel()
+            writing.cancel()  # what it kept is written first
+            await asyncio.wait({writing})
 
 
 async def run_worker(

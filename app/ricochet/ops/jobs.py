@@ -1,0 +1,261 @@
+"""Where a job is and what happened to it, read from the journal (SPEC 26): `ricochet job ID`
+and `ricochet jobs`. The folding of a job's entries into its state is pure (fold); reading the
+stream back is ricochet.broker.journal's.
+
+Entries come from several processes, each writing its own in batches, so the stream's order is
+not quite the order of events: a job's state is its entry latest in time (at_ms), and an entry
+older than the one that set it changes its history but not its state.
+"""
+
+import base64
+import binascii
+import datetime as dt
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aio_pika.abc import AbstractConnection
+
+from ricochet.broker.journal import Entry, read_journal
+from ricochet.ops.waits import iso
+
+STATES = ("queued", "running", "waiting", "succeeded", "failed", "cancelled", "unknown")
+# What each entry makes of a job's state (progress changes none; a due time decides between
+# waiting and queued).
+_STATE_OF = {
+    "enqueued": "queued",
+    "started": "running",
+    "succeeded": "succeeded",
+    "retrying": "waiting",
+    "scheduled": "waiting",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "replayed": "queued",
+    "relaunched": "queued",
+    "discarded": "failed",
+}
+# An attempt's entry that ends it.
+_ENDS = frozenset({"succeeded", "retrying", "failed", "cancelled"})
+
+
+def iso_ms(at_ms: int | None) -> str | None:
+    """An epoch-ms time as ISO-8601 UTC, to the millisecond."""
+    return None if at_ms is None else iso(dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC))
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    duration_s: float | None = None
+    process: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "started_at": iso_ms(self.started_at_ms),
+            "ended_at": iso_ms(self.ended_at_ms),
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "duration_s": self.duration_s,
+            "process": self.process,
+        }
+
+
+@dataclass
+class JobHistory:
+    """A job of a queue as its entries tell it."""
+
+    message_id: str
+    queue: str
+    type: str | None = None
+    state: str = "unknown"
+    state_at_ms: int = -1
+    due_at_ms: int | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)  # result, or why there is none
+    progress: Any = None
+    last_at_ms: int = -1
+    reason: str | None = None
+    events: list[tuple[int, str]] = field(default_factory=list)
+
+    def now(self, now_ms: int) -> str:
+        """The state as of now_ms: a job waiting past its due time is back in its queue."""
+        if self.state == "waiting" and self.due_at_ms is not None and self.due_at_ms <= now_ms:
+            return "queued"
+        if self.state == "queued" and self.due_at_ms is not None and self.due_at_ms > now_ms:
+            return "waiting"
+        return self.state
+
+    @property
+    def attempt(self) -> int | None:
+        return self.attempts[-1].attempt if self.attempts else None
+
+    def as_dict(self, now_ms: int, with_result: bool = True) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "queue": self.queue,
+            "type": self.type,
+            "state": self.now(now_ms),
+            "attempts": [attempt.as_dict() for attempt in self.attempts],
+            "due_at": iso_ms(self.due_at_ms) if self.now(now_ms) == "waiting" else None,
+            "result": self.result.get("result") if with_result else None,
+            **({} if not with_result else _result_note(self.result)),
+            "progress": self.progress,
+            "events": [{"at": iso_ms(at), "event": event} for at, event in self.events],
+        }
+
+    def row(self, now_ms: int) -> dict[str, Any]:
+        """The job as a row of `ricochet jobs`."""
+        last = self.attempts[-1] if self.attempts else None
+        return {
+            "message_id": self.message_id,
+            "queue": self.queue,
+            "type": self.type,
+            "state": self.now(now_ms),
+            "attempt": self.attempt,
+            "at": iso_ms(self.last_at_ms),
+            "duration_s": last.duration_s if last else None,
+            "reason": self.reason,
+        }
+
+
+def _result_note(result: dict[str, Any]) -> dict[str, Any]:
+    """Why a succeeded job shows no result, when it returned one the journal did not keep."""
+    return {key: value for key, value in result.items() if key != "result"}
+
+
+def fold(job: JobHistory, entry: Entry) -> None:
+    """Apply one entry of the job to what is known of it."""
+    job.type = entry.type or job.type
+    job.last_at_ms = max(job.last_at_ms, entry.at_ms)
+    job.events.append((entry.at_ms, entry.event))
+    detail = entry.detail
+    if entry.event == "progress":
+        job.progress = detail.get("progress")
+        return
+    if entry.event == "started" or entry.event in _ENDS:
+        _fold_attempt(job, entry)
+    if entry.event == "succeeded":
+        job.result = {k: v for k, v in detail.items() if k.startswith("result")}
+    if entry.at_ms < job.state_at_ms:
+        return  # older than what set the state: history only
+    job.state, job.state_at_ms = _STATE_OF[entry.event], entry.at_ms
+    due = detail.get("due_at_ms")
+    job.due_at_ms = due if type(due) is int else None
+    if entry.event in ("retrying", "failed"):
+        job.reason = _text(detail.get("reason"))
+    elif entry.event in ("succeeded", "enqueued", "replayed", "relaunched"):
+        job.reason = None
+
+
+def _fold_attempt(job: JobHistory, entry: Entry) -> None:
+    number = entry.attempt if entry.attempt is not None else (job.attempt or 1)
+    attempt = next((a for a in reversed(job.attempts) if a.attempt == number), None)
+    if attempt is None or (entry.event == "started" and attempt.started_at_ms is not None):
+        attempt = Attempt(number)
+        job.attempts.append(attempt)
+        job.attempts.sort(key=lambda a: a.attempt)
+    detail = entry.detail
+    if entry.event == "started":
+        attempt.started_at_ms = entry.at_ms
+        attempt.process = _text(detail.get("process"))
+        return
+    attempt.ended_at_ms = entry.at_ms
+    attempt.outcome = entry.event
+    attempt.reason = _text(detail.get("reason"))
+    duration = detail.get("duration_s")
+    attempt.duration_s = duration if isinstance(duration, int | float) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def histories(entries: Iterable[Entry]) -> dict[tuple[str, str], JobHistory]:
+    """Each job's history, by (queue, message_id), from entries in any order."""
+    jobs: dict[tuple[str, str], JobHistory] = {}
+    for entry in sorted(entries, key=lambda e: e.at_ms):
+        key = (entry.queue, entry.message_id)
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = JobHistory(entry.message_id, entry.queue)
+        fold(job, entry)
+    return jobs
+
+
+# A page of `ricochet jobs`: newest first, each page after the cursor of the one before.
+def encode_cursor(job: JobHistory) -> str:
+    raw = json.dumps([job.last_at_ms, job.queue, job.message_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str, str]:
+    """ValueError for a cursor no page gave."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at_ms, queue, message_id = json.loads(raw)
+    except (binascii.Error, ValueError, TypeError) as error:
+        raise ValueError(f"{cursor!r} is not a cursor `ricochet jobs` gave") from error
+    if type(at_ms) is not int or not isinstance(queue, str) or not isinstance(message_id, str):
+        raise ValueError(f"{cursor!r} is not a cursor `ricochet jobs` gave")
+    return at_ms, queue, message_id
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    queue: str | None = None
+    type: str | None = None
+    state: str | None = None
+
+    def __call__(self, job: JobHistory, now_ms: int) -> bool:
+        return (
+            (self.queue is None or job.queue == self.queue)
+            and (self.type is None or job.type == self.type)
+            and (self.state is None or job.now(now_ms) == self.state)
+        )
+
+
+def page(
+    jobs: Iterable[JobHistory],
+    matches: JobFilter,
+    now_ms: int,
+    limit: int,
+    before: tuple[int, str, str] | None = None,
+) -> tuple[list[JobHistory], str | None]:
+    """The newest `limit` jobs that match, older than the cursor, and the next page's cursor."""
+    ordered = sorted(jobs, key=lambda j: (j.last_at_ms, j.queue, j.message_id), reverse=True)
+    if before is not None:
+        ordered = [j for j in ordered if (j.last_at_ms, j.queue, j.message_id) < before]
+    chosen = [job for job in ordered if matches(job, now_ms)]
+    shown = chosen[:limit]
+    return shown, encode_cursor(shown[-1]) if len(chosen) > limit else None
+
+
+@dataclass
+class Read:
+    """What a read of the journal gave: the jobs, the entries read, and since when."""
+
+    jobs: dict[tuple[str, str], JobHistory]
+    entries: int
+    since: dt.datetime
+    complete: bool
+
+
+async def read_jobs(
+    connection: AbstractConnection, since: dt.datetime, message_id: str | None = None
+) -> Read:
+    """Read the journal since then, up to now, into each job's history (only message_id's, when
+    given)."""
+    kept: list[Entry] = []
+
+    def read(entry: Entry, _: int) -> None:
+        if message_id is None or entry.message_id == message_id:
+            kept.append(entry)
+
+    end = await read_journal(connection, since, read)
+    return Read(histories(kept), len(kept), since, end is not None)
