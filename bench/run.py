@@ -74,12 +74,15 @@ JITTER = 0.5  # the jittered scenarios' RICOCHET_RETRY_JITTER
 # time with multiple=True.
 NO_OTEL = "-no-otel"
 WARNINGS = "-warnings"
+# NAME-no-journal runs the worker with RICOCHET_JOURNAL=off: what the journal costs.
+NO_JOURNAL = "-no-journal"
 # The happy path's variants beside it, so that each run of a repeat sits next to what it is
 # compared with (run_order).
 FULL_RUN_SCENARIOS = [
     "happy",
     f"happy{NO_OTEL}",
     f"happy{WARNINGS}",
+    f"happy{NO_JOURNAL}",
     "retry",
     "failure",
     "retry-jitter",
@@ -137,6 +140,8 @@ async def throughput(
             args += ["--no-otel"] if scenario.endswith(NO_OTEL) else []
             if scenario.endswith(WARNINGS):
                 env["RICOCHET_LOG_LEVEL"] = "WARNING"
+            if scenario.endswith(NO_JOURNAL):
+                env["RICOCHET_JOURNAL"] = "off"
             if scenario.endswith("@base"):
                 env["BENCH_APP_SRC"] = str(cfg.base_src)
         done = await run_child([*args, f"--target={cfg.jobs}"], env, 60 + cfg.jobs / 100)
@@ -144,9 +149,12 @@ async def throughput(
 
 
 def base_name(scenario: str) -> str:
-    """happy@base, happy-uvloop, happy-warnings and happy-no-otel are variants of happy."""
+    """happy@base, happy-uvloop, happy-warnings, happy-no-otel and happy-no-journal are
+    variants of happy."""
     name = scenario.split("@")[0]
-    return name.removesuffix("-uvloop").removesuffix(WARNINGS).removesuffix(NO_OTEL)
+    for variant in ("-uvloop", WARNINGS, NO_OTEL, NO_JOURNAL):
+        name = name.removesuffix(variant)
+    return name
 
 
 def raw_twin(scenario: str) -> str:

@@ -4,7 +4,7 @@
 import json
 
 import pytest
-from ricochet.broker.journal import Entry, journal_record, read_entries
+from ricochet.broker.journal import Entry, Journal, journal_record, read_entries
 from ricochet.delivery.events import Returned, Settled
 from ricochet.delivery.failed import Failure
 from ricochet.delivery.retry import (
@@ -151,3 +151,35 @@ def test_pages_go_newest_first_and_never_show_a_job_twice() -> None:
     assert cursor is None
     with pytest.raises(ValueError, match="not a cursor"):
         decode_cursor("not-a-cursor")
+
+
+def test_an_attempt_written_as_its_end_alone_started_its_duration_before() -> None:
+    """A short attempt's started entry is never written: its end says when it started; a forged
+    duration (negative, infinite, NaN) says nothing."""
+    job = histories([_e(AT + 500, "succeeded", 1, duration_s=0.25, process="h:1")])["jobs", "a"]
+    assert [(a.started_at_ms, a.ended_at_ms, a.process) for a in job.attempts] == [
+        (AT + 250, AT + 500, "h:1")
+    ]
+    for forged in (-1, float("inf"), float("nan"), "1", True):
+        job = histories([_e(AT, "succeeded", 1, duration_s=forged)])["jobs", "a"]
+        assert job.attempts[0].started_at_ms is None
+        assert job.attempts[0].duration_s is None
+
+
+def test_a_started_entry_is_written_only_for_an_attempt_still_running() -> None:
+    """The journal holds a started entry open: an attempt that ended before the next write is
+    its end entry alone; one still running is written started; a record names its process."""
+    journal = Journal()
+    started = [Entry(AT, "started", "jobs", m, None, 1, {}) for m in ("short", "long")]
+    journal.open("short-attempt", lambda: started[0])
+    journal.open("long-attempt", lambda: started[1])
+    journal.close("short-attempt")
+    journal.add(Entry(AT + 5, "succeeded", "jobs", "short", None, 1, {"duration_s": 0.005}))
+    written = journal.take(100)
+    assert [(e.message_id, e.event) for e in written] == [
+        ("long", "started"),
+        ("short", "succeeded"),
+    ]
+    record = journal_record(written)
+    read = read_entries(record.body, record.app_id)
+    assert all(e.detail["process"] == record.app_id for e in read)

@@ -3,7 +3,11 @@
 
 A process keeps the entries of its jobs in memory and writes those kept as one record every
 WRITE_EVERY_S, on a confirming channel of its own: no job and no enqueue ever waits for the
-journal. A record the broker does not confirm (the connection lost, the stream deleted, a
+journal. A started entry is held open until then: an attempt that ends first is written as its
+end entry alone, whose time less its duration_s is when it started (a short job writes one
+entry, not two). The record names the process that wrote it (app_id).
+
+A record the broker does not confirm (the connection lost, the stream deleted, a
 resource alarm past CONFIRM_TIMEOUT_S) is dropped and counted, and so are entries kept past
 PENDING_MOST while the broker cannot be reached; a stream found deleted is declared again.
 
@@ -17,6 +21,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -34,6 +40,10 @@ from ricochet.names import SHARED
 log = get_logger("ricochet.journal")
 
 RECORD = "journal"  # a record's type property: a batch of entries
+# The process that writes a record (its app_id), which ran the attempts its entries start or end.
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+# The entries whose attempt the record's process ran.
+ATTEMPT_EVENTS = frozenset({"started", "succeeded", "retrying", "failed", "cancelled"})
 EVENTS = frozenset(
     {
         "enqueued",
@@ -88,18 +98,26 @@ def now_ms() -> int:
 def journal_record(entries: list[Entry]) -> aio_pika.Message:
     """One record of the stream holding a batch of entries."""
     body = json.dumps(entries, separators=(",", ":"), default=str).encode()
-    return aio_pika.Message(body, type=RECORD, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+    return aio_pika.Message(
+        body, type=RECORD, app_id=PROCESS, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+    )
 
 
-def read_entries(body: bytes) -> list[Entry]:
-    """The entries of a record's body that have an entry's shape; the rest is left out."""
+def read_entries(body: bytes, process: str | None = None) -> list[Entry]:
+    """The entries of a record's body that have an entry's shape (the rest is left out), those
+    of an attempt naming the record's process."""
     try:
         rows = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested past what a parser takes
         return []
     if not isinstance(rows, list):
         return []
-    return [entry for entry in map(_entry, rows) if entry is not None]
+    entries = [entry for entry in map(_entry, rows) if entry is not None]
+    if process is not None and _text(process):
+        for entry in entries:
+            if entry.event in ATTEMPT_EVENTS:
+                entry.detail["process"] = process
+    return entries
 
 
 def _entry(row: object) -> Entry | None:
@@ -137,6 +155,9 @@ class Journal:
     ) -> None:
         self.enabled = enabled
         self._pending: list[Entry] = []
+        # Started entries held open until the next write, by their attempt's key: each made
+        # only if it is written.
+        self._open: dict[object, Callable[[], Entry]] = {}
         self._count = count
 
     def add(self, entry: Entry) -> None:
@@ -148,8 +169,22 @@ class Journal:
             return
         self._pending.append(entry)
 
+    def open(self, key: object, entry: Callable[[], Entry]) -> None:
+        """Keep an attempt's started entry (made by entry()) open: written at the next write
+        unless close(key) comes first."""
+        if self.enabled:
+            self._open[key] = entry
+
+    def close(self, key: object) -> None:
+        """The attempt of key ended: its started entry, if not written yet, never is."""
+        self._open.pop(key, None)
+
     def take(self, most: int) -> list[Entry]:
-        """The oldest entries kept, up to most, no longer kept."""
+        """The oldest entries kept, up to most, no longer kept (the started entries held open
+        first join them)."""
+        if self._open:
+            self._pending[:0] = [entry() for entry in self._open.values()]
+            self._open.clear()
         kept, self._pending = self._pending[:most], self._pending[most:]
         return kept
 
@@ -219,7 +254,7 @@ async def read_journal(
 
     def each(record: AbstractIncomingMessage, offset: int) -> None:
         if record.type == RECORD:
-            for entry in read_entries(record.body):
+            for entry in read_entries(record.body, record.app_id):
                 read(entry, offset)
 
     return await read_up_to_now(connection, SHARED.journal, each, since, timeout_s)

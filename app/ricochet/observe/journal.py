@@ -2,8 +2,6 @@
 settled delivery came to, each kept for the process's writer; never waited on."""
 
 import json
-import os
-import socket
 from collections.abc import Callable
 from typing import Any, assert_never
 
@@ -22,23 +20,38 @@ from ricochet.delivery.retry import (
 )
 from ricochet.handlers.job import Job
 
-# The process that ran an attempt, as a started entry names it.
-PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # A reason is kept to this many characters (the failed copy's header keeps 1,000).
 REASON_MOST = 1000
+
+
+# The JSON of a result as its record holds it (no NaN: a reader's JSON would refuse it).
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# A string of at most this many characters fits any cap of 6 bytes a character and more.
+_SHORT = 64
 
 
 def result_detail(result: Returned, most_bytes: int) -> dict[str, Any]:
     """What a succeeded entry says of a handler's return value: the value, when it is JSON of
     at most most_bytes; else that it was truncated (with its size) or not JSON."""
+    value = result.value
+    # A value this small needs no measuring.
+    if most_bytes >= 6 * _SHORT and (value is None or type(value) is bool or _small(value)):
+        return {"result": value}
     try:
-        text = json.dumps(result.value, separators=(",", ":"), allow_nan=False)
+        text = _JSON.encode(value)
     except (TypeError, ValueError, RecursionError):
-        return {"result_unrecorded": f"not JSON: a {type(result.value).__name__}"}
+        return {"result_unrecorded": f"not JSON: a {type(value).__name__}"}
     size = len(text.encode())
     if size > most_bytes:
         return {"result_truncated": True, "result_bytes": size}
-    return {"result": result.value}
+    return {"result": value}
+
+
+def _small(value: object) -> bool:
+    """An integer of at most 19 digits, or a string of at most _SHORT characters."""
+    if type(value) is int:
+        return -(10**18) < value < 10**18
+    return type(value) is str and len(value) <= _SHORT
 
 
 def _common(event: Settled) -> dict[str, Any]:
@@ -103,17 +116,21 @@ class JournalWatch:
         self._result_most = result_most
 
     def started(self, job: Job) -> None:
-        """The job's handler starts: its entry, and where its progress goes."""
+        """The job's handler starts: its entry (held open: ricochet.broker.journal), and where
+        its progress goes."""
         message_id = job.message_id
         if message_id is None or not self._journal.enabled:
             return
-        detail = {"process": PROCESS}
-        entry = Entry(now_ms(), "started", self._queue, message_id, job.type, job.attempt, detail)
-        self._journal.add(entry)
+        at_ms, queue = now_ms(), self._queue
+        self._journal.open(
+            job, lambda: Entry(at_ms, "started", queue, message_id, job.type, job.attempt, {})
+        )
         job.note_progress_with(lambda value: self._progress(message_id, job, value))
 
     def ended(self, job: Job) -> None:
-        """The handler returned: the progress it held back is written."""
+        """The handler returned: its end entry says when it started, if its started entry was
+        not written yet; the progress it held back is written."""
+        self._journal.close(job)
         job.note_progress_with(None)
         if job.held_progress is not None and job.message_id is not None:
             self._progress(job.message_id, job, job.held_progress.value)

@@ -168,8 +168,17 @@ def _fold_attempt(job: JobHistory, entry: Entry) -> None:
     attempt.ended_at_ms = entry.at_ms
     attempt.outcome = entry.event
     attempt.reason = _text(detail.get("reason"))
+    attempt.process = attempt.process or _text(detail.get("process"))
     duration = detail.get("duration_s")
-    attempt.duration_s = duration if isinstance(duration, int | float) else None
+    attempt.duration_s = duration if _seconds(duration) else None
+    if attempt.started_at_ms is None and attempt.duration_s is not None:
+        # An attempt that ended before its started entry was written: its end says how long.
+        attempt.started_at_ms = entry.at_ms - round(attempt.duration_s * 1000)
+
+
+def _seconds(value: object) -> bool:
+    """A duration a handler can have run: at most a year, in seconds."""
+    return type(value) in (int, float) and 0 <= value <= 31_536_000  # type: ignore[operator]
 
 
 def _text(value: object) -> str | None:
