@@ -17,6 +17,7 @@ from ricochet import ladders
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import connect, connection_name
+from ricochet.broker.journal import write_entries
 from ricochet.broker.plan import plan
 from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
@@ -32,7 +33,15 @@ from ricochet.observe.metrics import Metrics
 from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
-from ricochet.ops.jobs import STATES, JobFilter, Read, decode_cursor, page, read_jobs
+from ricochet.ops.jobs import (
+    STATES,
+    JobFilter,
+    Read,
+    decode_cursor,
+    moved_entries,
+    page,
+    read_jobs,
+)
 from ricochet.ops.migrate import migrate as run_migrate
 from ricochet.ops.queues import held_queues
 from ricochet.ops.reference import setting_rows, settings_text
@@ -166,29 +175,32 @@ def _take_copies(
     selection: Selection,
     limit: int | None,
     dry_run: bool,
+    event: str,
 ) -> Outcome:
     """take() (replay, or discard) the selected failed copies, or with dry_run list them, on a
-    connection named for its role, under Ctrl-C: a first signal ends it after the copy in hand."""
+    connection named for its role, under Ctrl-C: a first signal ends it after the copy in hand.
+    What it took is written to the journal as event (replayed, discarded)."""
     names = Names(settings.queue)
-    return _run(  # type: ignore[no-any-return]
-        _with_connection(
-            settings,
-            role,
-            lambda c: under_signals(
-                lambda stop: take(
-                    c,
-                    names,
-                    selection,
-                    limit=limit,
-                    dry_run=dry_run,
-                    stop=stop,
-                    management_url=settings.management_url,
-                ),
+
+    async def taken(connection: AbstractConnection) -> Outcome:
+        outcome: Outcome = await under_signals(
+            lambda stop: take(
+                connection,
                 names,
-                command,
+                selection,
+                limit=limit,
+                dry_run=dry_run,
+                stop=stop,
+                management_url=settings.management_url,
             ),
+            names,
+            command,
         )
-    )
+        if not dry_run and settings.journal == "on":
+            await write_entries(connection, moved_entries(names.queue, outcome.selected, event))
+        return outcome
+
+    return _run(_with_connection(settings, role, taken))  # type: ignore[no-any-return]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -320,7 +332,9 @@ def replay(
     """Move failed copies back to the main queue with a fresh retry budget."""
     settings = _settings(queue=queue)
     selection = Selection(reason=reason, type=job_type, message_id=message_id)
-    result = _take_copies(settings, "replay", "replay", replay_failed, selection, limit, dry_run)
+    result = _take_copies(
+        settings, "replay", "replay", replay_failed, selection, limit, dry_run, "replayed"
+    )
     click.echo(replay_report(result, dry_run, group_by, settings.queue))
 
 
@@ -427,6 +441,7 @@ def failed_discard(
         selection,
         limit,
         dry_run,
+        "discarded",
     )
     click.echo(discard_report(result, dry_run, group_by))
 

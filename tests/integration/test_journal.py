@@ -237,3 +237,42 @@ async def test_journal_off_writes_nothing(start_worker: StartWorker, queue_name:
     shown = await _job(queue_name, "quiet")
     assert shown is not None
     assert [e["event"] for e in shown["events"]] == ["enqueued"]
+
+
+async def test_a_replay_and_a_discard_are_written(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """`ricochet replay` and `ricochet failed discard` write what they took: the replayed job
+    shows its replay between its two failures, then its discard."""
+    await start_worker(_router(set()))
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("bad", {}, message_id="twice")
+    await wait_for(_ended(queue_name, "twice", "failed"), 20, "the first failure")
+    code, _, err = await asyncio.to_thread(
+        _cli, queue_name, "replay", "--message-id", "twice", "--queue", queue_name
+    )
+    assert code == 0, err
+
+    async def failed_again() -> bool:
+        shown = await _job(queue_name, "twice")
+        return shown is not None and [e["event"] for e in shown["events"]].count("failed") == 2
+
+    await wait_for(failed_again, 20, "the replayed job to fail again")
+    code, _, err = await asyncio.to_thread(
+        _cli,
+        queue_name,
+        "failed",
+        "discard",
+        "--message-id",
+        "twice",
+        "--yes",
+        "--queue",
+        queue_name,
+    )
+    assert code == 0, err
+    shown = await _job(queue_name, "twice")
+    assert shown is not None
+    events = [e["event"] for e in shown["events"]]
+    assert events[-1] == "discarded"
+    assert events.index("replayed") < len(events) - 2
+    assert shown["state"] == "failed"

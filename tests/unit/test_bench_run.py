@@ -10,6 +10,7 @@ def test_each_scenario_runs_right_after_its_raw_twin() -> None:
         "happy",
         "happy-no-otel",
         "happy-warnings",
+        "happy-no-journal",
         "raw-retry",
         "retry",
         "raw-failure",

@@ -205,6 +205,13 @@ class Journal:
                 with contextlib.suppress(*CONNECTION_ERRORS):
                     await channel.close()
 
+    async def flush(self, connection: AbstractConnection) -> None:
+        """Write what is kept now, on a channel of its own."""
+        channel = await self._write(connection, None)
+        if channel is not None and not channel.is_closed:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await channel.close()
+
     async def _write(
         self, connection: AbstractConnection, channel: AbstractChannel | None
     ) -> AbstractChannel | None:
@@ -241,6 +248,15 @@ class Journal:
                 await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
             finally:
                 await channel.close()
+
+
+async def write_entries(connection: AbstractConnection, entries: list[Entry]) -> None:
+    """Write these entries now, confirmed (a command's: replayed, discarded); what cannot be
+    written is dropped with a warning, never failing the command."""
+    journal = Journal()
+    for entry in entries:
+        journal.add(entry)
+    await journal.flush(connection)
 
 
 async def read_journal(

@@ -37,6 +37,7 @@ from aiohttp import web
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly, connect, connection_name
+from ricochet.broker.journal import write_entries
 from ricochet.client.message import cancelled_id
 from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
 from ricochet.errors import ConfigError, InvalidJob, RicochetError
@@ -46,6 +47,7 @@ from ricochet.log import get_logger
 from ricochet.monitor.groups import Listing, listing, waiting_groups
 from ricochet.names import Names
 from ricochet.ops.failed_queue import CopyDetails, details_of, discard_failed
+from ricochet.ops.jobs import moved_entries
 from ricochet.ops.replay import replay
 from ricochet.ops.scan import Copy, scanning
 from ricochet.ops.schedules import read_schedules
@@ -594,11 +596,17 @@ class Console:
     async def _do(
         self, connection: AbstractConnection, names: Names, action: str, s: Selection
     ) -> Outcome:
+        url = self._settings.management_url
         if action == "replay":
-            return await replay(connection, names, s, management_url=self._settings.management_url)
-        return await discard_failed(
-            connection, names, s, management_url=self._settings.management_url
-        )
+            outcome, event = await replay(connection, names, s, management_url=url), "replayed"
+        else:
+            outcome, event = (
+                await discard_failed(connection, names, s, management_url=url),
+                "discarded",
+            )
+        if self._settings.journal == "on":
+            await write_entries(connection, moved_entries(names.queue, outcome.selected, event))
+        return outcome
 
     async def _refused(self, why: str) -> web.Response:
         return await self._error(403, why)

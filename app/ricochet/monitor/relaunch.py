@@ -13,10 +13,12 @@ import contextlib
 
 from aio_pika.abc import AbstractConnection
 
+from ricochet.broker.journal import write_entries
 from ricochet.errors import RicochetError
 from ricochet.log import get_logger
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
+from ricochet.ops.jobs import moved_entries
 from ricochet.ops.replay import replay
 from ricochet.ops.selection import Selection
 from ricochet.settings import Settings
@@ -56,6 +58,9 @@ async def relaunch_every(
             log.warning("relaunch skipped", queue=names.queue, error=str(error))
             continue
         if outcome.selected:
+            if settings.journal == "on":
+                moved = moved_entries(names.queue, outcome.selected, "relaunched")
+                await write_entries(connection, moved)
             metrics.relaunched.labels(queue=names.queue).inc(len(outcome.selected))
             log.info(
                 "failed jobs relaunched",

@@ -17,7 +17,8 @@ from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
-from ricochet.broker.journal import Entry, read_journal
+from ricochet.broker.journal import Entry, now_ms, read_journal
+from ricochet.delivery.failed import FailureInfo
 from ricochet.ops.waits import iso
 
 STATES = ("queued", "running", "waiting", "succeeded", "failed", "cancelled", "unknown")
@@ -37,6 +38,16 @@ _STATE_OF = {
 }
 # An attempt's entry that ends it.
 _ENDS = frozenset({"succeeded", "retrying", "failed", "cancelled"})
+
+
+def moved_entries(queue: str, moved: list[FailureInfo], event: str) -> list[Entry]:
+    """The entries of failed copies a command replayed or discarded (those with an id)."""
+    at_ms = now_ms()
+    return [
+        Entry(at_ms, event, queue, copy.message_id, copy.type, None, {})
+        for copy in moved
+        if copy.message_id
+    ]
 
 
 def iso_ms(at_ms: int | None) -> str | None:
