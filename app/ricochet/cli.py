@@ -17,7 +17,7 @@ from ricochet import ladders
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import connect, connection_name
-from ricochet.broker.journal import write_entries
+from ricochet.broker.journal import now_ms, write_entries
 from ricochet.broker.plan import plan
 from ricochet.broker.publish import header_value, is_json
 from ricochet.broker.record import declare_recorded
@@ -183,6 +183,7 @@ def _take_copies(
     names = Names(settings.queue)
 
     async def taken(connection: AbstractConnection) -> Outcome:
+        began_ms = now_ms()
         outcome: Outcome = await under_signals(
             lambda stop: take(
                 connection,
@@ -197,7 +198,8 @@ def _take_copies(
             command,
         )
         if not dry_run and settings.journal == "on":
-            await write_entries(connection, moved_entries(names.queue, outcome.selected, event))
+            moved = moved_entries(names.queue, outcome.selected, event, began_ms)
+            await write_entries(connection, moved)
         return outcome
 
     return _run(_with_connection(settings, role, taken))  # type: ignore[no-any-return]

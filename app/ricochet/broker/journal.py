@@ -69,6 +69,8 @@ BATCH_MOST = 2000
 PENDING_MOST = 100_000
 # A record the broker has not confirmed by then is counted dropped.
 CONFIRM_TIMEOUT_S = 10.0
+# A stop waits this long at most for the last write (a broker that does not answer holds it).
+LAST_WRITE_S = 2.0
 # Bounds on what a reader takes of a field: an id or a type is at most 255 bytes on the wire, a
 # time past the year 8307 or an attempt past 2**31 is forged.
 LATEST_AT_MS = 200_000_000_000_000
@@ -190,7 +192,8 @@ class Journal:
 
     async def run(self, connection: AbstractConnection) -> None:
         """Write what is kept every WRITE_EVERY_S on a channel of the connection, until
-        cancelled (what is kept then is written first) or the connection is lost."""
+        cancelled or the connection is lost. Cancelled, it writes what is kept first, for
+        LAST_WRITE_S at most: a stop never waits on the journal longer."""
         if not self.enabled:
             return
         channel: AbstractChannel | None = None
@@ -199,18 +202,22 @@ class Journal:
                 await asyncio.sleep(WRITE_EVERY_S)
                 channel = await self._write(connection, channel)
         finally:
+            last = asyncio.ensure_future(self._last_write(connection, channel))
             with contextlib.suppress(BaseException):
-                await asyncio.shield(self._write(connection, channel))
-            if channel is not None and not channel.is_closed:
-                with contextlib.suppress(*CONNECTION_ERRORS):
-                    await channel.close()
+                await asyncio.wait_for(asyncio.shield(last), LAST_WRITE_S)
 
-    async def flush(self, connection: AbstractConnection) -> None:
-        """Write what is kept now, on a channel of its own."""
-        channel = await self._write(connection, None)
+    async def _last_write(
+        self, connection: AbstractConnection, channel: AbstractChannel | None
+    ) -> None:
+        if not connection.is_closed:
+            channel = await self._write(connection, channel)
         if channel is not None and not channel.is_closed:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await channel.close()
+
+    async def flush(self, connection: AbstractConnection) -> None:
+        """Write what is kept now, on a channel of its own."""
+        await self._last_write(connection, None)
 
     async def _write(
         self, connection: AbstractConnection, channel: AbstractChannel | None
@@ -219,7 +226,8 @@ class Journal:
         while kept := self.take(BATCH_MOST):
             try:
                 if channel is None or channel.is_closed:
-                    channel = await confirming_channel(connection)
+                    opening = confirming_channel(connection)
+                    channel = await asyncio.wait_for(opening, CONFIRM_TIMEOUT_S)
                 await channel.default_exchange.publish(
                     journal_record(kept),
                     routing_key=SHARED.journal,

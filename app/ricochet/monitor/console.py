@@ -37,7 +37,7 @@ from aiohttp import web
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly, connect, connection_name
-from ricochet.broker.journal import write_entries
+from ricochet.broker.journal import now_ms, write_entries
 from ricochet.client.message import cancelled_id
 from ricochet.delivery.failed import REASON_MAX_CHARS, FailureInfo
 from ricochet.errors import ConfigError, InvalidJob, RicochetError
@@ -596,7 +596,7 @@ class Console:
     async def _do(
         self, connection: AbstractConnection, names: Names, action: str, s: Selection
     ) -> Outcome:
-        url = self._settings.management_url
+        url, began_ms = self._settings.management_url, now_ms()
         if action == "replay":
             outcome, event = await replay(connection, names, s, management_url=url), "replayed"
         else:
@@ -605,7 +605,8 @@ class Console:
                 "discarded",
             )
         if self._settings.journal == "on":
-            await write_entries(connection, moved_entries(names.queue, outcome.selected, event))
+            moved = moved_entries(names.queue, outcome.selected, event, began_ms)
+            await write_entries(connection, moved)
         return outcome
 
     async def _refused(self, why: str) -> web.Response:

@@ -13,7 +13,7 @@ import contextlib
 
 from aio_pika.abc import AbstractConnection
 
-from ricochet.broker.journal import write_entries
+from ricochet.broker.journal import now_ms, write_entries
 from ricochet.errors import RicochetError
 from ricochet.log import get_logger
 from ricochet.names import Names
@@ -46,6 +46,7 @@ async def relaunch_every(
             await asyncio.wait_for(done.wait(), settings.relaunch_interval_s)
         if done.is_set():
             return
+        began_ms = now_ms()
         try:
             outcome = await replay(
                 connection,
@@ -59,7 +60,7 @@ async def relaunch_every(
             continue
         if outcome.selected:
             if settings.journal == "on":
-                moved = moved_entries(names.queue, outcome.selected, "relaunched")
+                moved = moved_entries(names.queue, outcome.selected, "relaunched", began_ms)
                 await write_entries(connection, moved)
             metrics.relaunched.labels(queue=names.queue).inc(len(outcome.selected))
             log.info(

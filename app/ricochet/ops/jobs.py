@@ -17,7 +17,7 @@ from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
-from ricochet.broker.journal import Entry, now_ms, read_journal
+from ricochet.broker.journal import Entry, read_journal
 from ricochet.delivery.failed import FailureInfo
 from ricochet.ops.waits import iso
 
@@ -40,9 +40,9 @@ _STATE_OF = {
 _ENDS = frozenset({"succeeded", "retrying", "failed", "cancelled"})
 
 
-def moved_entries(queue: str, moved: list[FailureInfo], event: str) -> list[Entry]:
-    """The entries of failed copies a command replayed or discarded (those with an id)."""
-    at_ms = now_ms()
+def moved_entries(queue: str, moved: list[FailureInfo], event: str, at_ms: int) -> list[Entry]:
+    """The entries of failed copies a command replayed or discarded (those with an id), at the
+    time it began to move them: a replayed job may run again before the command ends."""
     return [
         Entry(at_ms, event, queue, copy.message_id, copy.type, None, {})
         for copy in moved
