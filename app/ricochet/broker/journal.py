@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -156,7 +157,8 @@ class Journal:
         self, enabled: bool = True, count: Callable[[int, int], None] = _uncounted
     ) -> None:
         self.enabled = enabled
-        self._pending: list[Entry] = []
+        # A deque: a sync handler's thread appends its progress while the writer takes.
+        self._pending: deque[Entry] = deque()
         # Started entries held open until the next write, by their attempt's key: each made
         # only if it is written.
         self._open: dict[object, Callable[[], Entry]] = {}
@@ -184,11 +186,11 @@ class Journal:
     def take(self, most: int) -> list[Entry]:
         """The oldest entries kept, up to most, no longer kept (the started entries held open
         first join them)."""
+        pending = self._pending
         if self._open:
-            self._pending[:0] = [entry() for entry in self._open.values()]
+            pending.extendleft(reversed([entry() for entry in self._open.values()]))
             self._open.clear()
-        kept, self._pending = self._pending[:most], self._pending[most:]
-        return kept
+        return [pending.popleft() for _ in range(min(most, len(pending)))]
 
     async def run(self, connection: AbstractConnection) -> None:
         """Write what is kept every WRITE_EVERY_S on a channel of the connection, until
@@ -250,12 +252,16 @@ class Journal:
 
     async def _declare(self, connection: AbstractConnection) -> None:
         spec = shared_plan(None).journal
-        with contextlib.suppress(*CONNECTION_ERRORS):
+        try:
             channel = await connection.channel()
             try:
                 await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
             finally:
                 await channel.close()
+        # Refused, say (declared otherwise by someone else): its entries go on being dropped.
+        except Exception as error:
+            why = f"{type(error).__name__}: {error}"
+            log.warning("journal stream not declared again", error=why)
 
 
 async def write_entries(connection: AbstractConnection, entries: list[Entry]) -> None:
