@@ -195,7 +195,8 @@ class Journal:
     async def run(self, connection: AbstractConnection) -> None:
         """Write what is kept every WRITE_EVERY_S on a channel of the connection, until
         cancelled or the connection is lost. Cancelled, it writes what is kept first, for
-        LAST_WRITE_S at most: a stop never waits on the journal longer."""
+        LAST_WRITE_S at most (its callers wait no longer either: a channel being opened or a
+        publish being confirmed may not end at once when cancelled)."""
         if not self.enabled:
             return
         channel: AbstractChannel | None = None
@@ -228,8 +229,7 @@ class Journal:
         while kept := self.take(BATCH_MOST):
             try:
                 if channel is None or channel.is_closed:
-                    opening = confirming_channel(connection)
-                    channel = await asyncio.wait_for(opening, CONFIRM_TIMEOUT_S)
+                    channel = await confirming_channel(connection)
                 await channel.default_exchange.publish(
                     journal_record(kept),
                     routing_key=SHARED.journal,

@@ -15,7 +15,7 @@ from aio_pika.exceptions import DeliveryError, PublishError
 from ricochet.broker.amqp import CONNECTION_ERRORS, Properties, Publisher, frame_max, refusal
 from ricochet.broker.cancels import cancel_record, wait_record
 from ricochet.broker.connection import close_quietly, connect, connection_name
-from ricochet.broker.journal import Entry, Journal, now_ms
+from ricochet.broker.journal import LAST_WRITE_S, Entry, Journal, now_ms
 from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.client.message import Delay, cancelled_id, check_frame, job_message, target_queue
 from ricochet.client.route import Routes, to_the_delays
@@ -290,9 +290,9 @@ class Client:
         while self._enqueuing:
             self._settled.clear()
             await self._settled.wait()
-        if self._writing is not None:  # what it kept is written first
+        if self._writing is not None:  # what it kept is written first, for a moment at most
             self._writing.cancel()
-            await asyncio.wait({self._writing})
+            await asyncio.wait({self._writing}, timeout=LAST_WRITE_S)
         if self._connection is not None:
             await close_quietly(self._connection)
         self._connection = self._channel = self._publisher = None

@@ -7,7 +7,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
-from ricochet.broker.journal import Journal
+from ricochet.broker.journal import LAST_WRITE_S, Journal
 from ricochet.broker.legacy import is_migrated
 from ricochet.broker.register import amqp_user
 from ricochet.handlers.invoker import Invoker
@@ -96,8 +96,9 @@ class Worker:
         finally:
             for run in runs:
                 run.cancel()
-            writing.cancel()  # what it kept is written first
-            await asyncio.wait({writing})
+            # What it kept is written first, for a moment at most: a stop never waits on it.
+            writing.cancel()
+            await asyncio.wait({writing}, timeout=LAST_WRITE_S)
 
 
 async def run_worker(
