@@ -35,7 +35,7 @@ from tests.support import (
     wait_for,
 )
 
-COPIES = 1500  # enough that a scan is still going when the fault hits it
+COPIES = 4000  # enough that a scan is still going when the fault hits it
 MATCHING = "KeyError"  # every other copy; discard and replay take these
 
 COMMANDS = {
