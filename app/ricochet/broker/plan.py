@@ -185,6 +185,10 @@ class Plan:
         of a tier's delay (logs, status, waiting, the console) is this."""
         return self.kept.get(spec.name, spec.delay_ms)
 
+    def tier_delay_ms(self, k: int) -> int | None:
+        """The delay the broker applies in tier k now (with jitter, the longest of its lanes)."""
+        return self.applied_delay_ms(self.tiers[k - 1])
+
     def kept_tiers(self) -> list[int]:
         """The tiers whose queue or a lane the broker keeps with an older delay."""
         return [

@@ -169,7 +169,7 @@ class Client:
         token = f"{random.getrandbits(64):016x}" if message_id else FRESH_ID
         headers[INCARNATION] = token
         # Timed before its publish: a worker's entries of the job come after.
-        entry = enqueued_entry(target, job_id, job_type, headers)
+        entry = enqueued_entry(target, job_id, job_type, headers) if self._journal.enabled else None
         self._enqueuing += 1
         try:
             with publish_span(target, job_id, headers):
@@ -186,7 +186,8 @@ class Client:
                         await self._publish(
                             channel, body, properties, target, job_id, _enqueuing, via
                         )
-                        self._journal.add(entry)
+                        if entry is not None:
+                            self._journal.add(entry)
                         return job_id
                     # A job of a given id waits from now (in the backlog, or for its schedule):
                     # its wait goes in the store first, on this channel, so that a worker that
@@ -206,7 +207,8 @@ class Client:
             self._enqueuing -= 1
             if not self._enqueuing:
                 self._settled.set()
-        self._journal.add(entry)
+        if entry is not None:
+            self._journal.add(entry)
         return job_id
 
     async def cancel(self, message_id: str, *, queue: str | None = None) -> None:

@@ -40,12 +40,11 @@ class JobLog:
             case Retry(tier) | RetryByCopy(tier):
                 assert failure is not None
                 applied = self._applied()
-                spec = applied.tiers[tier - 1]
                 log.warning(
                     "job failed, retrying",
                     error=failure.reason,
-                    tier=spec.name,
-                    delay_ms=applied.applied_delay_ms(spec),
+                    tier=applied.tiers[tier - 1].name,
+                    delay_ms=applied.tier_delay_ms(tier),
                 )
             case Fail():
                 assert event.failed_fields is not None

@@ -20,10 +20,6 @@ from ricochet.delivery.retry import (
 )
 from ricochet.handlers.job import Job
 
-# A reason is kept to this many characters (the failed copy's header keeps 1,000).
-REASON_MOST = 1000
-
-
 # The JSON of a result as its record holds it (no NaN: a reader's JSON would refuse it).
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # A string of at most this many characters fits any cap of 6 bytes a character and more.
@@ -60,7 +56,7 @@ def _common(event: Settled) -> dict[str, Any]:
     if event.seconds is not None:
         detail["duration_s"] = round(event.seconds, 6)
     if event.failure is not None:
-        detail["reason"] = event.failure.reason[:REASON_MOST]
+        detail["reason"] = event.failure.reason  # cut as the failed copy's header is
     return detail
 
 
@@ -151,5 +147,4 @@ class JournalWatch:
             self._journal.add(entry)
 
     def _tier_delay_ms(self, tier: int) -> int | None:
-        applied = self._applied()
-        return applied.applied_delay_ms(applied.tiers[tier - 1])
+        return self._applied().tier_delay_ms(tier)
