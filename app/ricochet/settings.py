@@ -222,6 +222,16 @@ class Settings(ClientSettings):
     queue_type: Literal["quorum", "classic"] = Field(
         "quorum", description="type of the queues ricochet declares"
     )
+    max_priority: int = Field(
+        0,
+        ge=0,
+        le=9,
+        description="the x-max-priority of a classic queue ricochet declares, so that its "
+        "backlog is delivered by priority (0: none; quorum queues take none: RabbitMQ 4.x "
+        "orders them by priority without it). RabbitMQ cannot add it to an existing queue: "
+        "`ricochet topology` says how to declare the queue again "
+        "(see [Priority](enqueueing.md#priority))",
+    )
     max_retries: int = Field(
         3,
         ge=0,
@@ -458,6 +468,17 @@ class Settings(ClientSettings):
     def _max_delay_not_below_first(self) -> "Settings":
         if self.retry_delay_max_ms < self.retry_delay_ms:
             raise ValueError("retry_delay_max_ms below retry_delay_ms")
+        return self
+
+    @model_validator(mode="after")
+    def _max_priority_on_classic_queues(self) -> "Settings":
+        if self.max_priority and self.queue_type != "classic":
+            raise PydanticCustomError(
+                "conflict",
+                f"{variable_name('max_priority')} is for classic queues: quorum queues refuse"
+                " x-max-priority (RabbitMQ 4.x orders them by priority without it); set"
+                f" {variable_name('queue_type')}=classic or leave it 0",
+            )
         return self
 
 

@@ -86,6 +86,11 @@ class Delivery:
         stamp = self._raw.header.properties.timestamp
         return None if stamp is None else epoch_s(stamp)
 
+    def priority(self) -> int | None:
+        """The job's AMQP priority property, if any."""
+        priority: int | None = self._raw.header.properties.priority
+        return priority
+
     def properties(self, names: Iterable[str]) -> dict[str, Any]:
         """These properties, by the names aio_pika.Message takes, as they were read."""
         properties = self._raw.header.properties
@@ -300,11 +305,13 @@ def properties(
     message_type: str | None,
     headers: dict[str, Any],
     timestamp: dt.datetime,
+    priority: int,
 ) -> Properties:
     """A persistent message's properties, as basic.publish takes them."""
     return Properties(
         content_type=content_type,
         delivery_mode=PERSISTENT,
+        priority=priority,
         message_id=message_id,
         message_type=message_type,
         headers=headers,

@@ -16,6 +16,7 @@ from ricochet.broker.amqp import COMMAND_INVALID, broker_version
 from ricochet.broker.depth import KeptChannel, exchange_exists, read_depth
 from ricochet.broker.diff import (
     NOTHING_READ,
+    REBUILD,
     TIER_FIGURES,
     Bind,
     Conflict,
@@ -137,7 +138,9 @@ class _Declarer:
         match step:
             case Conflict(spec, seen, differences):
                 why = seen.refusal or ", ".join(str(d) for d in differences)
-                raise TopologyConflict(f"queue {spec.name!r} conflicts with the settings: {why}")
+                raise TopologyConflict(
+                    f"queue {spec.name!r} conflicts with the settings: {why}; {REBUILD}"
+                )
             case ExchangeDiffers(x):
                 raise TopologyConflict(f"exchange {x.name!r} conflicts with the settings: {step}")
             case Unwanted():

@@ -161,6 +161,13 @@ class RetireLanes:
     tier: int
 
 
+# How a queue of another type or arguments is mended (RabbitMQ changes neither on a queue).
+REBUILD = (
+    "ricochet refuses to start on it: let it drain (or move its jobs away), delete it, "
+    "then run `ricochet topology`"
+)
+
+
 @dataclass(frozen=True)
 class Conflict:
     """A queue of another type or arguments than the plan's: only deleting it mends it."""

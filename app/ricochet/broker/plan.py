@@ -23,6 +23,7 @@ EVENTS_MAX_LENGTH = 10_000
 QUEUE_TYPE = "x-queue-type"
 TTL = "x-message-ttl"  # a tier's delay
 DELIVERY_LIMIT = "x-delivery-limit"
+MAX_PRIORITY = "x-max-priority"  # a classic queue's priorities (ricochet.priority)
 # Jitter: each tier is this many queues ("lanes") with delays spread evenly over
 # [d x (1 - jitter), d]; a random exchange puts each job in one of them.
 LANES = 8
@@ -277,7 +278,16 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
             *(Exchange(n.lanes(k), RANDOM_EXCHANGE, {}) for k in range(1, r + 1) if jitter > 0),
         ],
         queues=[
-            QueueSpec(n.queue, {**qtype, "x-dead-letter-exchange": n.dlx, **dl, **unlimited}),
+            QueueSpec(
+                n.queue,
+                {
+                    **qtype,
+                    "x-dead-letter-exchange": n.dlx,
+                    **dl,
+                    **unlimited,
+                    **({MAX_PRIORITY: settings.max_priority} if settings.max_priority else {}),
+                },
+            ),
             QueueSpec(n.failed, {**qtype, **unlimited}),
             QueueSpec(n.events, {**qtype, "x-max-length": EVENTS_MAX_LENGTH, **unlimited}),
         ],

@@ -131,6 +131,7 @@ class Client:
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
         queue: str | None = None,
+        priority: int | None = None,
     ) -> str:
         """Publish one persistent job to the queue (the client's, unless given another) and
         return its message_id once the broker has confirmed it. A job due later goes straight
@@ -138,7 +139,9 @@ class Client:
 
         retry_delays_ms is the job's own ladder (ricochet.exponential, linear, fixed make one):
         it beats its type's and the worker's, and its length is the job's retry budget (which
-        max_retries may lower).
+        max_retries may lower). priority (0-9, higher first; 4 when not given) orders the job
+        among those waiting in the queue's backlog, as far as the broker applies it
+        (docs/enqueueing.md#priority); its retries and replays keep it.
 
         InvalidJob (nothing sent) for an argument out of bounds, or headers too large for the
         connection's frame; BrokerUnavailable when the broker cannot be reached; NotConfirmed
@@ -156,6 +159,7 @@ class Client:
             run_at=run_at,
             headers=headers,
             content_type=content_type,
+            priority=priority,
         )
         target = self.queue if queue is None else target_queue(queue)
         if self._closed:

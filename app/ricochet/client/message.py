@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ricochet import ladders
+from ricochet import priority as priorities
 from ricochet.broker.amqp import Properties, properties, table_size
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import InvalidJob
@@ -67,9 +68,11 @@ def job_message(
     run_at: dt.datetime | None = None,
     headers: Mapping[str, Any] | None = None,
     content_type: str | None = None,
+    priority: int | None = None,
 ) -> Outgoing:
     """The persistent message of one job; InvalidJob, naming the argument, when one is out of
-    bounds. `now` (aware) is the clock that delay and run_at are read against."""
+    bounds. `now` (aware) is the clock that delay and run_at are read against; a job without a
+    priority is sent with the default one (ricochet.priority)."""
     job_headers = _own_headers(headers)
     if max_retries is not None:
         job_headers[MAX_RETRIES] = _max_retries(max_retries)
@@ -96,6 +99,7 @@ def job_message(
             message_type=_short_string("job_type", job_type) if job_type is not None else None,
             headers=job_headers,
             timestamp=now,
+            priority=_priority(priority),
         ),
     )
 
@@ -171,6 +175,15 @@ def _max_retries(value: object) -> int:
     if not 0 <= value <= MAX_RETRIES_ALLOWED:
         raise InvalidJob(f"max_retries={value} is out of bounds: allowed 0-{MAX_RETRIES_ALLOWED}")
     return value
+
+
+def _priority(value: object) -> int:
+    if value is None:
+        return priorities.DEFAULT
+    try:
+        return priorities.checked(value)
+    except ValueError as error:
+        raise InvalidJob(str(error)) from None
 
 
 def _retry_delays(value: object) -> str:

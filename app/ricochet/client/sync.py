@@ -206,6 +206,7 @@ class SyncClient:
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
         queue: str | None = None,
+        priority: int | None = None,
     ) -> str:
         """Client.enqueue, waited for: returns the message_id once the broker confirmed it."""
         running = self._loop_thread()
@@ -221,6 +222,7 @@ class SyncClient:
                 headers=headers,
                 content_type=content_type,
                 queue=queue,
+                priority=priority,
             )
         )
 

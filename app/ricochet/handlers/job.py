@@ -50,6 +50,7 @@ class Job:
         correlation_id: str | None = None,
         content_type: str | None = None,
         queue: str = "",
+        priority: int | None = None,
     ) -> None:
         self.body = body
         self.queue = queue  # the queue the job was consumed from
@@ -60,6 +61,7 @@ class Job:
         self.routing_key = routing_key
         self.correlation_id = correlation_id
         self.content_type = content_type
+        self.priority = priority  # the AMQP priority property (None: its producer set none)
         self._amqp_type = amqp_type
         self._cancelled = False
         self._interrupt: Callable[[], object] | None = None
@@ -151,6 +153,7 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None, queue: s
         correlation_id=delivery.correlation_id,
         content_type=delivery.content_type,
         queue=queue,
+        priority=delivery.priority(),
     )
     job.__dict__["type"] = resolved_type  # Job.type's cache: None, once read, is the answer too
     return job

@@ -4,12 +4,13 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from ricochet import ladders
+from ricochet import priority as priorities
 from ricochet.broker.plan import MAX_TIERS
 from ricochet.errors import InvalidPayload, PermanentError, UnknownJobType
 from ricochet.handlers.job import Job
@@ -35,6 +36,7 @@ class Route:
     timeout_s: float | None = None
     interrupt: bool = False
     keep_result: bool = True
+    priority: int | None = None
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -62,6 +64,7 @@ class Router:
         timeout_s: float | None = None,
         interrupt: bool = False,
         keep_result: bool = True,
+        priority: int | None = None,
     ) -> Callable[[F], F]:
         """Register fn(job), or fn(job, payload) with the payload validated into model.
 
@@ -72,8 +75,10 @@ class Router:
         interrupt (async handlers only): a cancel of a running job cancels the handler's task at
         once, and the job ends cancelled; without it the handler sees job.cancelled and stops
         where it chooses. keep_result=False: the journal records none of what this type's
-        handler returns (a private type, a secret). ValueError (TypeError for give_up_on,
-        interrupt and keep_result) for a value out of bounds.
+        handler returns (a private type, a secret). priority (0-9): the priority of the jobs
+        ricochet enqueues for this type, its recurring jobs (a producer gives its own with
+        enqueue(..., priority=)). ValueError (TypeError for give_up_on, interrupt and
+        keep_result) for a value out of bounds.
         """
         _check_max_retries(job_type, max_retries)
         _check_give_up_on(job_type, give_up_on)
@@ -83,6 +88,8 @@ class Router:
             raise TypeError(f"interrupt={interrupt!r} for job type {job_type!r} is not a bool")
         if not isinstance(keep_result, bool):
             raise TypeError(f"keep_result={keep_result!r} for job type {job_type!r} is not a bool")
+        if priority is not None:
+            priorities.checked(priority, f"priority for job type {job_type!r}")
 
         def register(fn: F) -> F:
             if job_type in self._routes:
@@ -103,6 +110,7 @@ class Router:
                 None if timeout_s is None else float(timeout_s),
                 interrupt,
                 keep_result,
+                priority,
             )
             return fn
 
@@ -140,8 +148,12 @@ class Router:
 
     @property
     def schedules(self) -> list[Schedule]:
-        """The schedules registered, in the order of registration."""
-        return list(self._schedules.values())
+        """The schedules registered, in the order of registration, each with its type's
+        priority (None: the default)."""
+        return [
+            replace(s, priority=route.priority if (route := self.route(s.job_type)) else None)
+            for s in self._schedules.values()
+        ]
 
     def route(self, job_type: str | None) -> Route | None:
         """The handler registered for this job type, with its policy; None when there is none."""

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from ricochet.broker.diff import (
+    REBUILD,
     Bind,
     Conflict,
     DeclareExchange,
@@ -224,12 +225,6 @@ def _delivery_limit_check(name: str, queue: JSON, lift: str) -> Check:
         "keeps RabbitMQ 4's delivery limit of 20 (declared before ricochet lifted it), so a job "
         f"or failed copy handed back 20 times is dropped; lift it by a policy: `{lift}`",
     )
-
-
-REBUILD = (
-    "ricochet refuses to start on it: let it drain (or move its jobs away), delete it, "
-    "then run `ricochet topology`"
-)
 
 
 def _queue_check(

@@ -39,7 +39,12 @@ from ricochet.ops.checks import (
 )
 from ricochet.ops.limits import with_current_policies
 from ricochet.ops.policies import policy_check
-from ricochet.ops.versions import STRANDING_FIXED, reported_version, version_check
+from ricochet.ops.versions import (
+    STRANDING_FIXED,
+    priority_check,
+    reported_version,
+    version_check,
+)
 from ricochet.settings import Settings
 
 log = get_logger("ricochet.doctor")
@@ -157,6 +162,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
     steps = diff(p, held_of(state))
     return [
         version_check(state.overview, settings.queue_type),
+        priority_check(settings, version),
         *levels_as_one(
             [
                 *exchange_checks(p, steps, state),

@@ -1,8 +1,9 @@
 """What the broker's version implies for ricochet (SPEC section 9)."""
 
+from ricochet import priority
 from ricochet.broker.amqp import parse_version
 from ricochet.ops.checks import JSON, Check
-from ricochet.settings import variable_name
+from ricochet.settings import Settings, variable_name
 
 OLDEST = (3, 10)
 STRANDING_FIXED = (3, 10, 20)  # rabbitmq-server#7677
@@ -57,3 +58,9 @@ def version_check(overview: JSON, queue_type: str) -> Check:
     stranding = queue_type == "quorum" and version < STRANDING_FIXED
     detail = f"RabbitMQ {text}: " + ("; ".join(notes) if notes else "supported")
     return Check(name, "warn" if stranding else "ok", detail)
+
+
+def priority_check(settings: Settings, version: tuple[int, ...] | None) -> Check:
+    """How the broker orders the queue's backlog by priority (SPEC 28): said, never failed."""
+    how = priority.honouring(settings.queue_type, settings.max_priority, version)
+    return Check("priority", "ok", priority.said(how, settings.queue_type, settings.max_priority))

@@ -29,6 +29,7 @@ class Schedule:
     timezone: str
     payload: Any = None
     queue: str | None = None
+    priority: int | None = None  # its type's (Router.schedules); None: the default
 
     def occurrence_id(self, at_ms: int) -> str:
         """The message_id of the occurrence at at_ms: `<name>@<UTC time with ms>Z`."""

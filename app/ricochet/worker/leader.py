@@ -300,7 +300,12 @@ class _QueueLead:
                 raise LeadLost
             results = await asyncio.gather(
                 *(
-                    client.enqueue(s.job_type, s.payload, message_id=s.occurrence_id(at))
+                    client.enqueue(
+                        s.job_type,
+                        s.payload,
+                        message_id=s.occurrence_id(at),
+                        priority=s.priority,
+                    )
                     for at, s in batch
                 ),
                 return_exceptions=True,

@@ -5,6 +5,8 @@ import asyncio
 
 from aio_pika.abc import AbstractConnection
 
+from ricochet import priority
+from ricochet.broker.amqp import broker_version
 from ricochet.broker.cancels import CancelReader
 from ricochet.broker.connection import connection_name
 from ricochet.broker.journal import LAST_WRITE_S, Journal
@@ -81,6 +83,8 @@ class Worker:
         conflicts = [queue.conflict for queue in self.queues if queue.conflict is not None]
         if exits_at_start(not self._started, len(self.queues), len(conflicts)):
             raise conflicts[0]
+        if not self._started:
+            say_priority(self._settings, broker_version(connection))
         self._started = True
         # Before any job: every cancel made until now, those of earlier versions' stores too
         # until `ricochet migrate` has moved them.
@@ -99,6 +103,18 @@ class Worker:
             # What it kept is written first, for a moment at most: a stop never waits on it.
             writing.cancel()
             await asyncio.wait({writing}, timeout=LAST_WRITE_S)
+
+
+def say_priority(settings: Settings, version: tuple[int, ...] | None) -> None:
+    """Say once, at the first start, when the broker does not order the queues' backlogs by
+    priority (ricochet.priority)."""
+    how = priority.honouring(settings.queue_type, settings.max_priority, version)
+    if how is priority.Honouring.NONE:
+        log.info(
+            "priority not applied",
+            queue_type=settings.queue_type,
+            detail=priority.said(how, settings.queue_type, settings.max_priority),
+        )
 
 
 async def run_worker(
