@@ -1,9 +1,13 @@
-"""`ricochet job ID` from the stream alone over a journal of 1,000,000 entries (SPEC 26).
+"""A journal of 1,000,000 entries (SPEC 26): `ricochet job ID` from the stream alone, and the
+monitor's index of it.
 
 In a vhost of its own, made for it and deleted after: the journal is filled with N entries in
 records of 2,000, as workers write them (a job's started and succeeded entries, the jobs of four
 queues), with the job asked for among the first; then `ricochet job ID --since 1h` is run as a
 user runs it, and its wall time and RSS are the figures, beside `ricochet jobs --limit 20`.
+Then `ricochet monitor` starts on it: the time until its index says it is complete (its
+rebuild), its RSS then, and the latency of GET /api/jobs/ID (the job asked for, the oldest) and
+of GET /api/jobs?limit=20, each asked ASKS times one after the other.
 
     .venv/bin/python -m bench.journal                     # 1,000,000 entries
     .venv/bin/python -m bench.journal --entries 100000
@@ -16,11 +20,15 @@ import asyncio
 import json
 import os
 import resource
+import socket
+import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 import aio_pika
+import psutil
 
 from bench.cancels import ROOT, fresh_vhost, management
 
@@ -35,6 +43,7 @@ VHOST = "ricochet-bench-journal"
 QUEUES = ["bench-journal", "orders", "mail", "thumbnails"]
 ASKED = "job-asked-for"
 RESULTS = ROOT / "bench" / "results" / "journal.json"
+ASKS = 200
 
 
 def _entries(n: int, at_ms: int) -> list[Entry]:
@@ -71,8 +80,7 @@ async def _fill(url: str, n: int) -> float:
 
 def _timed(url: str, *args: str) -> tuple[float, int, str]:
     """Seconds, peak RSS (KB) and output of `ricochet ARGS` against the vhost."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
-    env.update(RICOCHET_AMQP_URL=url, RICOCHET_QUEUE=QUEUES[0])
+    env = _env(url)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.monotonic()
     done = subprocess.run(
@@ -88,6 +96,62 @@ def _timed(url: str, *args: str) -> tuple[float, int, str]:
     return took, max(rss, before), done.stdout
 
 
+def _env(url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
+    return {**env, "RICOCHET_AMQP_URL": url, "RICOCHET_QUEUE": QUEUES[0], **extra}
+
+
+def _get(url: str) -> tuple[float, dict[str, object]]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        body = json.loads(answer.read())
+    return time.perf_counter() - started, body
+
+
+def _latency_ms(url: str) -> dict[str, float]:
+    took = sorted(_get(url)[0] * 1000 for _ in range(ASKS))
+    return {"p50_ms": round(statistics.median(took), 2), "max_ms": round(took[-1], 2)}
+
+
+def _monitor(url: str) -> dict[str, object]:
+    """The monitor's index over the journal: rebuild time, RSS, and its API's latency."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _env(url, RICOCHET_HTTP_PORT=str(port), RICOCHET_HTTP_HOST="127.0.0.1")
+    started = time.monotonic()
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "ricochet", "monitor"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            time.sleep(0.1)
+            try:
+                _, listed = _get(f"{base}/api/jobs?limit=1")
+            except OSError:
+                continue
+            if listed["complete"]:
+                break
+        rebuilt_s = time.monotonic() - started
+        rss_mb = psutil.Process(monitor.pid).memory_info().rss / 1024 / 1024
+        _, asked = _get(f"{base}/api/jobs/{ASKED}")
+        assert asked["state"] == "succeeded", asked
+        return {
+            "rebuild_s": round(rebuilt_s, 1),
+            "rss_mb": round(rss_mb),
+            "api_job": _latency_ms(f"{base}/api/jobs/{ASKED}"),
+            "api_jobs_20": _latency_ms(f"{base}/api/jobs?limit=20"),
+        }
+    finally:
+        monitor.terminate()
+        monitor.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.journal", description=__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000)
@@ -98,6 +162,7 @@ def main() -> None:
         job_s, job_rss, out = _timed(url, "job", ASKED, "--json", "--since", "1h")
         assert json.loads(out)["state"] == "succeeded", out
         jobs_s, jobs_rss, _ = _timed(url, "jobs", "--limit", "20", "--json", "--since", "1h")
+        monitor = _monitor(url)
     finally:
         management("DELETE", f"api/vhosts/{VHOST}")
     result = {
@@ -107,6 +172,7 @@ def main() -> None:
         "job_max_rss_mb": round(job_rss / 1024),
         "jobs_s": round(jobs_s, 2),
         "jobs_max_rss_mb": round(jobs_rss / 1024),
+        "monitor": monitor,
     }
     print(json.dumps(result, indent=2))
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

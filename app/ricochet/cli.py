@@ -27,9 +27,10 @@ from ricochet.errors import BrokerUnavailable, ConfigError, InvalidJob, Ricochet
 from ricochet.handlers.invoker import Invoker, load_handler
 from ricochet.handlers.router import Router
 from ricochet.headers import MAX_RETRIES, RETRY_DELAYS
-from ricochet.log import configure_logging
+from ricochet.log import configure_logging, url_host
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
+from ricochet.ops.ask_monitor import MonitorUnanswered, job_from_monitor
 from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
@@ -826,8 +827,11 @@ def _read_journal(settings: Settings, since: dt.timedelta, message_id: str | Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def job(message_id: str, queue: str | None, since: dt.timedelta, as_json: bool) -> None:
     """Where the job MESSAGE_ID is now and what happened to it, from the journal: its state,
-    each attempt, its result and progress. Exit 1 when the journal knows no such job."""
+    each attempt, its result and progress. Asks the monitor's index when RICOCHET_MONITOR_URL
+    is set, else reads the journal back --since. Exit 1 when the journal knows no such job."""
     settings = _settings()
+    if settings.monitor_url is not None and _job_from_monitor(settings, message_id, queue, as_json):
+        return
     read = _read_journal(settings, since, message_id)
     found = [j for j in read.jobs.values() if queue is None or j.queue == queue]
     now_ms = time.time_ns() // 1_000_000
@@ -836,15 +840,38 @@ def job(message_id: str, queue: str | None, since: dt.timedelta, as_json: bool) 
         click.echo(f"ricochet: no job {message_id!r} in the journal ({read_back})", err=True)
         sys.exit(EXIT_RUNTIME)
     found.sort(key=lambda j: j.last_at_ms)
-    newest = found[-1]
-    if as_json:
-        click.echo(json.dumps(newest.as_dict(now_ms), indent=2))
-    else:
-        click.echo(job_text(newest, now_ms))
+    _echo_job(found[-1].as_dict(now_ms), as_json)
     others = [j.queue for j in found[:-1]]
     if others:
         click.echo(f"also in {', '.join(others)} (--queue chooses)", err=True)
     click.echo(read_back, err=True)
+
+
+def _echo_job(shown: dict[str, Any], as_json: bool) -> None:
+    click.echo(json.dumps(shown, indent=2) if as_json else job_text(shown))
+
+
+def _job_from_monitor(
+    settings: Settings, message_id: str, queue: str | None, as_json: bool
+) -> bool:
+    """Print the job as the monitor's index knows it (exit 1 when it knows none); False when the
+    monitor does not answer, said on stderr, for the journal to be read back instead."""
+    assert settings.monitor_url is not None
+    token = settings.console_token.get_secret_value() if settings.console_token else None
+    where = f"the monitor at {url_host(settings.monitor_url)}"
+    try:
+        shown = _run(job_from_monitor(settings.monitor_url, message_id, queue, token))
+    except MonitorUnanswered as error:
+        click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
+        return False
+    if shown is None:
+        click.echo(f"ricochet: no job {message_id!r} in the journal ({where})", err=True)
+        sys.exit(EXIT_RUNTIME)
+    complete = shown.pop("complete")
+    _echo_job(shown, as_json)
+    if not complete:
+        click.echo(f"{where} is still reading the journal: older entries may be missing", err=True)
+    return True
 
 
 @main.command()

@@ -367,6 +367,15 @@ class Settings(ClientSettings):
         allow_inf_nan=False,
         description="depth-check period; minimum spacing of repeated alerts of one kind",
     )
+    monitor_url: Annotated[
+        str | None, BeforeValidator(_empty_is_none), _url_of("http", "https")
+    ] = Field(
+        None,
+        description="the monitor's HTTP address (`http://monitor:8000/`): `ricochet job` asks "
+        "its index of the journal instead of reading the journal back (the compose stack sets "
+        "it); unset, or when the monitor does not answer, it reads the journal",
+        json_schema_extra={"allowed": "an http:// or https:// URL"},
+    )
     management_url: Annotated[str, _url_of("http", "https")] = Field(
         "http://localhost:15672/",
         description="management API that `ricochet doctor` reads, and that a start asks before "

@@ -173,3 +173,33 @@ async def id_at(
         return None
     finally:
         await reader.close()
+
+
+async def read_between(
+    connection: AbstractConnection, store: str, start: int, end: int, read: Read, timeout_s: float
+) -> int | None:
+    """Hand read() each record of store at offsets start to end - 1 (records before the store's
+    first offset are gone): the first offset read, end when the store holds nothing in that
+    range (its first offset is past it), or None when the range was not read within timeout_s."""
+    first: list[int] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def each(record: AbstractIncomingMessage, offset: int) -> None:
+        if not first:
+            first.append(offset)
+        if offset >= end:
+            if not done.done():
+                done.set_result(None)
+            return
+        read(record, offset)
+        if offset == end - 1 and not done.done():
+            done.set_result(None)
+
+    reader = await LogReader.open(connection, store, each, start)
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        return None
+    finally:
+        await reader.close()
+    return min(first[0], end)

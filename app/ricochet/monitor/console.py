@@ -304,19 +304,19 @@ class Console:
 
     def routes(self) -> web.RouteTableDef:
         table = web.RouteTableDef()
-        table.get("/failed")(self._limited(self.index))
-        table.get("/schedules")(self._limited(self.schedules))
-        table.post("/failed/actions/{action}")(self._limited(self.act))
-        table.get("/failed/{message_id:.+}")(self._limited(self.job))
-        table.post("/failed")(self._limited(self.not_an_action))
-        table.post("/failed/{message_id:.+}")(self._limited(self.not_an_action))
-        table.get("/waiting")(self._limited(self.waiting))
-        table.post("/waiting/cancel")(self._limited(self.cancel))
+        table.get("/failed")(self.limited(self.index))
+        table.get("/schedules")(self.limited(self.schedules))
+        table.post("/failed/actions/{action}")(self.limited(self.act))
+        table.get("/failed/{message_id:.+}")(self.limited(self.job))
+        table.post("/failed")(self.limited(self.not_an_action))
+        table.post("/failed/{message_id:.+}")(self.limited(self.not_an_action))
+        table.get("/waiting")(self.limited(self.waiting))
+        table.post("/waiting/cancel")(self.limited(self.cancel))
         for page in ("/waiting", "/schedules"):
-            table.post(page)(self._limited(self.not_an_action))
+            table.post(page)(self.limited(self.not_an_action))
         return table
 
-    def _limited(self, handler: Handler) -> Handler:
+    def limited(self, handler: Handler) -> Handler:
         """handler, unless PAGE_VIEWS_AT_ONCE requests are being served already: then a 503 at
         once, which closes its connection."""
 
@@ -408,11 +408,23 @@ class Console:
             text=html, status=status, content_type="text/html", charset="utf-8", headers=HEADERS
         )
 
-    async def _error(self, status: int, message: str, names: Names | None = None) -> web.Response:
+    async def error(self, status: int, message: str, names: Names | None = None) -> web.Response:
         names = names or self._names_of(None)
         return await self._page(
             lambda: self._render("error.html", {"message": message}, names), status
         )
+
+    async def show(
+        self, template: str, values: Mapping[str, Any], status: int = 200
+    ) -> web.Response:
+        """A page of another view of the monitor's (the jobs' pages), in the console's frame."""
+        names = self._names_of(None)
+        return await self._page(lambda: self._render(template, values, names), status)
+
+    def token_given(self, given: str | None) -> bool | None:
+        """Whether given is the console token; None when no token is set (nothing is kept from
+        anyone)."""
+        return None if self._token is None else token_matches(self._token, given)
 
     async def schedules(self, request: web.Request) -> web.Response:
         """The recurring jobs of RICOCHET_HANDLER's Router, as `ricochet schedules` lists them:
@@ -433,7 +445,7 @@ class Console:
                 lambda c: read_schedules(c, registered, self._settings.queue, now_ms)
             )
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         values = {"rows": rows, "problem": None}
         return await self._page(lambda: self._render("schedules.html", values, names))
 
@@ -450,10 +462,10 @@ class Console:
                 (names.queue, None), lambda stop: self._list(names, stop)
             )
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         pages = len(found.pages)
         if number > pages:
-            return await self._error(
+            return await self.error(
                 404, f"no page {number}: the failed jobs fill {pages} now", names
             )
         values = {
@@ -474,9 +486,9 @@ class Console:
                 (names.queue, message_id), lambda s: self._find(names, message_id, s)
             )
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         if not found.count:
-            return await self._error(
+            return await self.error(
                 404, f"no failed job {clip(message_id, ID_CHARS)!r} of {names.queue}", names
             )
         return await self._page(lambda: self._render_job(found, names))
@@ -499,7 +511,7 @@ class Console:
         try:
             outcome = await self._whole(self._act(names, action, selection, request.remote))
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         past = "replayed" if action == "replay" else "discarded"
         queue = quote(names.queue, safe="")
         where = f"queue={queue}&" if len(self._queues) > 1 else ""
@@ -513,7 +525,7 @@ class Console:
         try:
             rows = await self._with_broker(lambda c: list_waiting(c, settings))
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         groups = waiting_groups(rows)
         values = {
             "total": len(rows),
@@ -536,7 +548,7 @@ class Console:
         try:
             await self._whole(self._with_broker(lambda c: publish_cancel(c, names, message_id)))
         except UNREADABLE as error:
-            return await self._error(503, str(error), names)
+            return await self.error(503, str(error), names)
         log.info("console cancel", queue=names.queue, message_id=message_id, peer=request.remote)
         queue, cancelled = quote(names.queue, safe=""), quote(message_id, safe="")
         raise web.HTTPSeeOther(f"/waiting?queue={queue}&cancelled={cancelled}")
@@ -610,4 +622,4 @@ class Console:
         return outcome
 
     async def _refused(self, why: str) -> web.Response:
-        return await self._error(403, why)
+        return await self.error(403, why)

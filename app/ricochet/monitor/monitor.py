@@ -20,6 +20,8 @@ from ricochet.delivery.failed import read_failure
 from ricochet.log import get_logger
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
 from ricochet.monitor.console import Console
+from ricochet.monitor.index import JobIndex
+from ricochet.monitor.job_views import JobViews
 from ricochet.monitor.relaunch import relaunch_every
 from ricochet.names import Names
 from ricochet.observe.alerts import (
@@ -175,14 +177,20 @@ async def _ack(*messages: AbstractIncomingMessage | None) -> None:
 
 
 async def run_monitor(settings: Settings, metrics: Metrics) -> None:
-    """Run the monitor of every queue of the worker (RICOCHET_QUEUES), with its HTTP endpoints
-    and the failed-jobs console, until SIGTERM/SIGINT."""
+    """Run the monitor of every queue of the worker (RICOCHET_QUEUES), with its HTTP endpoints,
+    the failed-jobs console and the journal's index and views, until SIGTERM/SIGINT."""
+
+    index = JobIndex()
 
     async def serve(lifecycle: Lifecycle) -> None:
         monitors = [
             Monitor(each, metrics, lifecycle, Webhook(each.alert_webhook_url, metrics))
             for each in settings.per_queue()
         ]
-        await asyncio.gather(*(monitor.serve() for monitor in monitors))
+        await asyncio.gather(
+            *(monitor.serve() for monitor in monitors), index.serve(settings, lifecycle)
+        )
 
-    await run_service(settings, metrics, serve, Console(settings).routes())
+    console = Console(settings)
+    pages = [*console.routes(), *JobViews(console, index).routes()]
+    await run_service(settings, metrics, serve, pages)

@@ -10,7 +10,6 @@ from ricochet.delivery.failed import FailureInfo
 from ricochet.handlers.router import Router
 from ricochet.names import DELAY_UNIT_MS
 from ricochet.ops.failed_queue import CopyDetails
-from ricochet.ops.jobs import JobHistory, iso_ms
 from ricochet.ops.schedules import ScheduleRow
 from ricochet.ops.selection import Outcome
 from ricochet.ops.waits import Shown, Waiting, iso
@@ -382,28 +381,31 @@ def jobs_table(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def job_text(job: JobHistory, now_ms: int) -> str:
-    """job: where the job is now, then each attempt, its result and progress."""
-    shown = job.as_dict(now_ms)
+def job_text(shown: dict[str, Any]) -> str:
+    """job: where the job is now, then each attempt, its result and progress (from the JSON of
+    `ricochet job --json`, as read back or as the monitor's index answers)."""
     lines = [
-        f"message_id:  {cell(job.message_id)}",
-        f"queue:       {cell(job.queue)}",
-        f"type:        {cell(job.type or '-')}",
+        f"message_id:  {cell(shown['message_id'])}",
+        f"queue:       {cell(shown['queue'])}",
+        f"type:        {cell(shown['type'] or '-')}",
         f"state:       {shown['state']}",
     ]
     if shown["due_at"]:
         lines.append(f"due_at:      {shown['due_at']}")
-    for attempt in job.attempts:
-        ended = attempt.outcome or "running"
-        took = "" if attempt.duration_s is None else f" in {attempt.duration_s:g} s"
-        line = f"attempt {attempt.attempt}:   {iso_ms(attempt.started_at_ms) or '-'} {ended}{took}"
-        if attempt.reason:
-            line += f": {cell(_short(attempt.reason))}"
+    for attempt in shown["attempts"]:
+        ended = attempt["outcome"] or "running"
+        took = "" if attempt["duration_s"] is None else f" in {attempt['duration_s']:g} s"
+        line = f"attempt {attempt['attempt']}:   {attempt['started_at'] or '-'} {ended}{took}"
+        if attempt["reason"]:
+            line += f": {cell(_short(attempt['reason']))}"
         lines.append(line)
-    if "result" in job.result:
-        lines.append(f"result:      {cell(json.dumps(job.result['result']))}")
-    elif job.result:
-        lines.append(f"result:      not recorded ({cell(job.result)})")
-    if job.progress is not None:
-        lines.append(f"progress:    {cell(json.dumps(job.progress))}")
+    notes = {k: v for k, v in shown.items() if k.startswith("result_") and k != "result_withheld"}
+    if shown.get("result_withheld"):
+        lines.append("result:      withheld: the monitor shows it with the console token")
+    elif notes:
+        lines.append(f"result:      not recorded ({cell(notes)})")
+    elif shown["result"] is not None:
+        lines.append(f"result:      {cell(json.dumps(shown['result']))}")
+    if shown["progress"] is not None:
+        lines.append(f"progress:    {cell(json.dumps(shown['progress']))}")
     return "\n".join(lines)
