@@ -73,6 +73,12 @@ async def connect(url: str, name: str, timeout_s: float | None) -> AbstractConne
     return connection
 
 
+def is_lost(connection: AbstractConnection) -> bool:
+    """Whether the connection is closed, by us or by the broker: aio-pika marks is_closed only
+    for a close of ours, and clears `connected` when the broker closes it or the socket drops."""
+    return connection.is_closed or not connection.connected.is_set()
+
+
 async def close_quietly(connection: AbstractConnection) -> None:
     """Close a connection that may already be broken."""
     if not connection.is_closed:

@@ -32,6 +32,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import is_lost
 from ricochet.broker.plan import shared_plan
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.stream_log import read_up_to_now
@@ -201,7 +202,7 @@ class Journal:
             return
         channel: AbstractChannel | None = None
         try:
-            while not connection.is_closed:
+            while not is_lost(connection):
                 await asyncio.sleep(WRITE_EVERY_S)
                 channel = await self._write(connection, channel)
         finally:
@@ -212,7 +213,7 @@ class Journal:
     async def _last_write(
         self, connection: AbstractConnection, channel: AbstractChannel | None
     ) -> None:
-        if not connection.is_closed:
+        if not is_lost(connection):
             channel = await self._write(connection, channel)
         if channel is not None and not channel.is_closed:
             with contextlib.suppress(*CONNECTION_ERRORS):
@@ -242,7 +243,7 @@ class Journal:
                 await self._declare(connection)
             except (aio_pika.exceptions.DeliveryError, TimeoutError, *CONNECTION_ERRORS) as error:
                 self._drop(kept, f"{type(error).__name__}: {error}")
-                if connection.is_closed:
+                if is_lost(connection):
                     return None
         return channel
 

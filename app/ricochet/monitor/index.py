@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from ricochet.broker.connection import connection_name
+from ricochet.broker.connection import connection_name, is_lost
 from ricochet.broker.journal import RECORD, Entry, read_entries
 from ricochet.broker.stream_log import LogReader, Read, read_between, tail
 from ricochet.log import get_logger
@@ -112,11 +112,11 @@ class JobIndex:
         await keep_connected(lifecycle, settings, name, lambda c: self._follow(c, lifecycle))
 
     async def _follow(self, connection: AbstractConnection, lifecycle: Lifecycle) -> None:
-        while not (connection.is_closed or lifecycle.stopping.is_set()):
+        while not (is_lost(connection) or lifecycle.stopping.is_set()):
             try:
                 await self._read(connection, lifecycle.stopping)
             except Exception as error:  # the stream missing, or refused: the monitor goes on
-                if connection.is_closed:
+                if is_lost(connection):
                     return
                 log.warning("journal index: reading failed, trying again", error=str(error))
                 await lifecycle.unless_stopped(asyncio.sleep(RETRY_S))

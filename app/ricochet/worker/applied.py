@@ -17,6 +17,7 @@ import asyncio
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import is_lost
 from ricochet.broker.declare import declare_tier_again
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan
@@ -66,13 +67,13 @@ class AppliedPlan:
         closes (or the task is cancelled)."""
         channel = KeptChannel(connection)
         try:
-            while not connection.is_closed:
+            while not is_lost(connection):
                 await asyncio.sleep(KEPT_CHECK_S)
                 try:
                     for k in [] if self._plan is None else self._plan.kept_tiers():
                         await self._declare_again_if_empty(connection, channel, k)
                 except (*CONNECTION_ERRORS, ConfigError) as error:
-                    if connection.is_closed:
+                    if is_lost(connection):
                         return
                     log.warning(
                         "kept tier not declared again, looking again later",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import is_lost
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
@@ -202,7 +203,7 @@ class _QueueLead:
     async def run(self) -> None:
         """Lead; start over after a failure while the connection lives."""
         leading = self._metrics.schedules_leading.labels(queue=self._queue)
-        while not self._connection.is_closed:
+        while not is_lost(self._connection):
             try:
                 channel = await confirming_channel(self._connection)
                 try:
@@ -212,7 +213,7 @@ class _QueueLead:
                     if not channel.is_closed:
                         await channel.close()
             except CONNECTION_ERRORS as error:
-                if self._connection.is_closed:
+                if is_lost(self._connection):
                     return  # the worker connects again, and a new session starts over
                 log.warning("schedules: channel lost, starting over", error=str(error))
             except LeadLost:

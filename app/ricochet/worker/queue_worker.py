@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, Frames, frame_max
 from ricochet.broker.cancels import CancelReader
+from ricochet.broker.connection import is_lost
 from ricochet.broker.journal import Journal
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
@@ -175,7 +176,7 @@ class QueueWorker:
             try:
                 await self._run_session(connection, retries, plan)
             except CONNECTION_ERRORS as error:
-                if connection.is_closed:
+                if is_lost(connection):
                     raise
                 log.warning(
                     "queue not consumed: its channel failed, opening another",
@@ -185,7 +186,7 @@ class QueueWorker:
             plan = None
             if (
                 self._lifecycle.stopping.is_set()
-                or connection.is_closed
+                or is_lost(connection)
                 or self._cancels.lost.is_set()
             ):
                 return

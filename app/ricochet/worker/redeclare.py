@@ -12,6 +12,7 @@ from tenacity.wait import wait_base
 
 from ricochet.backoff import backoff
 from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import is_lost
 from ricochet.broker.plan import Plan
 from ricochet.errors import TopologyConflict
 from ricochet.log import get_logger
@@ -71,7 +72,7 @@ class Redeclare:
         return await self._lifecycle.unless_stopped(retrying(self._unless_closed, connection))
 
     async def _unless_closed(self, connection: AbstractConnection) -> Plan | None:
-        return None if connection.is_closed else await self._declare(connection)
+        return None if is_lost(connection) else await self._declare(connection)
 
     def _retrying(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None

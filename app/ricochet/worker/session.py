@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from ricochet.broker.connection import is_lost
 from ricochet.broker.plan import Plan
 from ricochet.log import get_logger
 from ricochet.observe.alerts import PAUSED, RESUMED
@@ -124,7 +125,7 @@ class Session:
 
     def _lost(self) -> bool:
         # The cancels too: a due job must not run unchecked.
-        return self._channel.is_closed or self._connection.is_closed or self._cancels_lost.is_set()
+        return self._channel.is_closed or is_lost(self._connection) or self._cancels_lost.is_set()
 
     async def _pause(self) -> bool | None:
         """Take no job for pause_s (jobs running carry on): True then, or None if a stop was
