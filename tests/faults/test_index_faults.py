@@ -11,6 +11,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from tests.broker import BROKER
 from tests.faults.harness import FaultRun, progress
 from tests.faults.node import Node
 from tests.support import answers, free_port, ricochet_env, spawn, wait_for
@@ -82,6 +85,11 @@ async def test_the_monitor_killed_while_it_builds_its_index(
     await run.account()
 
 
+@pytest.mark.skipif(
+    BROKER.private,
+    reason="restarts its broker: runs on the fault suite's private node only (make faults), "
+    "never on a broker of the matrix, which others may be using",
+)
 async def test_the_index_asked_while_the_broker_is_stopped(
     fault_run: Callable[..., FaultRun], node: Node
 ) -> None:
