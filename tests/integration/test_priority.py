@@ -64,7 +64,7 @@ async def test_a_backlog_is_delivered_as_the_broker_orders_priorities(
     ran: list[str] = []
 
     async def handler(job: Job) -> None:
-        assert job.priority == sent_priority(dict(BACKLOG)[job.message_id])
+        assert job.priority == sent_priority(dict(BACKLOG)[str(job.message_id)])
         ran.append(str(job.message_id))
 
     with capture_logs() as logs:

@@ -98,7 +98,7 @@ def test_a_query_gives_its_filters_and_empty_ones_are_none() -> None:
 
 
 def test_a_withheld_result_is_said_so_in_text() -> None:
-    shown = {
+    shown: dict[str, object] = {
         "message_id": "a",
         "queue": "jobs",
         "type": None,
