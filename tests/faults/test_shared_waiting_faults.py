@@ -566,8 +566,12 @@ async def test_kill_9_of_a_worker_and_of_migrate_while_old_objects_hold_jobs_and
             return all(f.get("messages") == 0 and not f.get("messages_dlx") for f in figures)
 
         await wait_for(empty_by_the_api, 30, "the API to show the old levels empty")
-        code, done = migrate(run)
-        assert code == 0, done
+
+        async def retired() -> bool:  # 4.0.5 may still count a job of theirs over AMQP a moment
+            code, done = await asyncio.to_thread(migrate, run)
+            return code == 0 and all(s["done"] for s in done["steps"])
+
+        await wait_for(retired, 30, "`ricochet migrate` to retire the old levels")
         assert not any(await levels_exist(run))
         tally = await run.account()
     finally:
