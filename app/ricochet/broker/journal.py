@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -118,6 +119,7 @@ def read_entries(body: bytes, process: str | None = None) -> list[Entry]:
         return []
     entries = [entry for entry in map(_entry, rows) if entry is not None]
     if process is not None and _text(process):
+        process = sys.intern(process)
         for entry in entries:
             if entry.event in ATTEMPT_EVENTS:
                 entry.detail["process"] = process
@@ -139,7 +141,9 @@ def _entry(row: object) -> Entry | None:
         or not isinstance(detail, dict)
     ):
         return None
-    return Entry(at_ms, event, queue, message_id, job_type, attempt, detail)
+    # The few names that repeat through a journal are kept once (a reader may hold millions).
+    kind = None if job_type is None else sys.intern(job_type)
+    return Entry(at_ms, sys.intern(event), sys.intern(queue), message_id, kind, attempt, detail)
 
 
 def _text(value: object) -> bool:

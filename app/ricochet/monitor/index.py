@@ -59,43 +59,42 @@ class JobIndex:
     def __init__(self, most: int = MOST_ENTRIES) -> None:
         self._most = most
         self._jobs: OrderedDict[Key, JobHistory] = OrderedDict()  # changed longest ago first
-        self._entries_of: dict[Key, int] = {}
-        self._by_id: dict[str, list[JobHistory]] = {}
+        # The queues of the jobs held (few: a job is found by id in each of them).
+        self._queues: dict[str, int] = {}
         self.entries = 0
         # Whether everything written before the index started has been read.
         self.complete = False
         self._next_offset: int | None = None  # where a reader goes on from (None: not begun)
 
     def add(self, entry: Entry) -> None:
-        """Fold one entry into its job; past `most` entries, forget the jobs changed longest ago."""
+        """Fold one entry into its job; past `most` entries, forget the jobs changed longest ago.
+        A job's entries are its events, one each (two items of its list)."""
         key = (entry.queue, entry.message_id)
         job = self._jobs.get(key)
         if job is None:
             job = self._jobs[key] = JobHistory(entry.message_id, entry.queue)
-            self._by_id.setdefault(entry.message_id, []).append(job)
-            self._entries_of[key] = 0
+            self._queues[entry.queue] = self._queues.get(entry.queue, 0) + 1
         else:
             self._jobs.move_to_end(key)
         fold(job, entry)
-        self._entries_of[key] += 1
         self.entries += 1
         while self.entries > self._most:
             self._forget_oldest()
 
     def _forget_oldest(self) -> None:
-        key, job = self._jobs.popitem(last=False)
-        self.entries -= self._entries_of.pop(key)
-        same = self._by_id[job.message_id]
-        same.remove(job)
-        if not same:
-            del self._by_id[job.message_id]
+        (queue, _), job = self._jobs.popitem(last=False)
+        self.entries -= len(job.events) // 2
+        self._queues[queue] -= 1
+        if not self._queues[queue]:
+            del self._queues[queue]
 
     def __len__(self) -> int:
         return len(self._jobs)
 
     def job(self, message_id: str, queue: str | None = None) -> list[JobHistory]:
         """The jobs of that id (of that queue, when given), the one changed last, last."""
-        found = [j for j in self._by_id.get(message_id, ()) if queue is None or j.queue == queue]
+        queues = self._queues if queue is None else (queue,)
+        found = [job for q in queues if (job := self._jobs.get((q, message_id))) is not None]
         return sorted(found, key=lambda j: j.last_at_ms)
 
     def jobs(self) -> Iterator[JobHistory]:

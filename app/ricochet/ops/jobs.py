@@ -12,9 +12,10 @@ import binascii
 import datetime as dt
 import heapq
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 from aio_pika.abc import AbstractConnection
 
@@ -37,6 +38,7 @@ _STATE_OF = {
     "relaunched": "queued",
     "discarded": "failed",
 }
+NO_RESULT: Mapping[str, Any] = MappingProxyType({})
 # An attempt's entry that ends it.
 _ENDS = frozenset({"succeeded", "retrying", "failed", "cancelled"})
 
@@ -56,7 +58,7 @@ def iso_ms(at_ms: int | None) -> str | None:
     return None if at_ms is None else iso(dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC))
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     attempt: int
     started_at_ms: int | None = None
@@ -78,7 +80,7 @@ class Attempt:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class JobHistory:
     """A job of a queue as its entries tell it."""
 
@@ -89,11 +91,14 @@ class JobHistory:
     state_at_ms: int = -1
     due_at_ms: int | None = None
     attempts: list[Attempt] = field(default_factory=list)
-    result: dict[str, Any] = field(default_factory=dict)  # result, or why there is none
+    # The result, or why there is none; one empty mapping shared until then (an index holds many).
+    result: Mapping[str, Any] = field(default_factory=lambda: NO_RESULT)
     progress: Any = None
     last_at_ms: int = -1
     reason: str | None = None
-    events: list[tuple[int, str]] = field(default_factory=list)
+    # Each entry's time and event, flat (at_ms, event, at_ms, event, ...): an index holds a
+    # million entries, and a pair a tuple would cost as much again.
+    events: list[int | str] = field(default_factory=list)
 
     def now(self, now_ms: int) -> str:
         """The state as of now_ms: a job waiting past its due time is back in its queue."""
@@ -118,7 +123,10 @@ class JobHistory:
             "result": self.result.get("result") if with_result else None,
             **({} if not with_result else _result_note(self.result)),
             "progress": self.progress,
-            "events": [{"at": iso_ms(at), "event": event} for at, event in self.events],
+            "events": [
+                {"at": iso_ms(cast(int, at)), "event": event}
+                for at, event in zip(self.events[::2], self.events[1::2], strict=True)
+            ],
         }
 
     def row(self, now_ms: int) -> dict[str, Any]:
@@ -136,7 +144,7 @@ class JobHistory:
         }
 
 
-def _result_note(result: dict[str, Any]) -> dict[str, Any]:
+def _result_note(result: Mapping[str, Any]) -> dict[str, Any]:
     """Why a succeeded job shows no result, when it returned one the journal did not keep."""
     return {key: value for key, value in result.items() if key != "result"}
 
@@ -145,7 +153,7 @@ def fold(job: JobHistory, entry: Entry) -> None:
     """Apply one entry of the job to what is known of it."""
     job.type = entry.type or job.type
     job.last_at_ms = max(job.last_at_ms, entry.at_ms)
-    job.events.append((entry.at_ms, entry.event))
+    job.events += (entry.at_ms, entry.event)
     detail = entry.detail
     if entry.event == "progress":
         job.progress = detail.get("progress")
