@@ -609,3 +609,17 @@ class WebhookServer:
 # The webhook fixture: `await webhook([500, 200])` answers 500, then 200 from then on;
 # `await webhook([200], hang_on="job.failed")` never answers job alerts.
 StartWebhook = Callable[..., Awaitable[WebhookServer]]
+
+
+@asynccontextmanager
+async def monitor_process(queue: str, token: str | None = None) -> AsyncIterator[str]:
+    """`ricochet monitor` with its HTTP server on a free local port; yields the base URL."""
+    port = free_port()
+    env = ricochet_env(make_settings(queue, http_port=port, console_token=token))
+    proc = spawn(["monitor"], env)
+    try:
+        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's HTTP server")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.communicate, timeout=30)

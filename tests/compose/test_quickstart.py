@@ -114,6 +114,29 @@ def test_one_worker_runs_a_job_of_each_of_its_queues(stack: Stack) -> None:
     assert {"thumbnails", "email", "jobs"} <= set(listed)
 
 
+def test_ricochet_job_answers_from_the_monitor_s_index(
+    stack: Stack, quickstart: dict[str, Published]
+) -> None:
+    """`docker compose exec worker ricochet job ID` asks the monitor (the stack sets
+    RICOCHET_MONITOR_URL), which answers as its API does on the published port."""
+    job = quickstart["succeeded"]
+    base = f"http://127.0.0.1:{stack.port('MONITOR_PORT')}/api/jobs/{job.message_id}"
+
+    def indexed() -> dict[str, Any] | None:
+        status, body = http_get(base)
+        shown = json.loads(body) if status == 200 else None
+        return shown if shown and shown["state"] == "succeeded" else None
+
+    from_api = wait("the monitor's index to show the job succeeded", 30, indexed)
+    said = stack.compose(
+        "exec", "-T", "worker", "sh", "-c", f"ricochet job {job.message_id} --json 2>&1"
+    )
+    assert "read the journal since" not in said  # not read back: asked of the monitor
+    shown = json.loads(said)
+    assert shown["state"] == "succeeded"
+    assert shown["attempts"] == from_api["attempts"]
+
+
 def test_retried_job_waits_its_tier_then_succeeds(
     stack: Stack, quickstart: dict[str, Published]
 ) -> None:

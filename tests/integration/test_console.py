@@ -1,7 +1,6 @@
 """The failed-jobs console against the real broker: its pages, its forms behind the token, and a
 real browser (Debian's chromium, headless) using it as a person would."""
 
-import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -21,14 +20,11 @@ from ricochet.service.http import serve_http
 
 from tests.integration.failures import publish_failed
 from tests.support import (
-    answers,
     depth,
     free_port,
     make_settings,
-    ricochet_env,
-    spawn,
+    monitor_process,
     take,
-    wait_for,
 )
 
 TOKEN = "console-token-for-tests-0123"
@@ -169,20 +165,6 @@ async def test_group_replay_and_discard(
     jobs = await take(channel, queue_name, 3)
     assert [m.message_id for m in jobs] == ["invoice-4810", "invoice-4811", "invoice-4812"]
     assert await failed_ids(channel, queue_name) == ["evil"]
-
-
-@asynccontextmanager
-async def monitor_process(queue: str, token: str) -> AsyncIterator[str]:
-    """`ricochet monitor` with its HTTP server on a free local port; yields the base URL."""
-    port = free_port()
-    env = ricochet_env(make_settings(queue, http_port=port, console_token=token))
-    proc = spawn(["monitor"], env)
-    try:
-        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's HTTP server")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.communicate, timeout=30)
 
 
 async def test_in_a_browser(

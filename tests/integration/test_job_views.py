@@ -5,8 +5,6 @@ RICOCHET_MONITOR_URL is set."""
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -15,12 +13,11 @@ from ricochet import Client, Job, Router
 from tests.support import (
     AMQP_URL,
     StartWorker,
-    answers,
     free_port,
     make_settings,
+    monitor_process,
     ricochet_env,
     run_cli,
-    spawn,
     wait_for,
 )
 
@@ -39,20 +36,6 @@ def _router() -> Router:
         raise ValueError(f"no template for {job.message_id}")
 
     return router
-
-
-@asynccontextmanager
-async def monitor(queue: str, token: str | None) -> AsyncIterator[str]:
-    """`ricochet monitor` with its HTTP server on a free local port; yields the base URL."""
-    port = free_port()
-    env = ricochet_env(make_settings(queue, http_port=port, console_token=token))
-    proc = spawn(["monitor"], env)
-    try:
-        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's HTTP server")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.communicate, timeout=30)
 
 
 async def get(url: str, **headers: str) -> tuple[int, Any]:
@@ -79,7 +62,7 @@ async def test_the_monitor_answers_from_its_index_of_the_journal(
         for i in range(3):
             await client.enqueue("report", {"rows": i}, message_id=f"{queue_name}-before-{i}")
         await client.enqueue("broken", {}, message_id=f"{queue_name}-broken")
-        async with monitor(queue_name, TOKEN) as base:
+        async with monitor_process(queue_name, TOKEN) as base:
             before = f"{queue_name}-before-2"
             await wait_for(
                 lambda: _is(base, before, queue_name, "succeeded"), 20, "a job written before"
@@ -168,7 +151,7 @@ async def test_ricochet_job_asks_the_monitor_when_told_where_it_is(
     message_id = f"{queue_name}-asked"
     async with Client(AMQP_URL, queue_name) as client:
         await client.enqueue("report", {"rows": 3}, message_id=message_id)
-    async with monitor(queue_name, None) as base:
+    async with monitor_process(queue_name) as base:
         await wait_for(lambda: _is(base, message_id, queue_name, "succeeded"), 20, "the job")
         env = ricochet_env(make_settings(queue_name), RICOCHET_MONITOR_URL=base)
         asked = await asyncio.to_thread(run_cli, ["job", message_id, "--json"], env)
