@@ -854,8 +854,9 @@ def _echo_job(shown: dict[str, Any], as_json: bool) -> None:
 def _job_from_monitor(
     settings: Settings, message_id: str, queue: str | None, as_json: bool
 ) -> bool:
-    """Print the job as the monitor's index knows it (exit 1 when it knows none); False when the
-    monitor does not answer, said on stderr, for the journal to be read back instead."""
+    """Print the job as the monitor's index knows it; False when the monitor does not answer or
+    knows no such job (it may be older than the index's entries, or not read yet), said on
+    stderr, for the journal to be read back instead."""
     assert settings.monitor_url is not None
     token = settings.console_token.get_secret_value() if settings.console_token else None
     where = f"the monitor at {url_host(settings.monitor_url)}"
@@ -865,8 +866,8 @@ def _job_from_monitor(
         click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
         return False
     if shown is None:
-        click.echo(f"ricochet: no job {message_id!r} in the journal ({where})", err=True)
-        sys.exit(EXIT_RUNTIME)
+        click.echo(f"ricochet: {where} knows no job {message_id!r}: reading the journal", err=True)
+        return False
     complete = shown.pop("complete")
     _echo_job(shown, as_json)
     if not complete:

@@ -71,7 +71,7 @@ def said(how: Honouring | None, queue_type: str, max_priority: int) -> str:
         case Honouring.NONE if queue_type == "classic":
             return (
                 "priority is not applied: the classic queue has no x-max-priority (set"
-                " RICOCHET_MAX_PRIORITY to 1-9 on a queue declared new)"
+                " RICOCHET_MAX_PRIORITY to 5-9 on a queue declared new)"
             )
         case Honouring.NONE:
             return (

@@ -29,6 +29,7 @@ from ricochet.errors import ConfigError
 from ricochet.ladders import MAX_DELAY_MS, MAX_RETRIES
 from ricochet.log import redact, url_host
 from ricochet.names import refusal
+from ricochet.priority import DEFAULT as DEFAULT_PRIORITY
 
 ENV_PREFIX = "RICOCHET_"
 ENV_FILE_VARIABLE = "RICOCHET_ENV_FILE"
@@ -227,10 +228,12 @@ class Settings(ClientSettings):
         ge=0,
         le=9,
         description="the x-max-priority of a classic queue ricochet declares, so that its "
-        "backlog is delivered by priority (0: none; quorum queues take none: RabbitMQ 4.x "
+        "backlog is delivered by priority (0: none; 1-4 would count a job sent without a "
+        "priority, 4, as high as any, and are refused; quorum queues take none: RabbitMQ 4.x "
         "orders them by priority without it). RabbitMQ cannot add it to an existing queue: "
         "`ricochet topology` says how to declare the queue again "
         "(see [Priority](enqueueing.md#priority))",
+        json_schema_extra={"allowed": "0, or 5-9"},
     )
     max_retries: int = Field(
         3,
@@ -481,6 +484,13 @@ class Settings(ClientSettings):
 
     @model_validator(mode="after")
     def _max_priority_on_classic_queues(self) -> "Settings":
+        if 0 < self.max_priority <= DEFAULT_PRIORITY:
+            raise PydanticCustomError(
+                "conflict",
+                f"{variable_name('max_priority')}={self.max_priority} would count the priority"
+                f" of a job sent without one ({DEFAULT_PRIORITY}) as high as any: set"
+                f" {DEFAULT_PRIORITY + 1}-9, or 0 for none",
+            )
         if self.max_priority and self.queue_type != "classic":
             raise PydanticCustomError(
                 "conflict",

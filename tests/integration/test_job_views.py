@@ -54,7 +54,8 @@ async def test_the_monitor_answers_from_its_index_of_the_journal(
     start_worker: StartWorker, queue_name: str
 ) -> None:
     """Jobs that ran before the monitor started and after: /api/jobs/<id> answers each with its
-    state, attempts and result (withheld without the token, given with it), /api/jobs pages
+    state, attempts and result (withheld without the token, given with it, a 401 for a wrong
+    one; a failed job has nothing withheld), /api/jobs pages
     newest first with a cursor and filters, the pages show the same, and an unknown id is a 404;
     bad filters are a 400 that says what is wrong."""
     await start_worker(_router(), max_retries=0)
@@ -89,11 +90,12 @@ async def test_the_monitor_answers_from_its_index_of_the_journal(
             assert shown["result"] == {"rows": 7}
             assert "result_withheld" not in shown
             status, wrong = await get(f"{base}/api/jobs/{after}", Authorization="Bearer nope")
-            assert wrong["result"] is None
-            assert wrong["result_withheld"] is True
+            assert status == 401
+            assert wrong["error"] == "wrong console token"
 
             status, failed = await get(f"{base}/api/jobs/{queue_name}-broken")
             assert failed["state"] == "failed"
+            assert "result_withheld" not in failed
             assert f"no template for {queue_name}-broken" in failed["attempts"][-1]["reason"]
 
             status, missing = await get(f"{base}/api/jobs/{queue_name}-never")
@@ -145,8 +147,8 @@ async def test_ricochet_job_asks_the_monitor_when_told_where_it_is(
     start_worker: StartWorker, queue_name: str
 ) -> None:
     """With RICOCHET_MONITOR_URL, `ricochet job` prints what the monitor's index has (the same
-    JSON as read back); a monitor that does not answer leaves it to read the journal back, and
-    says so; an id the index does not know exits 1."""
+    JSON as read back); a monitor that does not answer, or does not know the id, leaves it to
+    read the journal back, and says so; an id the journal does not know either exits 1."""
     await start_worker(_router())
     message_id = f"{queue_name}-asked"
     async with Client(AMQP_URL, queue_name) as client:
@@ -162,7 +164,8 @@ async def test_ricochet_job_asks_the_monitor_when_told_where_it_is(
         assert "read the journal since" not in asked.stderr  # not read back
         unknown = await asyncio.to_thread(run_cli, ["job", f"{queue_name}-never"], env)
         assert unknown.returncode == 1
-        assert "the monitor at 127.0.0.1" in unknown.stderr
+        assert f"the monitor at {base.removeprefix('http://')} knows no job" in unknown.stderr
+        assert "no job" in unknown.stderr.splitlines()[-1]  # nor does the journal read back
     closed = f"http://127.0.0.1:{free_port()}/"
     env = ricochet_env(make_settings(queue_name), RICOCHET_MONITOR_URL=closed)
     read_back = await asyncio.to_thread(run_cli, ["job", message_id], env)

@@ -116,3 +116,20 @@ def test_a_withheld_result_is_said_so_in_text() -> None:
     truncated = job_text({**shown, "result_truncated": True, "result_bytes": 9000})
     assert "not recorded" in truncated
     assert "9000" in truncated
+
+
+def test_an_attempt_s_start_read_after_its_end_is_that_attempt_s() -> None:
+    """Entries of several processes arrive in any order: a started entry folded after its
+    attempt's end fills that attempt's start; a second start of an attempt that had begun is
+    a delivery again; the events are shown in time order."""
+    index = JobIndex()
+    index.add(entry(2_000, "succeeded", "a", duration_s=0.5))
+    index.add(entry(1_600, "started", "a", process="host:1"))
+    (job,) = index.job("a")
+    assert [(a.attempt, a.started_at_ms, a.outcome) for a in job.attempts] == [
+        (1, 1_600, "succeeded")
+    ]
+    assert [e["event"] for e in job.as_dict(3_000)["events"]] == ["started", "succeeded"]
+    index.add(entry(1_000, "started", "b"))
+    index.add(entry(1_500, "started", "b"))  # its worker lost: delivered again
+    assert [a.started_at_ms for a in index.job("b")[0].attempts] == [1_000, 1_500]

@@ -62,6 +62,9 @@ def test_max_priority_on_quorum_queues_exits_naming_both_settings(
     monkeypatch.setenv("RICOCHET_QUEUE_TYPE", "classic")
     with pytest.raises(ConfigError, match=r"RICOCHET_MAX_PRIORITY='10' is invalid"):
         load_settings()
+    monkeypatch.setenv("RICOCHET_MAX_PRIORITY", "4")
+    with pytest.raises(ConfigError, match=r"RICOCHET_MAX_PRIORITY=4 would count .* set 5-9"):
+        load_settings()
     monkeypatch.setenv("RICOCHET_MAX_PRIORITY", "9")
     assert load_settings().max_priority == 9
 
@@ -77,7 +80,7 @@ def test_max_priority_on_quorum_queues_exits_naming_both_settings(
         ("quorum", 0, (4, 3, 6), Honouring.STRICT),
         ("quorum", 0, None, None),
         ("classic", 0, (4, 3, 6), Honouring.NONE),
-        ("classic", 3, (3, 10, 8), Honouring.STRICT),
+        ("classic", 5, (3, 10, 8), Honouring.STRICT),
         ("classic", 9, None, Honouring.STRICT),
     ],
 )

@@ -180,7 +180,8 @@ async def read_between(
 ) -> int | None:
     """Hand read() each record of store at offsets start to end - 1 (records before the store's
     first offset are gone): the first offset read, end when the store holds nothing in that
-    range (its first offset is past it), or None when the range was not read within timeout_s."""
+    range (its first offset is past it), or None when the range was not read within timeout_s;
+    ConnectionError when the reader was lost (its channel closed, the store deleted)."""
     first: list[int] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -196,10 +197,14 @@ async def read_between(
             done.set_result(None)
 
     reader = await LogReader.open(connection, store, each, start)
+    lost = asyncio.ensure_future(reader.lost.wait())
     try:
-        await asyncio.wait_for(done, timeout_s)
-    except TimeoutError:
-        return None
+        await asyncio.wait({done, lost}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        lost.cancel()
         await reader.close()
+    if not done.done():
+        if reader.lost.is_set():
+            raise ConnectionError(f"the reader of {store} was lost")
+        return None
     return min(first[0], end)

@@ -132,10 +132,11 @@ class JobIndex:
             start = self._next_offset
         reader = await LogReader.open(connection, SHARED.journal, self.read_record, start)
         try:
-            if not self.complete:
+            # Until its marker comes back within READ_TIMEOUT_S: a slow first read asks again.
+            while not (self.complete or reader.lost.is_set() or stopping.is_set()):
                 self.complete = await reader.up_to_now(READ_TIMEOUT_S) is not None
                 log.info(
-                    "journal index built" if self.complete else "journal index incomplete",
+                    "journal index built" if self.complete else "journal index still reading",
                     jobs=len(self),
                     entries=self.entries,
                     took_s=round(time.monotonic() - started, 2),

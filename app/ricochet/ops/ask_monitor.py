@@ -29,6 +29,8 @@ async def job_from_monitor(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as session,
             session.get(url, params=params, headers=headers) as response,
         ):
+            if response.status == 401:
+                raise MonitorUnanswered("it refused RICOCHET_CONSOLE_TOKEN")
             if response.status not in (200, 404):
                 raise MonitorUnanswered(f"it answered HTTP {response.status}")
             answer = await response.json()

@@ -67,6 +67,8 @@ class Attempt:
     reason: str | None = None
     duration_s: float | None = None
     process: str | None = None
+    # Its start known only from its end's duration (its started entry not read yet, or lost).
+    start_inferred: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -125,7 +127,9 @@ class JobHistory:
             "progress": self.progress,
             "events": [
                 {"at": iso_ms(cast(int, at)), "event": event}
-                for at, event in zip(self.events[::2], self.events[1::2], strict=True)
+                for at, event in sorted(
+                    zip(self.events[::2], self.events[1::2], strict=True), key=lambda e: e[0]
+                )
             ],
         }
 
@@ -176,14 +180,19 @@ def fold(job: JobHistory, entry: Entry) -> None:
 def _fold_attempt(job: JobHistory, entry: Entry) -> None:
     number = entry.attempt if entry.attempt is not None else (job.attempt or 1)
     attempt = next((a for a in reversed(job.attempts) if a.attempt == number), None)
-    if attempt is None or (entry.event == "started" and attempt.started_at_ms is not None):
+    started = entry.event == "started"
+    # A second start of an attempt is a delivery again (a worker lost with it); a start read
+    # after its end (entries of several processes come in any order) is that attempt's.
+    again = started and attempt is not None and attempt.started_at_ms is not None
+    if attempt is None or (again and not attempt.start_inferred):
         attempt = Attempt(number)
         job.attempts.append(attempt)
         job.attempts.sort(key=lambda a: a.attempt)
     detail = entry.detail
-    if entry.event == "started":
+    if started:
         attempt.started_at_ms = entry.at_ms
-        attempt.process = _text(detail.get("process"))
+        attempt.start_inferred = False
+        attempt.process = _text(detail.get("process")) or attempt.process
         return
     attempt.ended_at_ms = entry.at_ms
     attempt.outcome = entry.event
@@ -194,6 +203,7 @@ def _fold_attempt(job: JobHistory, entry: Entry) -> None:
     if attempt.started_at_ms is None and attempt.duration_s is not None:
         # An attempt that ended before its started entry was written: its end says how long.
         attempt.started_at_ms = entry.at_ms - round(attempt.duration_s * 1000)
+        attempt.start_inferred = True
 
 
 def _seconds(value: object) -> bool:
