@@ -183,21 +183,21 @@ async def read_between(
     range (its first offset is past it), or None when the range was not read within timeout_s;
     ConnectionError when the reader was lost (its channel closed, the store deleted)."""
     first: list[int] = []
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     def each(record: AbstractIncomingMessage, offset: int) -> None:
         if not first:
             first.append(offset)
         if offset >= end:
             if not done.done():
-                done.set_result(None)
+                done.set_result(True)
             return
         read(record, offset)
         if offset == end - 1 and not done.done():
-            done.set_result(None)
+            done.set_result(True)
 
     reader = await LogReader.open(connection, store, each, start)
-    lost = asyncio.ensure_future(reader.lost.wait())
+    lost: asyncio.Future[bool] = asyncio.ensure_future(reader.lost.wait())
     try:
         await asyncio.wait({done, lost}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
