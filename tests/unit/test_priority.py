@@ -2,6 +2,7 @@
 with RICOCHET_MAX_PRIORITY, and how each broker applies it, as doctor says (SPEC 28)."""
 
 import datetime as dt
+import os
 
 import pytest
 from ricochet import InvalidJob, Router, priority
@@ -55,6 +56,8 @@ def test_max_priority_is_the_main_classic_queue_s_argument_only() -> None:
 def test_max_priority_on_quorum_queues_exits_naming_both_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name in [n for n in os.environ if n.startswith("RICOCHET_")]:
+        monkeypatch.delenv(name)  # the tests' own (RICOCHET_TEST_*) are no settings
     monkeypatch.setenv("RICOCHET_MAX_PRIORITY", "5")
     with pytest.raises(ConfigError, match=r"RICOCHET_MAX_PRIORITY is for classic queues.*"):
         load_settings()
