@@ -834,13 +834,12 @@ def job(message_id: str, queue: str | None, since: dt.timedelta, as_json: bool) 
         return
     read = _read_journal(settings, since, message_id)
     found = [j for j in read.jobs.values() if queue is None or j.queue == queue]
-    now_ms = time.time_ns() // 1_000_000
     read_back = f"read the journal since {iso(read.since)}"
     if not found:
         click.echo(f"ricochet: no job {message_id!r} in the journal ({read_back})", err=True)
         sys.exit(EXIT_RUNTIME)
     found.sort(key=lambda j: j.last_at_ms)
-    _echo_job(found[-1].as_dict(now_ms), as_json)
+    _echo_job(found[-1].as_dict(now_ms()), as_json)
     others = [j.queue for j in found[:-1]]
     if others:
         click.echo(f"also in {', '.join(others)} (--queue chooses)", err=True)

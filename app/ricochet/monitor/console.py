@@ -177,6 +177,16 @@ def form_token(body: bytes) -> str | None:
     return next((value for name, value in fields if name == "token"), None)
 
 
+async def posted_form(request: web.Request) -> bytes:
+    """The body of a console form, once its headers say it is one: HTTPUnsupportedMediaType
+    for another content type, HTTPBadRequest for a charset other than UTF-8."""
+    if request.content_type != FORM:
+        raise web.HTTPUnsupportedMediaType(text=f"a console form is sent as {FORM}\n")
+    if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
+        raise web.HTTPBadRequest(text="a console form is read as UTF-8, in no other charset\n")
+    return await request.read()
+
+
 def form_fields(body: bytes) -> dict[str, str]:
     """The fields of a URL-encoded UTF-8 form, the first of each name; ValueError when the body
     is not one."""
@@ -559,11 +569,7 @@ class Console:
         then the token, read as the form's other fields cannot be until it matches."""
         if self._token is None:
             return await self._refused(READ_ONLY)
-        if request.content_type != FORM:
-            raise web.HTTPUnsupportedMediaType(text=f"a console form is sent as {FORM}\n")
-        if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
-            raise web.HTTPBadRequest(text="a console form is read as UTF-8, in no other charset\n")
-        body = await request.read()
+        body = await posted_form(request)
         if not token_matches(self._token, form_token(body)):
             return await self._refused("missing or wrong console token")
         try:

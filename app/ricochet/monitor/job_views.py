@@ -15,18 +15,18 @@ others get neither the result nor the progress, and "result_withheld": true when
 
 import asyncio
 import json
-import time
 from typing import Any
 
 from aiohttp import web
 
+from ricochet.broker.journal import now_ms
 from ricochet.monitor.console import (
-    FORM,
     HEADERS,
     ID_CHARS,
     Console,
     clip,
     form_token,
+    posted_form,
     query_number,
 )
 from ricochet.monitor.index import JobIndex
@@ -35,10 +35,6 @@ from ricochet.ops.jobs import STATES, JobFilter, JobHistory, decode_cursor, page
 LIMIT_DEFAULT = 50
 LIMIT_MOST = 500
 BEARER = "Bearer "
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _text(query: Any, name: str) -> str | None:
@@ -90,12 +86,12 @@ class JobViews:
         0.4 s: the probes and the index's reader go on meanwhile) over the jobs held now."""
         matches, limit, cursor = selected
         jobs = list(self._index.jobs())
-        return await asyncio.to_thread(page, jobs, matches, _now_ms(), limit, cursor)
+        return await asyncio.to_thread(page, jobs, matches, now_ms(), limit, cursor)
 
     async def api_jobs(self, request: web.Request) -> web.Response:
         shown, next_cursor = await self._listed(selection(request.query))
-        now_ms = _now_ms()
-        rows = [job.row(now_ms) for job in shown]
+        now = now_ms()
+        rows = [job.row(now) for job in shown]
         return _json({"jobs": rows, "next": next_cursor, "complete": self._index.complete})
 
     async def api_job(self, request: web.Request) -> web.Response:
@@ -114,19 +110,19 @@ class JobViews:
         """The job as `ricochet job --json` prints it; without the console token (when one is
         set) with neither its result nor its progress, what a handler returned or reported."""
         if self._console.token_given(token) is not False:
-            return job.as_dict(_now_ms())
-        shown = job.as_dict(_now_ms(), with_result=False)
+            return job.as_dict(now_ms())
+        shown = job.as_dict(now_ms(), with_result=False)
         withheld = bool(job.result) or shown["progress"] is not None
         return {**shown, "progress": None, **({"result_withheld": True} if withheld else {})}
 
     async def jobs_page(self, request: web.Request) -> web.Response:
         selected = selection(request.query)
         shown, next_cursor = await self._listed(selected)
-        now_ms = _now_ms()
+        now = now_ms()
         matches, limit, _ = selected
         filters = {k: v for k, v in vars(matches).items() if v is not None}
         values = {
-            "rows": [job.row(now_ms) for job in shown],
+            "rows": [job.row(now) for job in shown],
             "next": next_cursor,
             "filters": filters,
             "paging": {**filters, **({"limit": limit} if limit != LIMIT_DEFAULT else {})},
@@ -140,9 +136,7 @@ class JobViews:
         message_id = request.match_info["message_id"]
         given = None
         if request.method == "POST":
-            if request.content_type != FORM:
-                raise web.HTTPUnsupportedMediaType(text=f"a console form is sent as {FORM}\n")
-            given = form_token(await request.read())
+            given = form_token(await posted_form(request))
             if self._console.token_given(given) is False:
                 return await self._console.error(403, "missing or wrong console token")
         job = self._found(request)
