@@ -5,6 +5,7 @@ import datetime as dt
 import inspect
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -82,11 +83,26 @@ class ForeignTimestamp(dt.datetime):
         return float(2**62)
 
 
+# Ports a test's server is given: below Linux's ephemeral range (32768-60999), which the
+# kernel hands to outgoing connections. A port the kernel chose (bind to 0) is one of those, and
+# another suite's AMQP connection could take it before the server bound it: CI's compose stack
+# once found its broker's port so taken, beside the matrix. Above the brokers' management ports
+# (15672-15692), below their nodes' distribution ports (25672 and up), which a node started
+# later needs.
+SERVER_PORTS = range(16_000, 25_000)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now (for a test's HTTP server)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on right now (for a test's server), outside the ephemeral
+    range."""
+    while True:
+        port = random.choice(SERVER_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 async def http_status(port: int, path: str) -> int | None:
