@@ -1,8 +1,9 @@
 """Faults of the monitor's index of the journal (SPEC 26): the monitor killed with kill -9 while
-it builds its index, and its API asked while the broker is stopped. The index is memory only:
-a new monitor builds it again from the journal, and one that lost the broker answers from what
-it holds and goes on reading once the broker is back. Every job id is accounted for, as the
-workers ran it and as the index shows it."""
+it builds its index, its API asked while the broker is stopped, and the journal stream deleted
+and declared again while it reads it. The index is memory only: a new monitor builds it again
+from the journal, one that lost the broker answers from what it holds and goes on reading once
+the broker is back, and one whose stream is new reads it from its first record. Every job id is
+accounted for, as the workers ran it and as the index shows it."""
 
 import asyncio
 import json
@@ -12,13 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from ricochet import Client
+from ricochet.broker.journal import Entry, journal_record, now_ms
+from ricochet.names import SHARED
 
 from tests.broker import BROKER
-from tests.faults.harness import FaultRun, progress
+from tests.faults.harness import PUBLISH_BATCH, FaultRun, progress
 from tests.faults.node import Node
-from tests.support import answers, free_port, ricochet_env, spawn, wait_for
+from tests.support import answers, exists, free_port, ricochet_env, spawn, wait_for
 
 JOBS = 200
+# Records of old jobs the journal holds before the monitor starts: many more than the stream
+# declared again gets during the row, so that a reader left where the old stream ended would
+# not reach a job of the new one.
+OLD_RECORDS = 500
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -119,6 +127,73 @@ async def test_the_index_asked_while_the_broker_is_stopped(
         after = await run.publish(JOBS // 2)
         await progress(run, JOBS)
         await wait_for(all_succeeded(base, run.settings.queue, after), 90, "the jobs after")
+    finally:
+        await stopped(monitor)
+    await run.account()
+
+
+async def old_records(run: FaultRun, n: int) -> list[str]:
+    """Write n records to the journal, each a job of the run's queue that succeeded, as a
+    journal of some age holds them: their ids."""
+    ids = [f"old-{i}" for i in range(n)]
+    channel = await run.connection.channel(publisher_confirms=True, on_return_raises=True)
+    entries = [Entry(now_ms(), "succeeded", run.settings.queue, m, "job", 1, {}) for m in ids]
+    for start in range(0, n, PUBLISH_BATCH):
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    journal_record([entry]), routing_key=SHARED.journal, mandatory=True
+                )
+                for entry in entries[start : start + PUBLISH_BATCH]
+            )
+        )
+    await channel.close()
+    return ids
+
+
+async def enqueued(run: FaultRun, client: Client, n: int) -> list[str]:
+    """Enqueue n jobs with the Client (each writes its enqueued entry), counted in the run."""
+    ids = [f"enqueued-{len(run.published) + i}" for i in range(n)]
+    for message_id in ids:
+        await client.enqueue("job", {}, message_id=message_id)
+    run.published.extend(ids)
+    return ids
+
+
+async def test_the_journal_stream_deleted_and_declared_again_while_the_monitor_reads_it(
+    fault_run: Callable[..., FaultRun],
+) -> None:
+    """The journal holds 500 records of old jobs when a monitor starts; a job enqueued with the
+    Client shows succeeded, then the stream is deleted (the run's: its vhost, or its node, is
+    its test process's own) and declared again by the next write that finds it gone. The new
+    stream's offsets start at 0 again: the index reads it from its first record, so every job
+    enqueued after shows succeeded within 30 s, and the jobs of the old stream stay."""
+    run = fault_run("journal stream deleted and declared again while the monitor reads it")
+    queue = run.settings.queue
+    await run.publish_messages([])  # the queue's topology, the journal with it
+    old = await old_records(run, OLD_RECORDS)
+    await run.start_worker()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = ricochet_env(run.settings, RICOCHET_HTTP_PORT=str(port))
+    monitor = spawn(["monitor"], env, run.tmp_path / "monitor.log")
+    try:
+        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's port")
+        async with Client(run.settings.amqp_url, queue) as client:
+            before = await enqueued(run, client, 1)
+            await wait_for(all_succeeded(base, queue, before), 60, "the job before")
+            deleting = await run.connection.channel()
+            await deleting.queue_delete(SHARED.journal)
+            await deleting.close()
+            # Its entries find the stream gone: dropped, and the stream declared again.
+            await enqueued(run, client, 1)
+            await wait_for(
+                lambda: exists(run.connection, SHARED.journal), 30, "the journal declared again"
+            )
+            after = await enqueued(run, client, JOBS // 10)
+        await wait_for(all_succeeded(base, queue, after), 30, "every job enqueued after")
+        states, _ = await indexed(base, queue)
+        assert {states.get(m) for m in old + before} == {"succeeded"}
     finally:
         await stopped(monitor)
     await run.account()

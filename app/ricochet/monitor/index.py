@@ -6,7 +6,9 @@ backwards, a chunk of records at a time (each chunk twice the one before), only 
 record's entries; then it reads forward from there and goes on reading as entries are written.
 A long journal (7 days, 1 GB) so costs a start its last million entries, not all of it. Until
 the index has read up to where the stream ended at its start it answers from what it has, and
-says it is incomplete. On a new connection it reads on from the record after the last it read.
+says it is incomplete. On a new connection it reads on from the record after the last it read,
+or from the first record of a stream that ends before it (one deleted and declared again,
+whose offsets start at 0 again), keeping what it holds.
 
 Past MOST_ENTRIES entries, the jobs changed longest ago are forgotten, with their entries.
 """
@@ -122,12 +124,21 @@ class JobIndex:
 
     async def _read(self, connection: AbstractConnection, stopping: asyncio.Event) -> None:
         """Read from where the last entries begin (or where the last read stopped) until stopping
-        is set or the reader is lost."""
+        is set or the reader is lost. A stream that ends before where the last read stopped is a
+        new one (deleted and declared again, its offsets from 0): a reader from there would wait
+        until it grew that far, so it is read from its first record, on top of what is held."""
         started = time.monotonic()
         start: int | str
+        end = await tail(connection, SHARED.journal, READ_TIMEOUT_S)
         if self._next_offset is None:
-            end = await tail(connection, SHARED.journal, READ_TIMEOUT_S)
             start = "first" if end is None else await self._start_of_last(connection, end)
+        elif end is not None and end < self._next_offset:
+            log.warning(
+                "journal stream is new: read from its first record",
+                end=end,
+                next_offset=self._next_offset,
+            )
+            start = "first"
         else:
             start = self._next_offset
         reader = await LogReader.open(connection, SHARED.journal, self.read_record, start)
