@@ -27,7 +27,6 @@ RAW_MODES = ("ack", "retry", "fail", "probe", "delay")
 RETRIES = "ricochet-retries"
 # Both consumers look at their progress this often: a 0.25 % error on a 4-second run.
 POLL_S = 0.01
-RETRY_REASON = "RuntimeError: benchmark: the first attempt fails"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -59,41 +58,6 @@ def attempt_of(message: AbstractIncomingMessage, queue: str) -> int:
     return 1 + sum(n for n in counts if isinstance(n, int))
 
 
-def retry_record(message: AbstractIncomingMessage, queue: str) -> list[Any]:
-    """The record of a retry with its reason, as the worker writes it in a batch: the fields of
-    ricochet.broker.retries.Record, in its order (written here by hand, as the raw loop does
-    everything, so the two must change together)."""
-    attempt = attempt_of(message, queue)
-    at_ms = int(time.time() * 1000)
-    return [queue, message.message_id, attempt, at_ms, attempt, message.type, RETRY_REASON]
-
-
-class RetryBatches:
-    """The records of the retries of one loop turn written as one entry of ricochet.retries, on
-    a channel without confirms, ahead of their nacks, as the worker writes them."""
-
-    def __init__(self, channel: aio_pika.abc.AbstractChannel) -> None:
-        self._channel = channel
-        self._pending: list[list[Any]] = []
-        self._written: asyncio.Future[None] | None = None
-
-    async def written(self, record: list[Any]) -> None:
-        """Returns once the record is written with the others of its loop turn."""
-        self._pending.append(record)
-        if self._written is None:
-            self._written = asyncio.ensure_future(self._write())  # at the loop's next turn
-        await asyncio.shield(self._written)
-
-    async def _write(self) -> None:
-        entry = aio_pika.Message(
-            json.dumps(self._pending).encode(),
-            type="retries",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        self._pending, self._written = [], None
-        await self._channel.default_exchange.publish(entry, routing_key="ricochet.retries")
-
-
 async def raw(
     url: str,
     queue: str,
@@ -108,9 +72,7 @@ async def raw(
     """The baseline: a minimal aio-pika loop that does one scenario's broker work, nothing else.
 
     ack: consume and ack. retry: nack the first delivery (the broker dead-letters it through
-    ricochet's 10 ms tier and back), after writing a record of the retry with its reason to the
-    vhost's ricochet.retries (with the others of its loop turn, on a channel without confirms,
-    as the worker records every retry into a tier, a probe's too), and ack the second. fail:
+    ricochet's 10 ms tier and back), and ack the second. fail:
     publish a persistent copy to each queue of copies_to in turn, each confirmed before the
     next, then ack (the worker's copy to Q.failed, then its notice to Q.failed.events). delay:
     publish a persistent copy of a first delivery, marked as a retry, to delay_exchange with
@@ -135,7 +97,6 @@ async def raw(
         return False
 
     waits = await _waits(channel, delay_exchange, delay_key) if mode == "delay" else None
-    records = RetryBatches(await connection.channel(publisher_confirms=False))
 
     async def on_message(message: AbstractIncomingMessage) -> None:
         nonlocal acked, received
@@ -143,9 +104,6 @@ async def raw(
             await waits(message)
             return
         if fails(message):
-            # Recorded with its reason ahead of the nack, as the worker records every retry
-            # into a tier.
-            await records.written(retry_record(message, queue))
             await message.nack(requeue=False)
             return
         if mode == "fail":

@@ -1,11 +1,12 @@
-"""`ricochet waiting` over many waiting jobs (SPEC 23): how long a look takes, how much memory it
-uses, and how late it made the jobs that fell due while it looked.
+"""`ricochet waiting` over many waiting jobs (SPEC 23, 26): how long a look takes, how much memory
+it uses, and how late it made the jobs that fell due while it looked (it reads the journal and the
+tiers' depths, never a tier: nothing, by design; this measures it).
 
 In a vhost of its own, made for it and deleted after:
 
 1. the topology of a queue whose one tier waits SPREAD_S + LEAD_S;
 2. N jobs go into the tier, paced over SPREAD_S, as the worker sends them there: each with the
-   record of its retry in ricochet.retries (PER_ENTRY records an entry, as a worker at that
+   journal's `retrying` entry (PER_RECORD entries a record of the stream, as a worker at that
    pace writes them), and its due time in a header of the bench's own;
 3. right after the Nth, `ricochet waiting --json` runs as a process: its wall time, its largest
    RSS (wait4), the jobs it listed; the first jobs fall due LEAD_S after it started, and go on
@@ -23,7 +24,7 @@ a job handed back goes to the head of its queue).
 
     .venv/bin/python -m bench.waiting                  # 100,000 jobs
     .venv/bin/python -m bench.waiting --jobs 2000      # a quick look that it runs
-    .venv/bin/python -m bench.waiting --per-entry 1   # a record an entry: many idle workers
+    .venv/bin/python -m bench.waiting --per-record 1   # an entry a record: many idle workers
     .venv/bin/python -m bench.waiting --unreached-limit
 
 The broker is RICOCHET_BENCH_AMQP_URL's host (default 127.0.0.1:5672, guest), its management API
@@ -48,8 +49,8 @@ from aio_pika.abc import AbstractIncomingMessage
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
+from ricochet.broker.journal import Entry, journal_record  # noqa: E402
 from ricochet.broker.record import declare_recorded  # noqa: E402
-from ricochet.broker.retries import record_of, retry_records  # noqa: E402
 from ricochet.headers import RETRIES  # noqa: E402
 from ricochet.names import SHARED, Names  # noqa: E402
 from ricochet.settings import Settings  # noqa: E402
@@ -62,11 +63,9 @@ DUE = "bench-due-ms"
 LEAD_S = 2.0  # the first job falls due this long after the look starts
 KEEP_S = 20.0  # retries go on coming this long after the look starts
 BATCH = 500
-# A worker writes an entry at most every WRITE_EVERY_S, of the retries since its last one, so
-# the busier it is the more an entry holds: one worker process sending 3,333 jobs a second to a
-# tier (the pace of 100,000 over 30 s) wrote 21.7 records an entry on the bench's machine (10 at
-# the tenth percentile).
-PER_ENTRY = 22
+# A worker writes a record of the journal every WRITE_EVERY_S (0.1 s), of its entries since: one
+# sending 3,333 jobs a second to a tier (the pace of 100,000 over 30 s) writes about 333 a record.
+PER_RECORD = 333
 RESULTS = ROOT / "bench" / "results" / "waiting.json"
 REASON = "ConnectionError: payments API: 503 Service Unavailable"
 # docs/waiting-jobs.md's policy for RabbitMQ 3.10, on the bench's tiers and the vhost's levels.
@@ -83,9 +82,9 @@ def _total(n: int, spread_s: float) -> int:
     return n + int(n * KEEP_S / spread_s)
 
 
-async def _fill(url: str, n: int, spread_s: float, per_entry: int, filled: asyncio.Event) -> None:
-    """The run's jobs into the tier, n a spread_s, each with the record of its retry, per_entry
-    records an entry of the stream; filled is set once the nth is in."""
+async def _fill(url: str, n: int, spread_s: float, per_record: int, filled: asyncio.Event) -> None:
+    """The run's jobs into the tier, n a spread_s, each with the journal's entry of its retry,
+    per_record entries a record of the stream; filled is set once the nth is in."""
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
     tier = Names(QUEUE).tier(1)
@@ -99,12 +98,13 @@ async def _fill(url: str, n: int, spread_s: float, per_entry: int, filled: async
             await asyncio.sleep(ahead)
         now_ms = int(time.time() * 1000)
         ids = [f"job-{i}" for i in range(start, min(total, start + BATCH))]
-        records = [record_of(QUEUE, i, 1, REASON, now_ms, 1, "payment.charge") for i in ids]
+        detail = {"tier": 1, "due_at_ms": now_ms + wait_ms, "reason": REASON}
+        entries = [Entry(now_ms, "retrying", QUEUE, i, "payment.charge", 1, detail) for i in ids]
         publishes = [
             channel.default_exchange.publish(
-                retry_records(records[k : k + per_entry]), SHARED.retries
+                journal_record(entries[k : k + per_record]), SHARED.journal
             )
-            for k in range(0, len(records), per_entry)
+            for k in range(0, len(entries), per_record)
         ]
         for message_id in ids:
             job = aio_pika.Message(
@@ -177,7 +177,9 @@ def _look(url: str) -> tuple[float, float, float, float, int]:
     return started, ended, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, rows
 
 
-async def _measure(url: str, n: int, spread_s: float, per_entry: int, look: bool) -> dict[str, Any]:
+async def _measure(
+    url: str, n: int, spread_s: float, per_record: int, look: bool
+) -> dict[str, Any]:
     """One row: the jobs filled, taken back as they come, with a look run meanwhile or not."""
     connection = await aio_pika.connect(url)
     wait_ms = int((spread_s + LEAD_S) * 1000)
@@ -186,7 +188,7 @@ async def _measure(url: str, n: int, spread_s: float, per_entry: int, look: bool
     )
     await connection.close()
     filled = asyncio.Event()
-    filling = asyncio.ensure_future(_fill(url, n, spread_s, per_entry, filled))
+    filling = asyncio.ensure_future(_fill(url, n, spread_s, per_record, filled))
     await filled.wait()
     arrivals = asyncio.ensure_future(_arrivals(url, _total(n, spread_s)))  # as they come
     if not look:
@@ -194,7 +196,7 @@ async def _measure(url: str, n: int, spread_s: float, per_entry: int, look: bool
         delays = [at - due for due, at in await arrivals]
         return {
             "jobs": n,
-            "records_per_entry": per_entry,
+            "entries_per_record": per_record,
             "look": False,
             "largest_delay_s": round(max(delays), 3),
         }
@@ -205,7 +207,7 @@ async def _measure(url: str, n: int, spread_s: float, per_entry: int, look: bool
     other = [at - due for due, at in came if not started <= due <= ended]
     return {
         "jobs": n,
-        "records_per_entry": per_entry,
+        "entries_per_record": per_record,
         "look": True,
         "listed": rows,
         "look_s": round(ended - started, 2),
@@ -221,7 +223,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--spread-s", type=float, default=30.0)
-    parser.add_argument("--per-entry", type=int, default=PER_ENTRY, help="records an entry")
+    parser.add_argument("--per-record", type=int, default=PER_RECORD, help="entries a record")
     parser.add_argument("--unreached-limit", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -231,7 +233,7 @@ def main() -> None:
         try:
             if args.unreached_limit:
                 management("PUT", f"api/policies/{VHOST}/returns-at-head", UNREACHED_LIMIT_POLICY)
-            row = asyncio.run(_measure(url, args.jobs, args.spread_s, args.per_entry, look))
+            row = asyncio.run(_measure(url, args.jobs, args.spread_s, args.per_record, look))
             rows.append(row | {"unreached_limit": args.unreached_limit})
         finally:
             management("DELETE", f"api/vhosts/{VHOST}")

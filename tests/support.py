@@ -23,9 +23,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from aio_pika.exceptions import ChannelNotFoundEntity
 from aiohttp import web
 from pydantic import SecretStr
+from ricochet.broker.journal import Entry, journal_record
 from ricochet.broker.management import open_api, vhost
 from ricochet.broker.plan import LANES, MAX_TIERS
-from ricochet.broker.retries import BATCH_MOST, record_of, retry_records
 from ricochet.errors import RicochetError
 from ricochet.handlers.invoker import Invoker
 from ricochet.headers import RETRIES
@@ -166,10 +166,11 @@ async def in_tier(
     ids: list[str],
     *,
     at_ms: int = 0,
+    delay_ms: int = 60_000,
     reason: str = "ValueError: down",
 ) -> None:
-    """Jobs of queue in its first tier, as the worker sends them there: each a failed first
-    attempt, with the record of its retry (its reason, and when it was sent, at_ms)."""
+    """Jobs of queue in its first tier (of delay_ms), as the worker sends them there: each a
+    failed first attempt, with its journal entry (its reason, and when it was sent, at_ms)."""
     tier = Names(queue).tier(1)
     publishes = [
         channel.default_exchange.publish(
@@ -184,10 +185,11 @@ async def in_tier(
         )
         for message_id in ids
     ]
-    records = [record_of(queue, message_id, 1, reason, at_ms, 1, "job") for message_id in ids]
-    for start in range(0, len(records), BATCH_MOST):
-        batch = retry_records(records[start : start + BATCH_MOST])
-        publishes.append(channel.default_exchange.publish(batch, SHARED.retries))
+    detail = {"tier": 1, "due_at_ms": at_ms + delay_ms, "reason": reason}
+    entries = [Entry(at_ms, "retrying", queue, message_id, "job", 1, detail) for message_id in ids]
+    for start in range(0, len(entries), 500):
+        record = journal_record(entries[start : start + 500])
+        publishes.append(channel.default_exchange.publish(record, SHARED.journal))
     await asyncio.gather(*publishes)
 
 

@@ -62,6 +62,7 @@ from ricochet.ops.report import (
     status_table,
     type_policies,
     types_table,
+    waiting_summary,
     waiting_table,
     waiting_text,
 )
@@ -744,7 +745,7 @@ def _list_waiting(
     as_json: bool,
 ) -> None:
     settings = _settings(queue=queue)
-    rows = _run(
+    found = _run(
         _with_connection(
             settings,
             "waiting",
@@ -754,11 +755,11 @@ def _list_waiting(
         )
     )
     if as_json:
-        for row in rows:
+        for row in found.rows:
             click.echo(json.dumps(row.as_row()))
     else:
-        click.echo(waiting_table(rows))
-    click.echo(f"{len(rows)} waiting jobs of {settings.queue}", err=True)
+        click.echo(waiting_table(found.rows))
+    click.echo(waiting_summary(found, settings.queue), err=True)
 
 
 @waiting.command("show")

@@ -58,15 +58,8 @@ FAILURE_HEADERS = (
     ORIGINAL_ROUTING_KEY,
     FAILED_DROPPED_HEADERS,
 )
-# ricochet's, on a record in one of the vhost's stores (cancels, retries, schedules): the queue
-# it concerns; and on a retry's record of an earlier ricochet (one a message; records now go in
-# batches, ricochet.broker.retries), the attempt that failed and when (epoch milliseconds), the
-# tier it went to and the job's type.
+# ricochet's, on a record in one of the vhost's stores (cancels, schedules): the queue it concerns.
 RECORD_QUEUE = "ricochet-queue"
-RECORD_ATTEMPT = "ricochet-attempt"
-RECORD_AT_MS = "ricochet-at-ms"
-RECORD_TIER = "ricochet-tier"
-RECORD_TYPE = "ricochet-type"
 # `ricochet migrate`'s, on a cancel it moved from an earlier ricochet's per-queue store: the store
 # it came from. Such a cancel keeps its place before every record of the shared store.
 MOVED_FROM = "ricochet-moved-from"

@@ -90,8 +90,8 @@ class SharedNames:
 
     @property
     def retries(self) -> str:
-        """The stream of the retries into a tier, each with its reason and time
-        (ricochet.broker.retries)."""
+        """The stream where earlier versions recorded each retry into a tier with its reason
+        (the journal holds them now): `ricochet migrate` deletes it."""
         return f"{SHARED_PREFIX}retries"
 
     @property

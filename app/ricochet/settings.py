@@ -207,8 +207,8 @@ class ClientSettings(BaseSettings):
     journal: Literal["on", "off"] = Field(
         "on",
         description="write every change of a job's state (by workers, and each enqueue by the "
-        "client) to the vhost's `ricochet.journal` stream, which `ricochet job` and `ricochet "
-        "jobs` read",
+        "client) to the vhost's `ricochet.journal` stream, which `ricochet job`, `ricochet "
+        "jobs` and `ricochet waiting` read",
     )
 
 

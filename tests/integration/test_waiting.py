@@ -1,5 +1,6 @@
-"""`ricochet waiting` (SPEC 23): the jobs RabbitMQ holds for a later attempt, read where they
-wait; looking loses, duplicates and delays nothing, and never counts against a delivery limit."""
+"""`ricochet waiting` (SPEC 23, 26): the jobs RabbitMQ holds for a later attempt, listed from the
+journal and the depths of where they wait, never by reading those queues; `waiting show` reads
+one job where it waits. Looking loses, duplicates and delays nothing."""
 
 import asyncio
 import contextlib
@@ -23,9 +24,9 @@ from ricochet.broker.plan import delivery_limit_policy_command, plan
 from ricochet.errors import RetryLater
 from ricochet.headers import RETRIES
 from ricochet.monitor.console import Console
-from ricochet.names import SHARED, Names
-from ricochet.ops import waiting as waiting_scan
-from ricochet.ops.waiting import list_waiting
+from ricochet.names import Names
+from ricochet.ops import waiting_scan
+from ricochet.ops.waiting import list_waiting, show_waiting
 from ricochet.service.http import serve_http
 
 from tests.broker import BROKER
@@ -48,6 +49,8 @@ TOKEN = "console-token-for-tests-0123"
 # How late a job may come back for having been looked at (SPEC 23), and for a wait on an idle
 # worker at all (SPEC 15): the worker's latency counts too.
 LATE_S = 1.0
+# How soon a retry is listed (SPEC 26: within 1 s), a look after.
+FRESH_S = 1.0
 
 
 class Attempts:
@@ -108,6 +111,7 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
         await client.enqueue("flaky", {}, message_id="in-tier")
         await client.enqueue("later", {"after": 90}, message_id="retry-later")
         await client.enqueue("fine", {}, message_id="scheduled", delay=120)
+        await client.cancel("scheduled")
     await wait_for(lambda: len(attempts.started) == 2, 10, "the two first attempts")
     env = ricochet_env(make_settings(queue_name))
     rows = await asyncio.to_thread(waiting, env)
@@ -115,8 +119,11 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
     assert set(by_id) == {"in-tier", "retry-later", "scheduled"}
     assert [row["message_id"] for row in rows] == ["in-tier", "retry-later", "scheduled"]
     for row in rows:
-        assert set(row) == {"message_id", "type", "queue", "attempt", "due_at", "reason"}
+        assert set(row) == {
+            *("message_id", "type", "queue", "attempt", "due_at", "reason", "cancelled")
+        }
         assert row["queue"] == queue_name
+    assert [row["cancelled"] for row in rows] == [False, False, True]
     assert [(r["type"], r["attempt"], r["reason"]) for r in rows] == [
         ("flaky", 2, "ConnectionError: database unreachable"),
         ("later", 2, "RetryLater: rate limited"),
@@ -207,6 +214,7 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
             await client.enqueue("flaky", {}, message_id=f"flaky-{i}")
         await client.enqueue("hostile", {}, message_id="hostile")
     await wait_for(lambda: len(attempts.started) == 3, 10, "the first attempts")
+    await asyncio.sleep(FRESH_S)  # their retries in the journal
     port = free_port()
     settings = make_settings(queue_name, console_token=TOKEN)
     routes = Console(settings).routes()
@@ -236,41 +244,63 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
         ) as done:
             assert done.status == 303
             assert "cancelled=flaky-0" in done.headers["Location"]
+        async with session.get(f"{base}/waiting?queue={queue_name}") as page:
+            html = await page.text()
+        marked = html.split("flaky-0</a>", 1)[1].split("</tr>", 1)[0]
+        assert "(cancelled)" in marked
+        assert html.count("(cancelled)") == 1
     await wait_for(lambda: attempts.attempts("flaky-1") == [1, 2], 10, "the job not cancelled")
     await wait_for(lambda: attempts.attempts("hostile") == [1, 2], 10, "the hostile job")
     await asyncio.sleep(0.5)
     assert attempts.attempts("flaky-0") == [1]
 
 
-async def test_a_tier_its_records_account_for_is_listed_without_being_read(
+async def test_a_list_reads_no_queue_and_counts_the_jobs_the_journal_does_not_know(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
-    """A tier holding as many jobs as the records of their retries say is listed from those
-    records: its queue never delivers them (none comes out marked redelivered). With one job
-    more than the records say (its record lost), the look reads the tier and lists it too."""
+    """The jobs of a tier with their journal entries are listed from those entries, with the
+    due time the broker applies: the tier never delivers them (none comes out marked
+    redelivered). A job the journal does not know (published there by hand) is counted as
+    unrecorded in its tier, in the JSON run's last line on stderr."""
     names = Names(queue_name)
     settings = make_settings(queue_name, retry_delays_ms="60000")
     await declare(connection, settings)
-    at_ms = int(time.time() * 1000) - 5_000  # sent there 5 s ago: none came as it was counted
+    at_ms = int(time.time() * 1000) - 5_000
     recorded = [f"recorded-{i}" for i in range(5)]
     await in_tier(channel, queue_name, recorded, at_ms=at_ms, reason="503 from the bank")
-    rows = await list_waiting(connection, settings)
-    assert [(r.message_id, r.type, r.attempt, r.reason) for r in rows] == [
+    unknown = aio_pika.Message(b"{}", message_id="unknown", type="job", headers={RETRIES: 1})
+    await channel.default_exchange.publish(unknown, names.tier(1))
+    found = await list_waiting(connection, settings)
+    assert [(r.message_id, r.type, r.attempt, r.reason) for r in found.rows] == [
         (message_id, "job", 2, "503 from the bank") for message_id in recorded
     ]
-    assert all(r.due_at.timestamp() == (at_ms + 60_000) / 1000 for r in rows)
-    assert await _redelivered(channel, names.tier(1)) == dict.fromkeys(recorded, False)
+    assert all(r.due_at.timestamp() == (at_ms + 60_000) / 1000 for r in found.rows)
+    assert found.unrecorded == {names.tier(1): 1}
+    assert found.complete
+    env = ricochet_env(make_settings(queue_name))  # the tier's delay is the broker's
+    done = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
+    assert done.returncode == 0, done.stderr
+    assert f"5 waiting jobs of {queue_name}, 1 unrecorded in {names.tier(1)}" in done.stderr
+    assert await _redelivered(channel, names.tier(1)) == dict.fromkeys(
+        [*recorded, "unknown"], False
+    )
 
-    await in_tier(channel, queue_name, recorded, at_ms=at_ms, reason="503 from the bank")
-    lost = aio_pika.Message(b"{}", message_id="record-lost", type="job", headers={RETRIES: 1})
-    await channel.default_exchange.publish(lost, names.tier(1))
-    rows = await list_waiting(connection, settings)
-    assert {(r.message_id, r.reason) for r in rows} == {
-        *((message_id, "503 from the bank") for message_id in recorded),
-        ("record-lost", None),
-    }
-    read = await _redelivered(channel, names.tier(1))
-    assert read == dict.fromkeys([*recorded, "record-lost"], True)
+
+@pytest.mark.timing  # listed within FRESH_S of the failure, as SPEC 26 says (1 s), plus a look
+async def test_a_retry_is_listed_within_a_second(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """A job sent to its tier is listed by a look begun a second after its attempt failed."""
+    attempts = Attempts()
+    await start_worker(attempts.router, retry_delays_ms="60000")
+    settings = make_settings(queue_name)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("flaky", {}, message_id="fresh")
+    await wait_for(lambda: attempts.attempts("fresh") == [1], 10, "the first attempt")
+    await asyncio.sleep(FRESH_S)
+    found = await list_waiting(connection, settings)
+    assert [(r.message_id, r.attempt) for r in found.rows] == [("fresh", 2)]
+    assert found.unrecorded == {}
 
 
 async def _redelivered(channel: AbstractChannel, queue: str) -> dict[str, bool]:
@@ -282,25 +312,27 @@ async def _redelivered(channel: AbstractChannel, queue: str) -> dict[str, bool]:
     return taken
 
 
-async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it(
+async def test_a_tier_under_a_delivery_limit_is_listed_and_a_show_says_how_to_lift_it(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
     """A tier declared before ricochet lifted RabbitMQ 4's delivery limit (as an older ricochet
-    did) keeps 4's default of 20: a look reads none of it and says how to lift it, and once the
-    policy the worker logs is applied, a look lists its job. RabbitMQ 3 has no default limit."""
+    did) keeps 4's default of 20: a list, which reads no tier, lists its job; a show, which
+    reads it, refuses and says how to lift it, and once the policy it gives is applied, shows
+    the job. RabbitMQ 3 has no default limit: the show reads it at once."""
     names = Names(queue_name)
     old = plan(make_settings(queue_name, retry_delays_ms="60000"))  # without x-delivery-limit
     await declare(connection, make_settings(queue_name, retry_delays_ms="60000"))
     await channel.queue_delete(names.tier(1))
     await channel.declare_queue(names.tier(1), durable=True, arguments=old.tiers[0].arguments)
-    await publish(channel, names.tier(1), "{}", message_id="held", type="job")
+    await in_tier(channel, queue_name, ["held"], at_ms=int(time.time() * 1000))
     env = ricochet_env(make_settings(queue_name))
+    assert [row["message_id"] for row in await asyncio.to_thread(waiting, env)] == ["held"]
     version = broker_version(connection)
     assert version is not None
-    done = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
+    done = await asyncio.to_thread(run_cli, ["waiting", "show", "held"], env)
     if version < (4, 0):
         assert done.returncode == 0, done.stderr
-        assert [json.loads(line)["message_id"] for line in done.stdout.splitlines()] == ["held"]
+        assert f"waits in:   {names.tier(1)}" in done.stdout
         return
     assert done.returncode == 1
     assert "delivery limit" in done.stderr
@@ -311,8 +343,9 @@ async def test_a_tier_under_a_delivery_limit_is_not_read_until_a_policy_lifts_it
     BROKER.rabbitmqctl(*args)
     try:
         await wait_for(lambda: _limit_is(names.tier(1), -1), 20, "the policy to apply to the tier")
-        rows = await asyncio.to_thread(waiting, env)
-        assert [row["message_id"] for row in rows] == ["held"]
+        done = await asyncio.to_thread(run_cli, ["waiting", "show", "held"], env)
+        assert done.returncode == 0, done.stderr
+        assert "reason:     ValueError: down" in done.stdout
     finally:
         BROKER.rabbitmqctl("clear_policy", f"{queue_name}.no-delivery-limit", check=False)
     assert await depth(channel, names.tier(1)) == 1
@@ -322,14 +355,16 @@ async def test_a_tier_under_a_delivery_limit_no_job_reaches_is_read(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str
 ) -> None:
     """The policy docs/waiting-jobs.md gives RabbitMQ 3.10 (a delivery limit of a billion on the
-    tiers, so that a job handed back goes to its queue's head) is no limit a look must refuse,
-    on any broker: the look lists the tier's job and leaves it there."""
+    tiers, so that a job handed back goes to its queue's head) is no limit a show must refuse,
+    on any broker: it shows the tier's job and leaves it there."""
     names = Names(queue_name)
     await declare(connection, make_settings(queue_name, retry_delays_ms="60000"))
     await publish(channel, names.tier(1), "{}", message_id="held", type="job")
     async with returns_at_head(names.tier(1)):
-        rows = await asyncio.to_thread(waiting, ricochet_env(make_settings(queue_name)))
-        assert [row["message_id"] for row in rows] == ["held"]
+        env = ricochet_env(make_settings(queue_name))
+        done = await asyncio.to_thread(run_cli, ["waiting", "show", "held", "--json"], env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["waits_in"] == names.tier(1)
     assert await depth(channel, names.tier(1)) == 1
 
 
@@ -354,74 +389,16 @@ async def _limit_is(queue: str, limit: int) -> bool:
     return isinstance(definition, dict) and definition.get("delivery-limit") == limit
 
 
-async def test_retries_read_only_in_part_leave_the_connection_usable(
-    connection: AbstractConnection, queue_name: str, monkeypatch: Any
-) -> None:
-    """A reader of the retries that gives up midway (the store longer than it can read in its
-    time) returns what it read, and its connection goes on: its channel closes with no ack sent
-    after it (an ack after the close made the broker close the whole connection, and the look
-    failed)."""
-    from ricochet.broker import retries
-
-    since = dt.datetime.now(dt.UTC)
-    channel = await connection.channel(publisher_confirms=True)
-    for start in range(0, 5_000, 500):
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(
-                    retries.retry_records(
-                        [retries.record_of(queue_name, f"r{i}", 1, "ValueError: down", 0)]
-                    ),
-                    routing_key=SHARED.retries,
-                )
-                for i in range(start, start + 500)
-            )
-        )
-    await channel.close()
-    monkeypatch.setattr(retries, "READ_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(retries, "WRITTEN_WITHIN_S", 0)
-    found = await retries.read_retries(connection, since, queue_name)
-    assert len(found) < 5_000, "read to the end: give the reader less time"
-    await asyncio.sleep(0.5)  # the broker's answer to a stray frame comes at once
-    assert not connection.is_closed
-    after = await connection.channel()
-    await after.close()
-
-
-async def test_the_records_kept_are_written_before_write_returns(
-    connection: AbstractConnection, queue_name: str
-) -> None:
-    """A settler writes the records kept ahead of their nacks: once write returns they are on
-    the connection, ahead of anything sent after them, so the stream holds them once the
-    connection's next round trip is done, and a look reads them. (A close alone is no round
-    trip: aiormq sends Connection.Close ahead of frames still queued, so it waits for one.)"""
-    from ricochet.broker import retries
-
-    await declare(connection, make_settings(queue_name))
-    since = dt.datetime.now(dt.UTC)
-    stopping = await aio_pika.connect(BROKER.amqp_url)
-    log = retries.RetryLog(stopping)
-    log.record(queue_name, "kept-1", 1, "ValueError: down", 1, "job")
-    log.record(queue_name, "kept-2", 2, "KeyError: 'sku'", 2, "job")
-    await log.write()
-    await (await stopping.channel()).close()  # the round trip, behind the records
-    await stopping.close()
-    found = await retries.read_retries(connection, since, queue_name)
-    assert {key: (r.reason, r.tier) for key, r in found.items()} == {
-        ("kept-1", 1): ("ValueError: down", 1),
-        ("kept-2", 2): ("KeyError: 'sku'", 2),
-    }
-
-
-@pytest.mark.timing  # no later than an unread queue's jobs, by more than a look may make it
+@pytest.mark.timing  # no later than an unread queue's jobs, by more than a show may make it
 async def test_a_tier_whose_jobs_leave_by_the_hundred_is_read_as_they_leave(
     connection: AbstractConnection, channel: AbstractChannel, queue_name: str, monkeypatch: Any
 ) -> None:
-    """A look holds no more of the jobs that leave soon than SOON_MOST (with one consumer's
-    room beside it), so the queue has time to send them on: it reads on as they leave, lists
-    more than it ever held, and every job leaves once, when it is due: no later than the jobs of
-    a queue nobody looks at, due at the same times, by more than the look may make it (SPEC 23);
-    on a loaded machine both come late alike."""
+    """A show of a job the journal does not know reads every place it may wait, and holds no
+    more of the jobs that leave soon than SOON_MOST (with one consumer's room beside it), so the
+    queue has time to send them on: it reads on as they leave, finds the job, and every job
+    leaves once, when it is due: no later than the jobs of a queue nobody looks at, due at the
+    same times, by more than the show may make it (SPEC 23); on a loaded machine both come late
+    alike."""
     monkeypatch.setattr(waiting_scan, "SOON_MOST", 60)
     monkeypatch.setattr(waiting_scan, "PER_CONSUMER", 20)
     # The tier's TTL: its jobs still wait when the look reaches it, on a loaded machine too (at
@@ -447,20 +424,19 @@ async def test_a_tier_whose_jobs_leave_by_the_hundred_is_read_as_they_leave(
             at_ms = int(time.time() * 1000)
             read_ids = [f"dense-{batch}-{i}" for i in range(30)]
             unread_ids = [f"unread-{batch}-{i}" for i in range(5)]
-            await in_tier(channel, queue_name, read_ids, at_ms=at_ms, reason="503")
-            await in_tier(channel, unread, unread_ids, at_ms=at_ms)
+            await in_tier(channel, queue_name, read_ids, at_ms=at_ms, delay_ms=delay_ms)
+            await in_tier(channel, unread, unread_ids, at_ms=at_ms, delay_ms=delay_ms)
             batches.append(((at_ms + delay_ms) / 1000, read_ids, unread_ids))
             await asyncio.sleep(0.2)
-        # One job whose record was lost: the records no longer account for the tier, so the
-        # look reads it (and, with it, every job of the tier).
+        # One job the journal does not know, last in the tier: a show of it reads every job.
         lost = aio_pika.Message(
-            b"{}", message_id="record-lost", type="job", headers={RETRIES: 1}, timestamp=time.time()
+            b"{}", message_id="unknown", type="job", headers={RETRIES: 1}, timestamp=time.time()
         )
         await channel.default_exchange.publish(lost, tier)
         async with Watch(lambda: consumers(connection, tier)) as most_consumers:
-            rows = await list_waiting(connection, settings)
+            shown = await show_waiting(connection, settings, "unknown")
     assert 1 <= most_consumers.most <= 60 // 20 + 1
-    assert len(rows) > 60 + 20, len(rows)
+    assert [one.waiting.message_id for one in shown] == ["unknown"]
     jobs = 1 + sum(len(read_ids) + len(unread_ids) for _, read_ids, unread_ids in batches)
     await wait_for(lambda: len(came) == jobs, 15, "every job to leave its tier")
     await asyncio.sleep(0.5)

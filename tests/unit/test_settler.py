@@ -46,17 +46,13 @@ class _Frames:
     it settles is worked out as the AMQP spec has a channel's frames read, in order: a nack
     settles its tag, an ack with multiple=True every delivery up to its tag not settled yet."""
 
-    def __init__(self, seed: int, records: "_Records | None" = None) -> None:
+    def __init__(self, seed: int) -> None:
         self._random = random.Random(seed)
-        self._records = records
         self.unsettled: list[int] = []
         self.outcome: dict[int, str] = {}
         self.twice: list[int] = []
-        self.unrecorded: list[int] = []  # nacked before the record of their retry was written
 
     async def settle(self, dead: list[int], multiple: int | None, acks: list[int]) -> None:
-        if self._records is not None:
-            self.unrecorded += [t for t in dead if f"m{t}" not in self._records.written]
         for _ in range(self._random.randrange(3)):
             await asyncio.sleep(0)  # the writer's turn
         for tag in dead:
@@ -75,30 +71,6 @@ class _Frames:
         self.outcome[tag] = outcome
 
 
-class _Records:
-    """Where the settler records its retries, as ricochet.broker.retries.RetryLog: write() waits
-    a few turns of the loop (its spacing), takes every record kept by then, and has written them
-    a few turns later (its publish); a write under way is awaited first."""
-
-    def __init__(self, seed: int) -> None:
-        self._random = random.Random(seed)
-        self._kept: list[str] = []
-        self._writing = asyncio.Lock()
-        self.written: set[str] = set()
-
-    def record(self, queue: str, message_id: str, *_: object) -> None:
-        self._kept.append(message_id)
-
-    async def write(self) -> None:
-        async with self._writing:
-            for _ in range(self._random.randrange(4)):
-                await asyncio.sleep(0)
-            kept, self._kept = self._kept, []
-            for _ in range(self._random.randrange(3)):
-                await asyncio.sleep(0)  # the publish's frames on their way
-            self.written.update(kept)
-
-
 class _Channel:
     """A channel as a settler uses it for copies to queues: its default exchange."""
 
@@ -111,28 +83,24 @@ ACK = Ack()
 RETRY = Retry(1)
 
 
-def _settler(frames: object, exchange: object = None, records: object = None) -> Settler:
+def _settler(frames: object, exchange: object = None) -> Settler:
     return Settler(
         _Channel(exchange),  # type: ignore[arg-type]
         frames,  # type: ignore[arg-type]
         Names("jobs"),
         131072,
-        retries=records,  # type: ignore[arg-type]
     )
 
 
-@pytest.mark.parametrize("recorded", [False, True], ids=["unrecorded", "recorded"])
 @pytest.mark.parametrize("seed", range(20))
-async def test_every_delivery_is_settled_once_as_decided(seed: int, recorded: bool) -> None:
+async def test_every_delivery_is_settled_once_as_decided(seed: int) -> None:
     """Jobs that finish in any order, some retried (dead-lettered) among the successes, over
     writes that take a while: each delivery is settled exactly once, and a multiple ack never
     covers one still running or one to be dead-lettered, so a failed job is never settled as
-    if it had succeeded, a drain among them too. With its retries recorded, the acks go while
-    the records are written, and no retry is nacked before its record."""
+    if it had succeeded, a drain among them too."""
     chance = random.Random(seed)
-    records = _Records(seed) if recorded else None
-    frames = _Frames(seed, records)
-    settler = _settler(frames, records=records)
+    frames = _Frames(seed)
+    settler = _settler(frames)
     failure = Failure(ConnectionError("down"))
     decisions = {tag: chance.choice([ACK, ACK, RETRY]) for tag in range(1, 41)}
 
@@ -153,9 +121,6 @@ async def test_every_delivery_is_settled_once_as_decided(seed: int, recorded: bo
     await settler.drain()
     assert frames.twice == []
     assert frames.unsettled == []
-    assert frames.unrecorded == []
-    if records is not None:
-        assert records.written == {f"m{t}" for t, d in decisions.items() if d is RETRY}
     assert frames.outcome == {
         tag: "dead-lettered" if decision is RETRY else "acked"
         for tag, decision in decisions.items()

@@ -1,7 +1,7 @@
-"""How many consumers a waiting scan takes on a queue (ricochet.ops.waiting.may_add_consumer)."""
+"""How many consumers a waiting scan takes on a queue (ricochet.ops.waiting_scan.may_add_consumer)."""
 
 from ricochet.ops.scan import PER_CONSUMER
-from ricochet.ops.waiting import SOON_MOST, SOON_S, may_add_consumer
+from ricochet.ops.waiting_scan import SOON_MOST, SOON_S, may_add_consumer
 
 NOW = 1_000_000.0
 SOON = NOW + SOON_S / 2

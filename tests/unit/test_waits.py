@@ -44,8 +44,8 @@ def test_the_next_attempt_is_counted_as_the_worker_will(
     assert next_attempt(headers, "jobs") == attempt
 
 
-def test_a_tier_job_is_due_its_ttl_after_its_recorded_retry() -> None:
-    """With the record of its retry, a tier's job is due to the millisecond; without, the latest
+def test_a_tier_job_is_due_its_ttl_after_its_retry_in_the_journal() -> None:
+    """With the journal's entry of its retry, a tier's job is due to the millisecond; without, the latest
     death it shows (x-death keeps the first, in whole seconds) is a lower bound."""
     came = NOW - dt.timedelta(seconds=10, milliseconds=250)
     headers = {"x-death": [rejected(2, at=NOW - dt.timedelta(minutes=5))]}
@@ -68,6 +68,7 @@ def test_a_tier_job_is_due_its_ttl_after_its_recorded_retry() -> None:
         "attempt": 3,
         "due_at": "2026-11-26T12:00:49.750Z",
         "reason": "ValueError: x",
+        "cancelled": False,
     }
     bound = read_waiting(TIER, "jobs", **kwargs)
     assert (bound.due_at, bound.exact, bound.reason) == (NOW - dt.timedelta(minutes=4), False, None)

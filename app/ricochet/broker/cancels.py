@@ -130,9 +130,11 @@ class CancelReader:
     """Follows the cancel store (a log: ricochet.broker.stream_log) into one CancelLog, loaded
     again from the newest snapshot on every connection."""
 
-    def __init__(self, user: str, *queues: str) -> None:
-        # Snapshots are taken only from this user (the broker vouches for it), and written as it.
+    def __init__(self, user: str, *queues: str, writes: bool = True) -> None:
+        # Snapshots are taken only from this user (the broker vouches for it), and written as it
+        # unless the reader only looks (writes=False).
         self._user = user
+        self._writes = writes
         # The queues whose old per-queue stores (Q.cancels) are read while they exist.
         self._queues = queues
         self.cancelled = CancelLog(CANCELS_MAX_AGE_S)
@@ -226,6 +228,13 @@ class CancelReader:
             return None
         return snapshot
 
+    async def close(self) -> None:
+        """Stop reading (the channels of a look's reader, on a connection that stays open)."""
+        if self._reader is not None:
+            await self._reader.close()
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+
     @property
     def snapshot_pending(self) -> bool:
         """Whether a snapshot is being written."""
@@ -302,7 +311,7 @@ class CancelReader:
 
     def _write_snapshot(self) -> None:
         """Write a snapshot of the log as read so far, in a task of its own (one at a time)."""
-        if self._writing is not None and not self._writing.done():
+        if not self._writes or (self._writing is not None and not self._writing.done()):
             return
         self._since_snapshot = 0
         self._snapshot_after = int(SNAPSHOT_EVERY * (1 + random.random() / 2))
@@ -335,6 +344,17 @@ class CancelReader:
             log.info("cancels snapshot written", cancels=len(copied), bytes=len(data))
         except Exception as error:  # a snapshot is an optimisation: the next reader writes one
             log.warning("cancels snapshot not written", error=f"{type(error).__name__}: {error}")
+
+
+async def read_cancels(connection: AbstractConnection, user: str) -> CancelLog:
+    """Every cancel recorded until now, read as a worker reads them at its start (from user's
+    newest snapshot), for a look: it writes no snapshot and reads no old per-queue store."""
+    reader = CancelReader(user, writes=False)
+    try:
+        await reader.follow(connection, old_stores=False)
+    finally:
+        await reader.close()
+    return reader.cancelled
 
 
 def _encoded(

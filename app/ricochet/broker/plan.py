@@ -39,11 +39,6 @@ CANCELS_SEGMENT_BYTES = 1_000_000  # retention drops whole segments: small ones 
 SCHEDULES_MAX_AGE = "31D"
 SCHEDULES_MAX_BYTES = 100_000_000
 SCHEDULES_SEGMENT_BYTES = 1_000_000
-# The record of the retries (ricochet.broker.retries): a job waits a day at most in a tier, and a
-# flood of retries is bounded in bytes (about a million records of a long reason).
-RETRIES_MAX_AGE = "2D"
-RETRIES_MAX_BYTES = 1_000_000_000
-RETRIES_SEGMENT_BYTES = 10_000_000
 # The journal (ricochet.broker.journal): fixed arguments, so that workers of any settings
 # declare it alike; an operator changes its retention with a policy (SPEC 26).
 JOURNAL_MAX_AGE = "7D"
@@ -131,7 +126,6 @@ class SharedPlan:
     cancel_store: QueueSpec
     cancel_snapshot: QueueSpec
     schedule_store: QueueSpec
-    retries: QueueSpec
     journal: QueueSpec
     exchanges: list[Exchange]
     bindings: list[Binding]
@@ -139,14 +133,13 @@ class SharedPlan:
     @property
     def queues(self) -> list[QueueSpec]:
         """The levels of the delays, the orphans' queue, the cancel store and its snapshot, the
-        schedules' store, the record of the retries, the journal."""
+        schedules' store, the journal."""
         return [
             *self.delays,
             self.orphans,
             self.cancel_store,
             self.cancel_snapshot,
             self.schedule_store,
-            self.retries,
             self.journal,
         ]
 
@@ -345,16 +338,6 @@ def shared_plan(broker_version: tuple[int, ...] | None) -> SharedPlan:
                 "x-max-age": SCHEDULES_MAX_AGE,
                 "x-max-length-bytes": SCHEDULES_MAX_BYTES,
                 "x-stream-max-segment-size-bytes": SCHEDULES_SEGMENT_BYTES,
-            },
-        ),
-        # Kept past the longest tier (a day), bounded in bytes, in small segments.
-        retries=QueueSpec(
-            SHARED.retries,
-            {
-                QUEUE_TYPE: "stream",
-                "x-max-age": RETRIES_MAX_AGE,
-                "x-max-length-bytes": RETRIES_MAX_BYTES,
-                "x-stream-max-segment-size-bytes": RETRIES_SEGMENT_BYTES,
             },
         ),
         journal=QueueSpec(

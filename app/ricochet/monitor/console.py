@@ -52,7 +52,7 @@ from ricochet.ops.replay import replay
 from ricochet.ops.scan import Copy, scanning
 from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
-from ricochet.ops.waiting import list_waiting
+from ricochet.ops.waiting import Indexed, list_waiting
 from ricochet.settings import Settings, variable_name
 
 log = get_logger("ricochet.console")
@@ -299,8 +299,10 @@ class Console:
     """The console's request handlers. Its scans take turns under one lock, since two at once
     would each see only the copies the other does not hold."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, index: Indexed | None = None) -> None:
         self._settings = settings
+        # The monitor's index of the journal, which the waiting jobs are listed from.
+        self._index = index
         self._queues = settings.queue_names
         # Without ?queue=, the queue commands use (RICOCHET_QUEUE) when watched, else the first.
         self._home = settings.queue if settings.queue in self._queues else self._queues[0]
@@ -533,14 +535,17 @@ class Console:
         names = self._names_of(request.query.get("queue"))
         settings = self._settings.model_copy(update={"queue": names.queue})
         try:
-            rows = await self._with_broker(lambda c: list_waiting(c, settings))
+            found = await self._with_broker(lambda c: list_waiting(c, settings, index=self._index))
         except UNREADABLE as error:
             return await self.error(503, str(error), names)
-        groups = waiting_groups(rows)
+        groups = waiting_groups(found.rows)
         values = {
-            "total": len(rows),
+            "total": len(found.rows),
             "shown": sum(len(group.jobs) for group in groups),
             "groups": groups,
+            "unrecorded": found.unrecorded,
+            "read": found.read,
+            "complete": found.complete,
             "cancelled": request.query.get("cancelled"),
         }
         return await self._page(lambda: self._render("waiting.html", values, names))

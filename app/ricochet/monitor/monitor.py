@@ -191,6 +191,6 @@ async def run_monitor(settings: Settings, metrics: Metrics) -> None:
             *(monitor.serve() for monitor in monitors), index.serve(settings, lifecycle)
         )
 
-    console = Console(settings)
+    console = Console(settings, index)
     pages = [*console.routes(), *JobViews(console, index).routes()]
     await run_service(settings, metrics, serve, pages)

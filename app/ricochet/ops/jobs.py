@@ -92,6 +92,9 @@ class JobHistory:
     state: str = "unknown"
     state_at_ms: int = -1
     due_at_ms: int | None = None
+    # The retry tier it waits in, when its state is a retry's into one (else it waits in the
+    # delays, or not at all).
+    tier: int | None = None
     attempts: list[Attempt] = field(default_factory=list)
     # The result, or why there is none; one empty mapping shared until then (an index holds many).
     result: Mapping[str, Any] = field(default_factory=lambda: NO_RESULT)
@@ -171,6 +174,8 @@ def fold(job: JobHistory, entry: Entry) -> None:
     job.state, job.state_at_ms = _STATE_OF[entry.event], entry.at_ms
     due = detail.get("due_at_ms")
     job.due_at_ms = due if type(due) is int else None
+    tier = detail.get("tier")
+    job.tier = tier if type(tier) is int and entry.event == "retrying" else None
     if entry.event in ("retrying", "failed"):
         job.reason = _text(detail.get("reason"))
     elif entry.event in ("succeeded", "enqueued", "replayed", "relaunched"):

@@ -9,6 +9,8 @@ old store; migrate ends that:
   they are confirmed: killed midway, a second run moves them again, which changes nothing;
 - each queue's old levels are retired once empty (until then they pass their jobs on to Q by
   themselves); while one holds a job they stay, and migrate says so;
+- the stream where earlier versions recorded each retry's reason (ricochet.retries; the
+  journal holds them now) is deleted;
 - once nothing is left, the register SHARED.migrated records it, and no start looks again.
 
 It refuses while a worker of an earlier version is connected: it would write there again.
@@ -16,6 +18,7 @@ It refuses while a worker of an earlier version is connected: it would write the
 
 import asyncio
 import datetime as dt
+import re
 from dataclasses import asdict, dataclass
 
 import aio_pika
@@ -63,11 +66,13 @@ class Step:
         return asdict(self)
 
 
-async def find_old(api: Api, vh: str) -> tuple[list[str], list[str]]:
-    """(queues with an old cancel store, queues with old levels) in the vhost."""
+async def find_old(api: Api, vh: str) -> tuple[list[str], list[str], bool]:
+    """(queues with an old cancel store, queues with old levels, whether the old record of the
+    retries is there) in the vhost."""
     stores = await api.listing("queues", vh, r"\.cancels$", "name,type")
     entries = await api.listing("exchanges", vh, rf"\.delay\.{DELAY_LEVELS - 1}$", "name")
-    return old_stores(stores), old_levels(entries)
+    retries = await api.listing("queues", vh, rf"^{re.escape(SHARED.retries)}$", "name")
+    return old_stores(stores), old_levels(entries), bool(retries)
 
 
 async def migrate(settings: Settings, dry_run: bool) -> list[Step]:
@@ -82,13 +87,15 @@ async def migrate(settings: Settings, dry_run: bool) -> list[Step]:
                 f"{older} worker(s) of an earlier ricochet are connected to {vh!r}: upgrade "
                 "or stop them first (nothing was moved)"
             )
-        stores, levels = await find_old(api, vh)
+        stores, levels, retries = await find_old(api, vh)
     connection = await connect(settings.amqp_url, connection_name("migrate", settings.queue), 0)
     try:
         steps = [await move_cancels(connection, queue, dry_run) for queue in stores]
         for queue in levels:
             queue_settings = settings.model_copy(update={"queue": queue})
             steps.append(await retire_levels(connection, queue_settings, dry_run))
+        if retries:
+            steps.append(await delete_retries(connection, dry_run))
         if all(step.done for step in steps) and not dry_run:
             await mark_migrated(connection, {"at": dt.datetime.now(dt.UTC).isoformat()})
             steps.append(Step("register", SHARED.migrated, True, "written: starts look no more"))
@@ -127,6 +134,18 @@ async def _append(channel: AbstractChannel, records: list[aio_pika.Message]) -> 
     """Append records to the shared store, each confirmed; MissingQueue when it is not declared
     (no worker of this version has started): then nothing is deleted."""
     await asyncio.gather(*(publish_to_queue(channel, SHARED.cancels, r) for r in records))
+
+
+async def delete_retries(connection: AbstractConnection, dry_run: bool) -> Step:
+    """Delete the stream of the retries' records of earlier versions (dry: say it would)."""
+    if dry_run:
+        return Step("record of retries", SHARED.retries, True, "would be deleted")
+    channel = await connection.channel()
+    try:
+        await channel.queue_delete(SHARED.retries)
+    finally:
+        await channel.close()
+    return Step("record of retries", SHARED.retries, True, "deleted: the journal holds retries")
 
 
 async def retire_levels(connection: AbstractConnection, settings: Settings, dry_run: bool) -> Step:

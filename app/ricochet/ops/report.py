@@ -12,7 +12,7 @@ from ricochet.names import DELAY_UNIT_MS
 from ricochet.ops.failed_queue import CopyDetails
 from ricochet.ops.schedules import ScheduleRow
 from ricochet.ops.selection import Outcome
-from ricochet.ops.waits import Shown, Waiting, iso
+from ricochet.ops.waits import Listing, Shown, Waiting, iso
 
 DAY_MS = 86_400_000  # from a day on, durations are shown in days
 
@@ -204,7 +204,6 @@ def roles(plan: Plan) -> list[tuple[str, str, int | None]]:
                 (plan.shared.cancel_store, "cancels"),
                 (plan.shared.cancel_snapshot, "cancels snapshot"),
                 (plan.shared.schedule_store, "schedules"),
-                (plan.shared.retries, "retries"),
             )
         ),
     ]
@@ -348,9 +347,22 @@ def schedules_table(rows: Sequence[ScheduleRow]) -> str:
 def waiting_table(rows: Sequence[Waiting]) -> str:
     """waiting list: one line per waiting job, soonest due first."""
     return table(
-        ["message_id", "type", "attempt", "due_at", "reason"],
-        [(w.message_id, w.type, w.attempt, iso(w.due_at), w.reason) for w in rows],
+        ["message_id", "type", "attempt", "due_at", "cancelled", "reason"],
+        [
+            (w.message_id, w.type, w.attempt, iso(w.due_at), "yes" if w.cancelled else "", w.reason)
+            for w in rows
+        ],
     )
+
+
+def waiting_summary(found: Listing, queue: str) -> str:
+    """waiting list's last line (on stderr): how many, how many more unrecorded and where, and
+    what was read."""
+    unrecorded = "".join(
+        f", {count} unrecorded in {place}" for place, count in found.unrecorded.items()
+    )
+    incomplete = "" if found.complete else " (not read to its end)"
+    return f"{len(found.rows)} waiting jobs of {queue}{unrecorded}; read {found.read}{incomplete}"
 
 
 def waiting_text(shown: Shown) -> str:

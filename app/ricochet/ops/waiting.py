@@ -1,459 +1,154 @@
-"""`ricochet waiting`: the jobs RabbitMQ holds for a later attempt, read where they wait.
+"""`ricochet waiting` and the console's /waiting: the jobs RabbitMQ holds for a later attempt
+(SPEC 23, 26), listed from what was written down, never by reading the queues that hold them.
 
-A scan reads the queues that hold waiting jobs (the levels of the shared delays, highest first,
-then the queue's retry tiers and lanes, ricochet.ops.waits says what each holds) one at a time,
-on a channel of its own, holding every message it reads unacked, and hands them all back with
-one basic.nack(requeue=true) before it reads the next queue. It takes nothing: a scan killed or
-cut off midway hands back what it held when the broker closes its channel. One scan reads a
-vhost at a time (the lock of ricochet.ops.scan, on ricochet.waiting.scan): two side by side
-would each be handed part of a queue. A tier whose jobs the records of their retries account
-for is not read at all: they list it (ricochet.ops.recorded).
+A job's latest entry in the journal says where it waits and until when: a worker's `retrying`
+(its tier, or the delays, and the due time the broker applies), `scheduled`, a Client's
+`enqueued` with a run-at. The list takes those still due, read from the monitor's index when it
+is given, else from the journal read back over the longest wait a tier applies (LOOKBACK_SLACK
+more, and LOOKBACK_LEAST at least). Beside them, the broker's depth of each place: the queue's
+tiers (with their lanes) and the shared levels of the delays (every queue's jobs). What a place
+holds beyond the jobs the journal puts there is counted as unrecorded, never hidden: a job whose
+entry is older than the read, or was never written (a worker killed between its nack and its
+entry, the journal off), or one another tool published there. A job a recorded cancel covers
+(by time, as for a job of another producer: a cancel covers what was enqueued before it) is
+marked cancelled: a worker acks it as such when it comes due.
 
-A message held unacked does not expire, so a scan must not hold a job past the time it leaves
-its queue. It reads on while it holds what it read (of the jobs that leave soon, no more than
-the queue has time to hand out beside sending them on: SOON_MOST), and hands each message back
-just after that time (EXPIRY_GRACE_S): the queue, which checks its head for messages past their
-TTL before it sends anything, sends it on at once, as it would have, and never to the scan
-again. Where it knows a message's time only as a lower bound (no record of ricochet's), the
-message may come back: it is held again for REHOLD_S at most, so such a job is late by that much
-at worst. What the scan still holds when it has read the queue goes back before its time, in
-the order it leaves (ricochet.ops.hand_back says why, and in what nacks). A job that moves down
-the levels while the scan reads them is read twice: the scan keeps one row per job and attempt.
-
-Handing a message back counts against a quorum queue's delivery limit (every return on RabbitMQ
-3.10 to 4.2, a return by a closed channel on 4.3). ricochet lifts the limit on the tiers and the
-levels it declares on RabbitMQ 4 (x-delivery-limit=-1); a scan reads the limit of each queue that
-holds jobs through the management API before it reads it, as a scan of the failed queue does,
-and refuses (DeliveryLimitRefusal, saying how to lift it) when a limit stands that a job could
-reach (ricochet.ops.limits: a million or more is none, which is what RabbitMQ 3 needs to hand
-a job back at its queue's head).
+`show` reads the job's message where it waits (ricochet.ops.waiting_scan): in the place its
+journal names, or in every place when the journal does not know it.
 """
 
 import asyncio
-import collections
 import datetime as dt
-import heapq
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, cast
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection
 
-from ricochet.broker.amqp import broker_version
-from ricochet.broker.depth import KeptChannel, read_depth
-from ricochet.broker.plan import Plan, delivery_limit_policy_command
+from ricochet.broker.cancel_log import CancelLog
+from ricochet.broker.cancels import read_cancels
+from ricochet.broker.journal import now_ms
+from ricochet.broker.plan import Plan
 from ricochet.broker.record import declared_plan
-from ricochet.broker.retries import Retried, read_retries
-from ricochet.log import get_logger
-from ricochet.names import DELAY_LEVELS, SHARED, Names
-from ricochet.ops.failed_queue import printable
-from ricochet.ops.hand_back import nacks, spans
-from ricochet.ops.recorded import listed_from_records
-from ricochet.ops.scan import (
-    OTHER_READER_WAIT_S,
-    PER_CONSUMER,
-    DeliveryLimitRefusal,
-    read_limits,
-    scan_lock,
-)
-from ricochet.ops.waits import (
-    Place,
-    Shown,
-    Waiting,
-    copy_says,
-    destination,
-    level_place,
-    next_attempt,
-    read_waiting,
-)
+from ricochet.broker.register import amqp_user
+from ricochet.names import SHARED
+from ricochet.ops.jobs import JobHistory, read_jobs
+from ricochet.ops.waiting_scan import Retried, depths, places, read_places
+from ricochet.ops.waits import Listing, Place, Shown, Waiting, next_attempt
 from ricochet.settings import Settings
 
-log = get_logger("ricochet.waiting")
-
-# A held message goes back this long after it leaves its queue (its time is the worker's record,
-# taken a moment before the broker took the job; clocks a little apart): the broker sends it on.
-EXPIRY_GRACE_S = 0.05
-# What has come due goes back together, once the first of it has waited this long: one nack, one
-# command of the queue's, for many.
-HAND_BACK_EVERY_S = 0.05
-# A message handed back that came back (not yet gone: its time was a lower bound) is held this
-# long at most before it goes back again.
-REHOLD_S = 0.1
-# What the scan holds when it has read its queue goes back this much of it (in time) a nack.
-HAND_BACK_SPAN_S = 0.2
-# Records of retries are read from this much before the longest tier's wait (clocks apart).
-RECORDS_SLACK = dt.timedelta(seconds=60)
-# With no delivery for this long, the scan asks the broker whether the queue holds more (at most
-# once in as long).
-IDLE_S = 0.5
-# A queue process that sends jobs on by the thousand a second, and hands a scan each job it
-# holds, falls behind with both (RabbitMQ 3.10: 2 s late at 3,300 jobs a second, a scan holding
-# 37,000): the scan holds no more than SOON_MOST of those that leave within SOON_S, and reads on
-# as they leave. Jobs that wait longer it reads as fast as the queue hands them
-# (docs/performance.md, `ricochet waiting` over 100,000 jobs, for the figures of each cap).
-SOON_S = 10.0
-SOON_MOST = 6_000
-
-# What a scan makes of a message: the waiting job it stands for, and whether the scan lists it
-# (a level holds other queues' jobs too); from the place, the message, now.
-RowMaker = Callable[[Place, AbstractIncomingMessage, dt.datetime], tuple[Waiting, bool]]
+# The journal is read back this much before the longest wait a tier applies (clocks apart, an
+# entry written a moment after its nack), and never less than LOOKBACK_LEAST (the jobs due later
+# in the delays that were sent there within it are listed; older ones are counted).
+LOOKBACK_SLACK = dt.timedelta(seconds=60)
+LOOKBACK_LEAST = dt.timedelta(hours=1)
+# Where a job in the shared levels of the delays waits, whichever level holds it now.
+DELAYS = f"{SHARED.delay(0)[:-1]}*"
 
 
-@dataclass(order=True)
-class _Held:
-    back_s: float  # when it goes back, epoch seconds
-    tag: int
-    key: tuple[object, ...] = field(compare=False)
+def place_of(job: JobHistory, plan: Plan) -> str:
+    """Where the job waits, as the journal tells it: its tier, or the delays."""
+    return DELAYS if job.tier is None else plan.names.tier(job.tier)
 
 
-def may_add_consumer(consumers: int, newest_back_s: float, now: float) -> bool:
-    """Whether a scan with this many consumers may take another (pure): not while they may
-    already hold SOON_MOST (another consumer's room beside it) of jobs that all leave within
-    SOON_S (the newest read, which goes back at newest_back_s, leaves last). It counts what they
-    may hold, not what they hold: a queue slow to deliver (a loaded broker) adds no consumer past
-    the cap."""
-    return consumers * PER_CONSUMER <= SOON_MOST or newest_back_s > now + SOON_S
-
-
-def identity(message: AbstractIncomingMessage, attempt: int) -> tuple[object, ...]:
-    """What tells one waiting job from another: its id and attempt (a message without an id by
-    its body)."""
-    return (message.message_id, attempt, None if message.message_id else hash(message.body))
-
-
-class PlaceScan:
-    """Reads one queue of waiting jobs: every message once, each held no later than it leaves."""
-
-    def __init__(self, channel: AbstractChannel, place: Place, depth: int, make: RowMaker):
-        self._channel = channel
-        self._place = place
-        self._depth = depth
-        self._make = make
-        self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        self._consumers: list[str] = []
-        self._held: list[_Held] = []  # a heap: the soonest to go back first
-        # The delivery tags held, lowest first (a heap; those handed back are dropped lazily).
-        self._tags: list[int] = []
-        self._holding: set[int] = set()
-        # Handed back and not seen since: a delivery of one of them is no new job.
-        self._released: collections.Counter[tuple[object, ...]] = collections.Counter()
-        self._last_delivery_s = time.time()
-        self._asked_s = 0.0  # when the scan last asked the broker what the queue holds
-        self._newest_back_s = 0.0  # when the job read last goes back (a queue's are in order)
-        self.rows: list[Waiting] = []
-        self.seen = 0  # messages read once (those handed back and seen again not counted)
-
-    async def read(self) -> list[Waiting]:
-        """Its jobs, each read once (fewer if they leave meanwhile); every message goes back."""
-        try:
-            await self._subscribe()
-            while self.seen < self._depth:
-                await self._room()
-                wait_s = IDLE_S
-                if self._held:
-                    wait_s = max(0.0, min(wait_s, self._next_hand_back_s() - time.time()))
-                try:
-                    message = await asyncio.wait_for(self._inbox.get(), wait_s)
-                except TimeoutError:
-                    if await self._read_all():
-                        break
-                    continue
-                self._take(message)
-                while not self._inbox.empty():  # all that came meanwhile, for one look at the time
-                    self._take(self._inbox.get_nowait())
-                await self._hand_back_due()
-        finally:
-            if not self._channel.is_closed:
-                await self._stop_consuming()
-                while not self._inbox.empty():
-                    self._take(self._inbox.get_nowait())
-                for run in spans(self._held, lambda held: held.back_s, HAND_BACK_SPAN_S):
-                    await self._hand_back(run)
-                self._held = []
-        return self.rows
-
-    async def _read_all(self) -> bool:
-        """With no delivery for a while: whether the queue holds no more to read (but what this
-        scan holds, and hands back as it leaves); if it does, the broker holds back for room."""
-        await self._hand_back_due()
-        now = time.time()
-        if now - self._last_delivery_s < IDLE_S or now - self._asked_s < IDLE_S:
-            return False
-        left = await read_depth(self._channel, self._place.name)
-        self._asked_s = time.time()
-        if left is None or left.messages == 0:
-            return True
-        if self._may_grow():
-            await self._subscribe()
-        return False
-
-    def _take(self, message: AbstractIncomingMessage) -> None:
-        now = self._last_delivery_s = time.time()
-        row, listed = self._make(self._place, message, dt.datetime.fromtimestamp(now, dt.UTC))
-        key = identity(message, row.attempt)
-        if self._released[key]:
-            self._released[key] -= 1
-            back_s = now + REHOLD_S  # back again: it had not left, so it leaves any moment
-        else:
-            self.seen += 1
-            if listed:
-                self.rows.append(row)
-            back_s = self._newest_back_s = row.leaves_at.timestamp() + EXPIRY_GRACE_S
-        assert message.delivery_tag is not None
-        heapq.heappush(self._held, _Held(back_s, message.delivery_tag, key))
-        heapq.heappush(self._tags, message.delivery_tag)
-        self._holding.add(message.delivery_tag)
-
-    def _next_hand_back_s(self) -> float:
-        return self._held[0].back_s + HAND_BACK_EVERY_S
-
-    async def _hand_back_due(self) -> bool:
-        """Hand back the held messages whose time has come, once the first has waited
-        HAND_BACK_EVERY_S; whether there were any."""
-        now = time.time()
-        if not self._held or now < self._next_hand_back_s():
-            return False
-        due = []
-        while self._held and self._held[0].back_s <= now:
-            due.append(heapq.heappop(self._held))
-        if due:
-            await self._hand_back(due)
-        return bool(due)
-
-    async def _hand_back(self, held: list[_Held]) -> None:
-        for one in held:
-            self._holding.discard(one.tag)
-            self._released[one.key] += 1
-        while self._tags and self._tags[0] not in self._holding:
-            heapq.heappop(self._tags)
-        underlay = await self._channel.get_underlay_channel()
-        kept_below = self._tags[0] if self._tags else None
-        for tag, multiple in nacks((one.tag for one in held), kept_below):
-            await underlay.basic_nack(delivery_tag=tag, multiple=multiple, requeue=True)
-
-    async def _subscribe(self) -> None:
-        queue = await self._channel.get_queue(self._place.name, ensure=False)
-        self._consumers.append(await queue.consume(self._inbox.put, no_ack=False))
-
-    async def _room(self) -> None:
-        """Another consumer once the messages held come within one consumer's worth of what the
-        consumers may hold (a quorum queue hands one consumer PER_CONSUMER at most)."""
-        while (
-            self._consumers
-            and len(self._held) + PER_CONSUMER > len(self._consumers) * PER_CONSUMER
-            and self._may_grow()
-        ):
-            await self._subscribe()
-
-    def _may_grow(self) -> bool:
-        return may_add_consumer(len(self._consumers), self._newest_back_s, time.time())
-
-    async def _stop_consuming(self) -> None:
-        """Cancel the consumers, handing back what falls due meanwhile (a cancel is a round trip
-        through the queue's log)."""
-        queue = await self._channel.get_queue(self._place.name, ensure=False)
-        for tag in self._consumers:
-            await queue.cancel(tag)
-            await self._hand_back_due()
-        self._consumers = []
-
-
-def places(plan: Plan) -> list[Place]:
-    """Where the jobs of the plan's queue may wait: the levels of the delays, highest first (a
-    job moves down them, so it is read twice at worst, never missed), then its tiers and
-    lanes, each with the delay the broker applies to it."""
-    levels = [level_place(k) for k in reversed(range(DELAY_LEVELS))]
-    tiers = [
-        Place(spec.name, plan.applied_delay_ms(spec) or 0) for spec in [*plan.tiers, *plan.lanes]
+def enqueued_ms(job: JobHistory) -> int:
+    """When the job was enqueued, as the journal tells it: its last `enqueued` entry (an id
+    enqueued again is another job), else its first entry (a job of another producer appears from
+    its first delivery)."""
+    times = cast(list[int], job.events[::2])
+    enqueued = [
+        at for at, event in zip(times, job.events[1::2], strict=True) if event == "enqueued"
     ]
-    return [*levels, *tiers]
+    return max(enqueued, default=min(times))
 
 
-def recorded_tiers(plan: Plan) -> dict[str, int]:
-    """The tiers whose jobs the records of their retries can account for, by name: those
-    without lanes (a jittered tier's lane is the broker's choice, which no record knows)."""
-    return {spec.name: k for k, spec in enumerate(plan.tiers, start=1) if not plan.lanes_of(k)}
-
-
-class Counted(NamedTuple):
-    """How many messages a place held, and when the broker said so (epoch ms)."""
-
-    messages: int
-    at_ms: int
-
-
-async def _holding(connection: AbstractConnection, where: list[Place]) -> dict[Place, Counted]:
-    """The places that hold messages now, with how many (a missing one holds none)."""
-    kept = KeptChannel(connection)
-    try:
-        depths = {}
-        for place in where:
-            depth = await read_depth(await kept.get(), place.name)
-            if depth is not None and depth.messages:
-                depths[place] = Counted(depth.messages, int(time.time() * 1000))
-        return depths
-    finally:
-        await kept.close()
-
-
-def by_tier(records: "Records") -> dict[int, list[tuple[str, int, Retried]]] | None:
-    """The records, tier by tier; None when one names no tier (a record of an earlier ricochet,
-    or of a job whose type it could not hold): its job may wait in any tier, which the records
-    then cannot account for."""
-    tiers: dict[int, list[tuple[str, int, Retried]]] = {}
-    for (message_id, attempt), record in records.items():
-        if record.tier is None:
-            return None
-        tiers.setdefault(record.tier, []).append((message_id, attempt, record))
-    return tiers
-
-
-async def _check_limits(
-    connection: AbstractConnection,
-    names: Names,
-    holding: list[Place],
-    management_url: str | None,
-) -> None:
-    """Refuse before reading anything when a queue that holds jobs keeps a delivery limit."""
-    version = broker_version(connection)
-    limits = await read_limits(
-        connection, [place.name for place in holding], management_url, version
+def waiting_row(job: JobHistory, plan: Plan, now: int, cancels: CancelLog) -> Waiting | None:
+    """The job as a row of the list when the journal has it waiting at now (epoch ms)."""
+    if job.now(now) != "waiting" or job.due_at_ms is None:
+        return None
+    due = dt.datetime.fromtimestamp(job.due_at_ms / 1000, dt.UTC)
+    retried = [a.attempt for a in job.attempts if a.outcome == "retrying"]
+    return Waiting(
+        message_id=job.message_id,
+        type=job.type,
+        queue=job.queue,
+        attempt=max(retried, default=0) + 1,
+        due_at=due,
+        reason=job.reason,
+        place=place_of(job, plan),
+        leaves_at=due,
+        exact=True,
+        cancelled=cancels.covers(job.queue, job.message_id, None, lambda: enqueued_ms(job) / 1000),
     )
-    limited = [(name, limit) for name, limit in limits.items() if limit is not None]
-    if limited:
-        said = "; ".join(f"{name}: {limit.value} ({limit.source})" for name, limit in limited)
-        raise DeliveryLimitRefusal(
-            f"queues that hold waiting jobs keep a delivery limit ({said}): each look hands "
-            "their jobs back, which the broker counts, and a job at the limit would be sent on "
-            "early or dropped, so none was read. Lift it: "
-            f"`{delivery_limit_policy_command(names)}` for the tiers; the levels "
-            f"({SHARED.delay(0)} ..) are declared without one by ricochet on RabbitMQ 4"
-        )
 
 
-async def scan_waiting(
-    connection: AbstractConnection,
+def named_places(plan: Plan) -> dict[str, str]:
+    """The place a row names for each queue that holds the plan's waiting jobs: a tier for
+    itself and its lanes (the levels of the delays are all DELAYS)."""
+    return {
+        spec.name: plan.names.tier(k)
+        for k in range(1, len(plan.tiers) + 1)
+        for spec in plan.waiting_of(k)
+    }
+
+
+def grouped_depths(held: Mapping[Place, int], plan: Plan) -> Counter[str]:
+    """The broker's depths by the places rows name."""
+    named = named_places(plan)
+    grouped: Counter[str] = Counter()
+    for place, messages in held.items():
+        grouped[named.get(place.name, DELAYS)] += messages
+    return grouped
+
+
+def unrecorded(held: Mapping[str, int], known: Counter[str]) -> dict[str, int]:
+    """By place, the jobs the broker holds beyond those the journal puts there."""
+    return {place: held[place] - known[place] for place in held if held[place] > known[place]}
+
+
+def listing(
+    jobs: Iterable[JobHistory],
     plan: Plan,
-    message_id: str | None = None,
-    *,
-    management_url: str | None = None,
-    found: Callable[[Waiting, AbstractIncomingMessage], None] | None = None,
+    held: Mapping[Place, int],
+    cancels: CancelLog,
+    now: int,
+) -> tuple[list[Waiting], dict[str, int]]:
+    """The waiting jobs of the plan's queue, soonest due first, and the unrecorded ones by place
+    (pure). The delays hold every queue's jobs: all those the journal puts there count."""
+    rows, known = [], Counter[str]()
+    for job in jobs:
+        row = waiting_row(job, plan, now, cancels)
+        if row is None:
+            continue
+        if row.place == DELAYS or job.queue == plan.names.queue:
+            known[row.place] += 1
+        if job.queue == plan.names.queue:
+            rows.append(row)
+    rows.sort(key=lambda row: row.due_at)
+    return rows, unrecorded(grouped_depths(held, plan), known)
+
+
+def lookback(plan: Plan) -> dt.timedelta:
+    """How far back the journal is read for the jobs of the plan's queue."""
+    longest = max(
+        (plan.applied_delay_ms(spec) or 0 for spec in [*plan.tiers, *plan.lanes]), default=0
+    )
+    return max(dt.timedelta(milliseconds=longest) + LOOKBACK_SLACK, LOOKBACK_LEAST)
+
+
+def _selected(
+    rows: list[Waiting], job_type: str | None, message_id: str | None, limit: int | None
 ) -> list[Waiting]:
-    """The waiting jobs of the plan's queue (of one message_id, when given), soonest due first.
-    found(row, message), when given, is told of each as it is read: every queue is read then,
-    tiers whose records account for their jobs too."""
-    deadline = asyncio.get_running_loop().time() + OTHER_READER_WAIT_S
-    held_by = "another `ricochet waiting` (or a console page)"
-    async with scan_lock(connection, SHARED.waiting_scan, "the waiting jobs", held_by, deadline):
-        depths = await _holding(connection, places(plan))
-        await _check_limits(connection, plan.names, list(depths), management_url)
-        tiers = [place for place in depths if place.level is None]
-        records: Records = {}
-        if tiers:
-            # A job waits in a tier no longer than its TTL: its retry was recorded since. The
-            # records are read up to a marker sent after every count, so that those of the jobs
-            # a count took in are read, however many retries come in meanwhile.
-            longest = dt.timedelta(milliseconds=max(place.ttl_ms for place in tiers))
-            since = dt.datetime.now(dt.UTC) - longest - RECORDS_SLACK
-            records = await read_retries(connection, since, plan.names.queue)
-        make = row_maker(plan.names.queue, message_id, records, found or (lambda *_: None))
-        recorded = None if found else by_tier(records)
-        # The records of each tier a look may list from them, by the tier's name.
-        of_tier = (
-            {}
-            if recorded is None
-            else {name: recorded.get(k, []) for name, k in recorded_tiers(plan).items()}
-        )
-        rows: dict[tuple[object, ...], Waiting] = {}
-        channel = await connection.channel(publisher_confirms=False)
-        try:
-            await channel.set_qos(prefetch_count=PER_CONSUMER)
-            for place, counted in depths.items():
-                listed = None
-                if place.name in of_tier:
-                    listed = listed_from_records(
-                        place,
-                        plan.names.queue,
-                        counted.messages,
-                        counted.at_ms,
-                        of_tier[place.name],
-                        dt.datetime.now(dt.UTC),
-                    )
-                    log.debug("tier from its records", queue=place.name, read=listed is None)
-                if listed is None:
-                    listed = await PlaceScan(channel, place, counted.messages, make).read()
-                for row in listed:
-                    if message_id in (None, row.message_id):
-                        rows.setdefault((row.queue, row.message_id, row.attempt), row)
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-    return sorted(rows.values(), key=lambda row: row.due_at)
-
-
-# (message_id, failed attempt) -> what the record of that retry says
-Records = Mapping[tuple[str, int], Retried]
-
-
-def row_maker(
-    queue: str,
-    message_id: str | None,
-    records: Records,
-    found: Callable[[Waiting, AbstractIncomingMessage], None],
-) -> RowMaker:
-    """The job of each message, listed when it is queue's (a level holds other queues' jobs
-    too), of message_id when given: a tier's job with the record of its retry, a level's with
-    what its copy says. Jobs not listed are made all the same: the scan hands them back too."""
-
-    def make(
-        place: Place, message: AbstractIncomingMessage, now: dt.datetime
-    ) -> tuple[Waiting, bool]:
-        routing_key = message.routing_key or ""
-        own = queue if place.level is None else destination(routing_key) or ""
-        headers = dict(message.headers or {})
-        came_at = due_at = reason = None
-        if place.level is None:
-            came_at, reason = _recorded(records, message.message_id, headers, queue)
-        else:
-            due_at, reason = copy_says(headers, routing_key)
-        row = read_waiting(
-            place,
-            own,
-            message_id=message.message_id,
-            amqp_type=message.type,
-            body=message.body,
-            headers=headers,
-            routing_key=routing_key,
-            timestamp=message.timestamp,
-            came_at=came_at,
-            due_at=due_at,
-            reason=reason,
-            now=now,
-        )
-        listed = own == queue and message_id in (None, message.message_id)
-        if listed:
-            found(row, message)
-        return row, listed
-
-    return make
-
-
-def _recorded(
-    records: Records, message_id: str | None, headers: Mapping[str, Any], queue: str
-) -> tuple[dt.datetime | None, str | None]:
-    """(when it came into its tier, the reason) of a tier's job, from the record of its retry."""
-    if not message_id:  # a job without an id has a record that says only where it waits
-        return None, None
-    record = records.get((message_id, next_attempt(headers, queue) - 1))
-    if record is None:
-        return None, None
-    return dt.datetime.fromtimestamp(record.at_ms / 1000, dt.UTC), record.reason
-
-
-def _selected(rows: list[Waiting], job_type: str | None, limit: int | None) -> list[Waiting]:
-    chosen = [r for r in rows if job_type is None or r.type == job_type]
+    chosen = [r for r in rows if job_type in (None, r.type) and message_id in (None, r.message_id)]
     return chosen if limit is None else chosen[:limit]
+
+
+class Indexed(Protocol):
+    """What the list reads of the monitor's index (ricochet.monitor.index.JobIndex)."""
+
+    complete: bool
+
+    def jobs(self) -> Iterable[JobHistory]: ...
 
 
 async def list_waiting(
@@ -463,28 +158,60 @@ async def list_waiting(
     job_type: str | None = None,
     message_id: str | None = None,
     limit: int | None = None,
-) -> list[Waiting]:
-    """The waiting jobs of settings.queue that match, soonest due first (at most limit)."""
+    index: Indexed | None = None,
+) -> Listing:
+    """The waiting jobs of settings.queue that match, soonest due first (at most limit), from
+    the monitor's index when given, else from the journal read back."""
     declared = await declared_plan(connection, settings)
-    rows = await scan_waiting(
-        connection, declared, message_id, management_url=settings.management_url
-    )
-    return _selected(rows, job_type, limit)
+    held = await depths(connection, places(declared))
+    if index is None:
+        since = dt.datetime.now(dt.UTC) - lookback(declared)
+        read = await read_jobs(connection, since)
+        jobs: Iterable[JobHistory] = read.jobs.values()
+        said, complete = f"the journal since {since:%Y-%m-%d %H:%M:%S}Z", read.complete
+    else:
+        jobs, said, complete = list(index.jobs()), "the monitor's index", index.complete
+    cancels = await read_cancels(connection, amqp_user(settings.amqp_url))
+    # Off the event loop: a million jobs of an index take a moment.
+    rows, counted = await asyncio.to_thread(listing, jobs, declared, held, cancels, now_ms())
+    return Listing(_selected(rows, job_type, message_id, limit), counted, said, complete)
+
+
+def _retried_from(job: JobHistory | None, queue: str) -> Retried:
+    """What the journal says of a waiting message's last retry, by its headers: (when it came
+    into its tier, the reason)."""
+
+    def retried(
+        message_id: str | None, headers: Mapping[str, Any]
+    ) -> tuple[dt.datetime | None, str | None]:
+        if job is None or message_id != job.message_id:
+            return None, None
+        failed = next_attempt(headers, queue) - 1
+        for attempt in job.attempts:
+            if attempt.attempt == failed and attempt.outcome == "retrying" and attempt.ended_at_ms:
+                return dt.datetime.fromtimestamp(attempt.ended_at_ms / 1000, dt.UTC), attempt.reason
+        return None, None
+
+    return retried
 
 
 async def show_waiting(
     connection: AbstractConnection, settings: Settings, message_id: str
 ) -> list[Shown]:
-    """Every waiting job of settings.queue with this message_id (usually one), soonest first."""
+    """Every waiting job of settings.queue with this message_id (usually one), soonest first:
+    read where the journal says it waits, or everywhere when it does not know."""
     declared = await declared_plan(connection, settings)
-    messages: dict[tuple[object, ...], AbstractIncomingMessage] = {}
-
-    def keep(row: Waiting, message: AbstractIncomingMessage) -> None:
-        messages.setdefault((row.queue, row.message_id, row.attempt), message)
-
-    rows = await scan_waiting(
-        connection, declared, message_id, management_url=settings.management_url, found=keep
+    since = dt.datetime.now(dt.UTC) - lookback(declared)
+    job = (await read_jobs(connection, since, message_id)).jobs.get((settings.queue, message_id))
+    where = places(declared)
+    if job is not None and job.now(now_ms()) == "waiting":
+        named, place = named_places(declared), place_of(job, declared)
+        where = [p for p in where if named.get(p.name, DELAYS) == place] or where
+    return await read_places(
+        connection,
+        declared,
+        where,
+        message_id,
+        _retried_from(job, settings.queue),
+        management_url=settings.management_url,
     )
-    return [
-        Shown(row, *printable(messages[row.queue, row.message_id, row.attempt])) for row in rows
-    ]

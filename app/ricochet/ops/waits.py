@@ -11,10 +11,10 @@ messages on in the order they came (SPEC 3, 18):
   (its digit is 1), and it passes the levels below whose digit is 0 at once.
 
 When it came in is the broker's to know, and not to tell: x-death keeps only the first time a job
-died in a queue, in whole seconds. So ricochet records it (ricochet.broker.reasons) and, until a
-record is found, a lower bound stands in: the latest death the job shows, or its timestamp. A
-lower bound is safe where it decides (a scan hands a job back before it could be due), and shown
-as the due time where nothing better is known.
+died in a queue, in whole seconds. So ricochet writes it in the journal (its `retrying` entry)
+and, where no entry is found, a lower bound stands in: the latest death the job shows, or its
+timestamp. A lower bound is safe where it decides (a read hands a job back before it could be
+due), and shown as the due time where nothing better is known.
 """
 
 import datetime as dt
@@ -52,8 +52,10 @@ class Waiting:
     # When it leaves the queue it is in (the same as due_at but in the levels): the scan hands it
     # back before then.
     leaves_at: dt.datetime
-    # Whether due_at is ricochet's record (True) or a lower bound read from the message.
+    # Whether due_at is the journal's (True) or a lower bound read from the message.
     exact: bool
+    # Whether a recorded cancel covers it: acked as cancelled when it comes due.
+    cancelled: bool = False
 
     def as_row(self) -> dict[str, Any]:
         """The JSON row of SPEC 23."""
@@ -64,7 +66,19 @@ class Waiting:
             "attempt": self.attempt,
             "due_at": iso(self.due_at),
             "reason": self.reason,
+            "cancelled": self.cancelled,
         }
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a look found: the waiting jobs that match, soonest due first; by place, how many
+    more the broker holds there than the journal accounts for; what was read."""
+
+    rows: list[Waiting]
+    unrecorded: dict[str, int]
+    read: str
+    complete: bool
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from ricochet.broker.connection import is_lost
 from ricochet.broker.journal import Journal
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer
 from ricochet.errors import TopologyConflict
 from ricochet.handlers.invoker import Invoker
@@ -153,20 +152,17 @@ class QueueWorker:
         or the connection or the cancels are lost; the first on the topology just declared (or
         once a queue in conflict at start is declared), each next one after declaring it
         again. Meanwhile a tier kept at an older delay is declared again once empty."""
-        retries = RetryLog(connection)  # one channel of the connection for its sessions' records
         kept = asyncio.get_running_loop().create_task(
             self._applied.declare_kept_once_empty(connection)
         )
         try:
-            await self._sessions(connection, retries, declared)
+            await self._sessions(connection, declared)
         finally:
             kept.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await kept
 
-    async def _sessions(
-        self, connection: AbstractConnection, retries: RetryLog, declared: Plan | None
-    ) -> None:
+    async def _sessions(self, connection: AbstractConnection, declared: Plan | None) -> None:
         plan = declared
         while True:
             if plan is None:
@@ -174,7 +170,7 @@ class QueueWorker:
                 if plan is None:  # a stop, or the connection closed
                     return
             try:
-                await self._run_session(connection, retries, plan)
+                await self._run_session(connection, plan)
             except CONNECTION_ERRORS as error:
                 if is_lost(connection):
                     raise
@@ -192,9 +188,7 @@ class QueueWorker:
                 return
             await self._lifecycle.unless_stopped(asyncio.sleep(REOPEN_PAUSE_S))
 
-    async def _run_session(
-        self, connection: AbstractConnection, retries: RetryLog, plan: Plan
-    ) -> None:
+    async def _run_session(self, connection: AbstractConnection, plan: Plan) -> None:
         """Run a session on a new channel of the declared topology until it ends (a stop, or
         lost)."""
         settings = self.settings
@@ -208,7 +202,6 @@ class QueueWorker:
             plan.names,
             frame_max(connection),
             self.observers,
-            retries,
         )
         subscription = Subscription(
             frames, settler, settings.queue, settings.prefetch, consumer.in_flight

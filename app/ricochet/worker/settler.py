@@ -5,9 +5,9 @@ A settler is made anew on every channel, so nothing of a lost one (its delivery 
 still pending) reaches the next. Acks and dead-lettering nacks are coalesced: those settled in
 one turn of the event loop go out together, the nacks first, then one ack with
 multiple=True for the finished deliveries below the oldest one still running, then a single ack
-for each finished one above it. A retry's nack waits for its record to be written ahead of it
-(ricochet.broker.retries: one entry of the stream at most every WRITE_EVERY_S, of the retries
-meanwhile); the acks settled by then go first, none reaching a retry not yet nacked.
+for each finished one above it. A retry's reason and due time go to the journal, after the
+settling, like every other outcome (a nack carries nothing; a worker lost between the nack and its
+entry leaves the job waiting, counted unrecorded by the waiting view).
 """
 
 import asyncio
@@ -29,7 +29,6 @@ from ricochet.broker.amqp import (
     refusal,
 )
 from ricochet.broker.publish import OnePerMessageId, publish_confirmed, publish_until_confirmed
-from ricochet.broker.retries import RetryLog
 from ricochet.delivery.events import Observer, Returned, Settled
 from ricochet.delivery.failed import Failure, counted_copy, failed_copy
 from ricochet.delivery.retry import (
@@ -80,11 +79,8 @@ class Settler:
         names: Names,
         frame_max: int,
         observers: Sequence[Observer] = (),
-        retries: RetryLog | None = None,
     ) -> None:
         self._channel = channel
-        # Where a retry into a tier is recorded with its reason (a nack carries none).
-        self._retries = retries
         self._frames = frames
         # Copies to queues go straight to them: a confirm then means that very queue took it.
         self._default = channel.default_exchange
@@ -115,16 +111,15 @@ class Settler:
         result: Returned | None = None,
     ) -> None:
         """Carry out the decision, then tell the observers. An ack or a nack is written with
-        the others of this loop turn (a retry's nack behind its record), after the observers are
+        the others of this loop turn, after the observers are
         told: if the channel closes first, the broker hands the delivery back and it runs again.
         A copy is confirmed before they are told: a channel that closes first settles nothing
-        and tells nothing. kind: the job's type, for the record of a retry and the journal;
+        and tells nothing. kind: the job's type, for the journal;
         seconds, result: how long its handler ran and what it returned, for the journal."""
         match decision:
             case Ack() | Cancel():
                 self._settle_soon(delivery, dead_letter=False)
-            case Retry(tier):
-                self._record(delivery, facts, failure, tier, kind)
+            case Retry():
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
             case Sanitize() | RetryByCopy() | Delay():
                 copy, key, exchange = self._copy(delivery, decision, failure)
@@ -141,10 +136,6 @@ class Settler:
                     )
                     await self._fail(delivery, facts, FAIL_PERMANENT, Failure(too_large), kind)
                     return
-                if isinstance(decision, RetryByCopy):  # recorded once it will go to the tier
-                    self._record(delivery, facts, failure, decision.tier, kind)
-                    if self._retries is not None:
-                        await self._retries.write()
                 if not await self.copy_then_ack(delivery, copy, key, exchange=exchange):
                     return
             case Fail():
@@ -184,21 +175,6 @@ class Settler:
             fields = failed.log_fields
             self._tell(
                 Settled(delivery.message_id, facts, decision, failure, fields, kind, seconds)
-            )
-
-    def _record(
-        self,
-        delivery: Delivery,
-        facts: Facts,
-        failure: Failure | None,
-        tier: int,
-        kind: str | None,
-    ) -> None:
-        """Keep the record of a retry of a job of type kind into tier `tier` with its reason
-        (ricochet.broker.retries), to write ahead of the job going there."""
-        if self._retries is not None and failure is not None:
-            self._retries.record(
-                self._names.queue, delivery.message_id, facts.attempt, failure.reason, tier, kind
             )
 
     def _copy(
@@ -297,21 +273,14 @@ class Settler:
     async def _flush(self) -> None:
         while self._finished or self._dead:
             dead, self._dead = self._dead, []
-            if dead and self._retries is not None:
-                # Their records are kept (a retry is recorded before it is settled): written
-                # ahead of their nacks, a job a tier holds has its record, even from a worker
-                # killed right after. The acks go meanwhile, none reaching these retries.
-                if not await self._settle([], waiting=dead):
-                    return
-                await self._retries.write()
             if not await self._settle(dead):
                 return
 
-    async def _settle(self, dead: list[int], waiting: Collection[int] = ()) -> bool:
+    async def _settle(self, dead: list[int]) -> bool:
         """Write the nacks of dead, then the acks settled so far, none reaching a retry not yet
-        nacked (those settled since, and waiting); False if the channel closed first."""
+        nacked (those settled since); False if the channel closed first."""
         finished, self._finished = self._finished, set()
-        multiple, singles = plan_acks(self._running.union(self._dead, waiting), finished)
+        multiple, singles = plan_acks(self._running.union(self._dead), finished)
         try:
             await self._frames.settle(dead, multiple, singles)
         except CONNECTION_ERRORS:
