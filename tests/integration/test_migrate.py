@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractConnection
 from ricochet import Job
 from ricochet.broker.legacy import is_migrated, older_workers_connected
 from ricochet.broker.management import open_api, vhost
-from ricochet.names import DELAY_LEVELS, Names
+from ricochet.names import DELAY_LEVELS, SHARED, Names
 
 from tests.broker import BROKER
 from tests.support import (
@@ -172,3 +172,24 @@ async def test_migrate_moves_what_an_earlier_release_left(
         finally:
             await worker.stop()  # before its vhost goes
     assert ran == [("waiting", 1)]
+
+
+async def test_migrate_deletes_the_record_of_retries_an_earlier_release_kept() -> None:
+    """Earlier releases recorded each retry's reason in the stream ricochet.retries (the journal
+    holds it now): a dry run says it would go, a run deletes it and records the vhost migrated."""
+    async with BROKER.scratch_vhost() as url, await aio_pika.connect(url) as connection:
+        channel = await connection.channel()
+        arguments = {"x-queue-type": "stream", "x-max-age": "2D"}
+        await channel.declare_queue(SHARED.retries, durable=True, arguments=arguments)
+        code, dry = migrate(url, "jobs", "--dry-run")
+        assert code == 0, dry
+        assert {s["what"]: s["detail"] for s in dry["steps"]} == {
+            "record of retries": "would be deleted"
+        }
+        assert await exists(connection, SHARED.retries)
+        code, done = migrate(url, "jobs")
+        assert code == 0, done
+        steps = {s["what"]: s for s in done["steps"]}
+        assert steps["record of retries"]["done"], done
+        assert not await exists(connection, SHARED.retries)
+        assert await is_migrated(connection)
