@@ -1,5 +1,6 @@
 """Faults of the monitor's index of the journal (SPEC 26): the monitor killed with kill -9 while
-it builds its index, its API asked while the broker is stopped, and the journal stream deleted
+it builds its index, its API (and a look at the waiting jobs) asked while the broker is
+stopped, and the journal stream deleted
 and declared again while it reads it. The index is memory only: a new monitor builds it again
 from the journal, one that lost the broker answers from what it holds and goes on reading once
 the broker is back, and one whose stream is new reads it from its first record. Every job id is
@@ -8,6 +9,7 @@ accounted for, as the workers ran it and as the index shows it."""
 import asyncio
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -20,13 +22,21 @@ from ricochet.names import SHARED
 from tests.broker import BROKER
 from tests.faults.harness import PUBLISH_BATCH, FaultRun, progress
 from tests.faults.node import Node
-from tests.support import answers, exists, free_port, ricochet_env, spawn, wait_for
+from tests.support import answers, exists, free_port, ricochet_env, run_cli, spawn, wait_for
 
 JOBS = 200
 # Records of old jobs the journal holds before the monitor starts: many more than the stream
 # declared again gets during the row, so that a reader left where the old stream ended would
 # not reach a job of the new one.
 OLD_RECORDS = 500
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -102,8 +112,9 @@ async def test_the_index_asked_while_the_broker_is_stopped(
     fault_run: Callable[..., FaultRun], node: Node
 ) -> None:
     """With the index built, `rabbitmqctl stop_app` for a few seconds: the API answers from
-    memory meanwhile (every job of before, succeeded), and once the broker is back the index
-    reads on: jobs run after the restart show succeeded too."""
+    memory meanwhile (every job of before, succeeded), a look at the waiting jobs (the command,
+    the console's page) says the broker does not answer, and once the broker is back the index
+    reads on: jobs run after the restart show succeeded too, and a look answers again."""
     run = fault_run("index asked while the broker is stopped")
     before = await run.publish(JOBS // 2)
     await run.start_worker()
@@ -121,12 +132,21 @@ async def test_the_index_asked_while_the_broker_is_stopped(
             assert {states.get(m) for m in before} == {"succeeded"}
             asked = await asyncio.to_thread(_get, f"{base}/api/jobs/{before[0]}")
             assert asked["state"] == "succeeded"
+            # A look at the waiting jobs needs the broker's depths: it says so, and takes nothing.
+            looked = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
+            assert looked.returncode == 1, looked.stderr
+            assert "does not answer" in looked.stderr
+            assert await asyncio.to_thread(status_of, f"{base}/waiting") == 503
         finally:
             await asyncio.to_thread(node.ctl, "start_app")
         await run.reconnect()
         after = await run.publish(JOBS // 2)
         await progress(run, JOBS)
         await wait_for(all_succeeded(base, run.settings.queue, after), 90, "the jobs after")
+        looked = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
+        assert looked.returncode == 0, looked.stderr
+        assert looked.stdout == ""  # every job ran: none waits
+        assert await asyncio.to_thread(status_of, f"{base}/waiting") == 200
     finally:
         await stopped(monitor)
     await run.account()
