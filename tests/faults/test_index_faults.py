@@ -1,10 +1,9 @@
 """Faults of the monitor's index of the journal (SPEC 26): the monitor killed with kill -9 while
-it builds its index, its API (and a look at the waiting jobs) asked while the broker is
-stopped, and the journal stream deleted
-and declared again while it reads it. The index is memory only: a new monitor builds it again
-from the journal, one that lost the broker answers from what it holds and goes on reading once
-the broker is back, and one whose stream is new reads it from its first record. Every job id is
-accounted for, as the workers ran it and as the index shows it."""
+it builds its index, its API (and a look at the waiting jobs) asked while the broker is stopped,
+and the journal stream deleted and declared again while it reads it. The index is memory only: a
+new monitor builds it again from the journal, one that lost the broker answers from what it holds
+and goes on reading once the broker is back, and one whose stream is new reads it from its first
+record. Every job id is accounted for, as the workers ran it and as the index shows it."""
 
 import asyncio
 import json
