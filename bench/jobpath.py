@@ -92,6 +92,9 @@ async def run_path(jobs: int, handler: str) -> float:
     invoker = Invoker(load_handler(settings.handler), settings.handler_timeout_s)
     worker = Worker(settings, invoker, Metrics(QUEUE), Lifecycle())
     queue = worker.queues[0]
+    # The plan the broker applies, as a declare at the session's start leaves it: a retry's
+    # log line and journal entry read its tier's delay there.
+    queue._applied._plan = topology
     consumer = queue.consumer(topology)  # with the queue's observers, as its sessions run it
     observers = queue.observers
     settler = Settler(Nowhere(), Nowhere(), topology.names, 131072, observers)  # type: ignore[arg-type]
