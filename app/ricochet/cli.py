@@ -30,7 +30,7 @@ from ricochet.headers import MAX_RETRIES, RETRY_DELAYS
 from ricochet.log import configure_logging, url_host
 from ricochet.names import Names
 from ricochet.observe.metrics import Metrics
-from ricochet.ops.ask_monitor import MonitorUnanswered, job_from_monitor
+from ricochet.ops.ask_monitor import MonitorUnanswered, job_from_monitor, waiting_from_monitor
 from ricochet.ops.checks import worst_first
 from ricochet.ops.doctor import run_doctor
 from ricochet.ops.failed_queue import discard_failed, list_failed, show_failed
@@ -71,7 +71,7 @@ from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.status import read_status
 from ricochet.ops.waiting import list_waiting, show_waiting
-from ricochet.ops.waits import iso
+from ricochet.ops.waits import Listing, iso
 from ricochet.processes.cpus import process_count
 from ricochet.settings import (
     Settings,
@@ -745,21 +745,38 @@ def _list_waiting(
     as_json: bool,
 ) -> None:
     settings = _settings(queue=queue)
-    found = _run(
-        _with_connection(
-            settings,
-            "waiting",
-            lambda c: list_waiting(
-                c, settings, job_type=job_type, message_id=message_id, limit=limit
-            ),
+    filters = {"type": job_type, "message_id": message_id, "limit": limit}
+    found = _waiting_from_monitor(settings, filters) if settings.monitor_url else None
+    if found is None:
+        found = _run(
+            _with_connection(
+                settings,
+                "waiting",
+                lambda c: list_waiting(
+                    c, settings, job_type=job_type, message_id=message_id, limit=limit
+                ),
+            )
         )
-    )
     if as_json:
         for row in found.rows:
             click.echo(json.dumps(row.as_row()))
     else:
         click.echo(waiting_table(found.rows))
     click.echo(waiting_summary(found, settings.queue), err=True)
+
+
+def _waiting_from_monitor(settings: Settings, filters: dict[str, Any]) -> Listing | None:
+    """The waiting jobs as the monitor lists them from its index; None when it does not answer,
+    said on stderr, for the journal to be read back instead."""
+    assert settings.monitor_url is not None
+    query = {"queue": settings.queue} | {k: str(v) for k, v in filters.items() if v is not None}
+    try:
+        found: Listing = _run(waiting_from_monitor(settings.monitor_url, query))
+        return found
+    except MonitorUnanswered as error:
+        where = f"the monitor at {url_host(settings.monitor_url)}"
+        click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
+        return None
 
 
 @waiting.command("show")

@@ -374,9 +374,10 @@ class Settings(ClientSettings):
         str | None, BeforeValidator(_empty_is_none), _url_of("http", "https")
     ] = Field(
         None,
-        description="the monitor's HTTP address (`http://monitor:8000/`): `ricochet job` asks "
-        "its index of the journal instead of reading the journal back (the compose stack sets "
-        "it); unset, or when the monitor does not answer, it reads the journal",
+        description="the monitor's HTTP address (`http://monitor:8000/`): `ricochet job` and "
+        "`ricochet waiting` ask its index of the journal instead of reading the journal back "
+        "(the compose stack sets it); unset, or when the monitor does not answer, they read "
+        "the journal",
         json_schema_extra={"allowed": "an http:// or https:// URL"},
     )
     management_url: Annotated[str, _url_of("http", "https")] = Field(

@@ -1,4 +1,5 @@
-"""How many consumers a waiting scan takes on a queue (ricochet.ops.waiting_scan.may_add_consumer)."""
+"""How many consumers a read of waiting jobs takes on a queue
+(ricochet.ops.waiting_scan.may_add_consumer)."""
 
 from ricochet.ops.scan import PER_CONSUMER
 from ricochet.ops.waiting_scan import SOON_MOST, SOON_S, may_add_consumer

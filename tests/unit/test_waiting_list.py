@@ -2,14 +2,16 @@
 it lists, where, what it counts as unrecorded, which jobs it marks cancelled."""
 
 import datetime as dt
+import json
 
+import pytest
 from ricochet.broker.cancel_log import CancelLog
 from ricochet.broker.journal import Entry
 from ricochet.broker.plan import plan
 from ricochet.names import SHARED
 from ricochet.ops.jobs import histories
 from ricochet.ops.waiting import DELAYS, listing, lookback
-from ricochet.ops.waits import Place
+from ricochet.ops.waits import Listing, Place, listing_of
 from ricochet.settings import Settings
 
 NOW = 1_800_000_000_000
@@ -89,3 +91,16 @@ def test_the_journal_is_read_back_over_the_longest_tier_and_an_hour_at_least() -
     assert lookback(PLAN) == dt.timedelta(hours=1)
     long = plan(Settings(queue="q", retry_delays_ms="7200000", max_retries=1))
     assert lookback(long) == dt.timedelta(hours=2, seconds=60)
+
+
+def test_a_listing_comes_back_whole_from_the_monitor_s_json() -> None:
+    """`ricochet waiting` asking the monitor reads its /api/waiting back into what it would
+    have listed itself; an answer that is not one is refused."""
+    entries = [retrying("a", NOW - 1_000, tier=1), retrying("b", NOW - 2_000, tier=None)]
+    rows, _ = listing(histories(entries).values(), PLAN, {}, no_cancels(), NOW)
+    found = Listing(rows, {"q.retry.1": 2}, "the monitor's index", False)
+    answer = json.loads(json.dumps(found.as_dict()))
+    assert listing_of(answer) == found
+    for broken in ({}, {**answer, "jobs": [{"message_id": 1}]}, {**answer, "unrecorded": []}):
+        with pytest.raises((KeyError, TypeError, ValueError, AttributeError)):
+            listing_of(broken)

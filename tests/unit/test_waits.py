@@ -45,8 +45,8 @@ def test_the_next_attempt_is_counted_as_the_worker_will(
 
 
 def test_a_tier_job_is_due_its_ttl_after_its_retry_in_the_journal() -> None:
-    """With the journal's entry of its retry, a tier's job is due to the millisecond; without, the latest
-    death it shows (x-death keeps the first, in whole seconds) is a lower bound."""
+    """With the journal's entry of its retry, a tier's job is due to the millisecond; without,
+    the latest death it shows (x-death keeps the first, in whole seconds) is a lower bound."""
     came = NOW - dt.timedelta(seconds=10, milliseconds=250)
     headers = {"x-death": [rejected(2, at=NOW - dt.timedelta(minutes=5))]}
     kwargs: dict[str, Any] = {

@@ -323,6 +323,7 @@ class Console:
         table.post("/failed")(self.limited(self.not_an_action))
         table.post("/failed/{message_id:.+}")(self.limited(self.not_an_action))
         table.get("/waiting")(self.limited(self.waiting))
+        table.get("/api/waiting")(self.limited(self.api_waiting))
         table.post("/waiting/cancel")(self.limited(self.cancel))
         for page in ("/waiting", "/schedules"):
             table.post(page)(self.limited(self.not_an_action))
@@ -549,6 +550,30 @@ class Console:
             "cancelled": request.query.get("cancelled"),
         }
         return await self._page(lambda: self._render("waiting.html", values, names))
+
+    async def api_waiting(self, request: web.Request) -> web.Response:
+        """The waiting jobs of a queue as `ricochet waiting --json` lists them (its filters as
+        query parameters), with the unrecorded ones by place: what the command asks when
+        RICOCHET_MONITOR_URL is set."""
+        names = self._names_of(request.query.get("queue"))
+        settings = self._settings.model_copy(update={"queue": names.queue})
+        limit = request.query.get("limit")
+        if limit is not None and not (limit.isascii() and limit.isdigit() and int(limit) > 0):
+            raise web.HTTPBadRequest(text="limit is a whole number of at least 1\n")
+        try:
+            found = await self._with_broker(
+                lambda c: list_waiting(
+                    c,
+                    settings,
+                    job_type=request.query.get("type"),
+                    message_id=request.query.get("message_id"),
+                    limit=None if limit is None else int(limit),
+                    index=self._index,
+                )
+            )
+        except UNREADABLE as error:
+            return web.json_response({"error": str(error)}, status=503, headers=HEADERS)
+        return web.json_response(found.as_dict(), headers=HEADERS)
 
     async def cancel(self, request: web.Request) -> web.Response:
         """Cancel one job of a queue, as `ricochet cancel` does (with the console's token)."""

@@ -1,10 +1,12 @@
-"""`ricochet job` asking the monitor's index of the journal (RICOCHET_MONITOR_URL, SPEC 26)
-instead of reading the journal back."""
+"""`ricochet job` and `ricochet waiting` asking the monitor's index of the journal
+(RICOCHET_MONITOR_URL, SPEC 26) instead of reading the journal back."""
 
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+
+from ricochet.ops.waits import Listing, listing_of
 
 # The monitor answers from memory within a second; past this it is taken as not answering.
 ASK_TIMEOUT_S = 10.0
@@ -39,3 +41,22 @@ async def job_from_monitor(
     if not isinstance(answer, dict) or "complete" not in answer:
         raise MonitorUnanswered("its answer is not a job of its index")
     return answer if response.status == 200 else None
+
+
+async def waiting_from_monitor(monitor_url: str, query: dict[str, str]) -> Listing:
+    """The waiting jobs the monitor lists from its index for `ricochet waiting`'s filters
+    (queue, type, message_id, limit); MonitorUnanswered when it does not answer as a monitor."""
+    url = f"{monitor_url.rstrip('/')}/api/waiting"
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as session,
+            session.get(url, params=query) as response,
+        ):
+            if response.status != 200:
+                raise MonitorUnanswered(f"it answered HTTP {response.status}")
+            answer = await response.json()
+        return listing_of(answer)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+        raise MonitorUnanswered(str(error) or type(error).__name__) from None
+    except (KeyError, TypeError, AttributeError) as error:
+        raise MonitorUnanswered(f"its answer is not a list of waiting jobs ({error})") from None

@@ -80,6 +80,43 @@ class Listing:
     read: str
     complete: bool
 
+    def as_dict(self) -> dict[str, Any]:
+        """As the monitor's /api/waiting answers it: each row with where it waits."""
+        return {
+            "jobs": [{**row.as_row(), "waits_in": row.place} for row in self.rows],
+            "unrecorded": self.unrecorded,
+            "read": self.read,
+            "complete": self.complete,
+        }
+
+
+def listing_of(answer: Mapping[str, Any]) -> Listing:
+    """A Listing from its JSON (Listing.as_dict, as the monitor answers it); KeyError, TypeError
+    or ValueError when it is not one."""
+    rows = [
+        Waiting(
+            message_id=_text_or_none(row["message_id"]),
+            type=_text_or_none(row["type"]),
+            queue=str(row["queue"]),
+            attempt=int(row["attempt"]),
+            due_at=(due := dt.datetime.fromisoformat(row["due_at"])),
+            reason=_text_or_none(row["reason"]),
+            place=str(row["waits_in"]),
+            leaves_at=due,
+            exact=True,
+            cancelled=bool(row["cancelled"]),
+        )
+        for row in answer["jobs"]
+    ]
+    unrecorded = {str(place): int(count) for place, count in answer["unrecorded"].items()}
+    return Listing(rows, unrecorded, str(answer["read"]), bool(answer["complete"]))
+
+
+def _text_or_none(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"not a text: {value!r}")
+
 
 @dataclass(frozen=True)
 class Shown:
