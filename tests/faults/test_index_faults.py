@@ -6,11 +6,12 @@ and goes on reading once the broker is back, and one whose stream is new reads i
 record. Every job id is accounted for, as the workers ran it and as the index shows it."""
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -118,12 +119,7 @@ async def test_the_index_asked_while_the_broker_is_stopped(
     before = await run.publish(JOBS // 2)
     await run.start_worker()
     await progress(run, len(before))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = ricochet_env(run.settings, RICOCHET_HTTP_PORT=str(port))
-    monitor = spawn(["monitor"], env, run.tmp_path / "monitor.log")
-    try:
-        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's port")
+    async with monitor_of(run) as (base, env):
         await wait_for(all_succeeded(base, run.settings.queue, before), 60, "the jobs before")
         await asyncio.to_thread(node.ctl, "stop_app")
         try:
@@ -146,9 +142,21 @@ async def test_the_index_asked_while_the_broker_is_stopped(
         assert looked.returncode == 0, looked.stderr
         assert looked.stdout == ""  # every job ran: none waits
         assert await asyncio.to_thread(status_of, f"{base}/waiting") == 200
+    await run.account()
+
+
+@contextlib.asynccontextmanager
+async def monitor_of(run: FaultRun) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """A monitor of the run's settings on a port of its own, once it answers: its address, and
+    its environment (for commands that ask it); stopped, cleanly, after the block."""
+    port = free_port()
+    env = ricochet_env(run.settings, RICOCHET_HTTP_PORT=str(port))
+    monitor = spawn(["monitor"], env, run.tmp_path / "monitor.log")
+    try:
+        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's port")
+        yield f"http://127.0.0.1:{port}", env
     finally:
         await stopped(monitor)
-    await run.account()
 
 
 async def old_records(run: FaultRun, n: int) -> list[str]:
@@ -192,12 +200,7 @@ async def test_the_journal_stream_deleted_and_declared_again_while_the_monitor_r
     await run.publish_messages([])  # the queue's topology, the journal with it
     old = await old_records(run, OLD_RECORDS)
     await run.start_worker()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = ricochet_env(run.settings, RICOCHET_HTTP_PORT=str(port))
-    monitor = spawn(["monitor"], env, run.tmp_path / "monitor.log")
-    try:
-        await wait_for(lambda: answers(port, "/healthz", 200), 30, "the monitor's port")
+    async with monitor_of(run) as (base, _):
         async with Client(run.settings.amqp_url, queue) as client:
             before = await enqueued(run, client, 1)
             await wait_for(all_succeeded(base, queue, before), 60, "the job before")
@@ -213,6 +216,4 @@ async def test_the_journal_stream_deleted_and_declared_again_while_the_monitor_r
         await wait_for(all_succeeded(base, queue, after), 30, "every job enqueued after")
         states, _ = await indexed(base, queue)
         assert {states.get(m) for m in old + before} == {"succeeded"}
-    finally:
-        await stopped(monitor)
     await run.account()
