@@ -9,8 +9,10 @@ In a vhost of its own, made for it and deleted after:
    journal's `retrying` entry (PER_RECORD entries a record of the stream, as a worker at that
    pace writes them), and its due time in a header of the bench's own;
 3. right after the Nth, `ricochet waiting --json` runs as a process: its wall time, its largest
-   RSS (wait4), the jobs it listed; the first jobs fall due LEAD_S after it started, and go on
-   falling due while it reads;
+   RSS (wait4), the jobs it listed; then the monitor (started before the jobs, its index
+   following the journal) is asked `GET /api/waiting`, as the command asks it when
+   RICOCHET_MONITOR_URL is set: how long it took, the jobs it listed; the first jobs fall due
+   LEAD_S after the command started, and go on falling due while it reads;
 4. retries go on coming at the same pace for KEEP_S more, as they would on a service whose
    tiers hold that many jobs: the look must account for a tier that jobs keep entering and
    leaving while it reads;
@@ -36,10 +38,12 @@ import asyncio
 import datetime as dt
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +147,8 @@ async def _arrivals(url: str, n: int) -> list[tuple[float, float]]:
     return came
 
 
-def _look(url: str) -> tuple[float, float, float, float, int]:
-    """`ricochet waiting --json` as a process: (started, ended, largest RSS in MiB, CPU seconds,
-    rows)."""
+def _env(url: str, **more: str) -> dict[str, str]:
+    """A ricochet process's environment for the bench's queue and vhost."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RICOCHET_")}
     env.update(
         RICOCHET_AMQP_URL=url,
@@ -154,7 +157,49 @@ def _look(url: str) -> tuple[float, float, float, float, int]:
             "RICOCHET_BENCH_MANAGEMENT_URL", "http://127.0.0.1:15672/"
         ),
         PYTHONPATH=f"{ROOT / 'app'}:{ROOT}",
+        **more,
     )
+    return env
+
+
+def _monitor(url: str) -> tuple["subprocess.Popen[bytes]", str]:
+    """`ricochet monitor` on the bench's vhost (its index follows the journal as the jobs come
+    in), once it answers: the process and its address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _env(url, RICOCHET_HTTP_PORT=str(port))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ricochet", "monitor"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"{base}/healthz", timeout=1):
+                return proc, base
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the monitor never answered")
+
+
+def _ask_monitor(base: str) -> tuple[float, int, dict[str, int]]:
+    """GET /api/waiting of the bench's queue, as `ricochet waiting` asks it with
+    RICOCHET_MONITOR_URL set: (seconds, rows, unrecorded)."""
+    started = time.time()
+    with urllib.request.urlopen(f"{base}/api/waiting?queue={QUEUE}", timeout=120) as answer:
+        listed = json.loads(answer.read())
+    return time.time() - started, len(listed["jobs"]), listed["unrecorded"]
+
+
+def _look(url: str) -> tuple[float, float, float, float, int]:
+    """`ricochet waiting --json` as a process: (started, ended, largest RSS in MiB, CPU seconds,
+    rows)."""
+    env = _env(url)
     with tempfile.TemporaryFile() as errors:
         started = time.time()
         proc = subprocess.Popen(
@@ -187,6 +232,8 @@ async def _measure(
         connection, Settings(queue=QUEUE, amqp_url=url, retry_delays_ms=str(wait_ms))
     )
     await connection.close()
+    if look:  # its index reads the journal as the jobs come in, as a running monitor's does
+        monitor, base = await asyncio.to_thread(_monitor, url)
     filled = asyncio.Event()
     filling = asyncio.ensure_future(_fill(url, n, spread_s, per_record, filled))
     await filled.wait()
@@ -201,6 +248,9 @@ async def _measure(
             "largest_delay_s": round(max(delays), 3),
         }
     started, ended, rss_mib, cpu_s, rows = await asyncio.to_thread(_look, url)
+    asked_s, asked_rows, unrecorded = await asyncio.to_thread(_ask_monitor, base)
+    monitor.terminate()
+    await asyncio.to_thread(monitor.wait, 30)
     await filling
     came = await arrivals
     during = [at - due for due, at in came if started <= due <= ended]
@@ -213,6 +263,9 @@ async def _measure(
         "look_s": round(ended - started, 2),
         "look_rss_mib": round(rss_mib, 1),
         "look_cpu_s": round(cpu_s, 2),
+        "monitor_api_s": round(asked_s, 2),
+        "monitor_listed": asked_rows,
+        "monitor_unrecorded": unrecorded,
         "due_while_looking": len(during),
         "largest_delay_due_while_looking_s": round(max(during), 3) if during else None,
         "largest_delay_other_s": round(max(other), 3) if other else None,

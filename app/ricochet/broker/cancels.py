@@ -168,7 +168,10 @@ class CancelReader:
         self.lost.clear()
         self.cancelled.clear()
         self._channel = await confirming_channel(connection)
-        snapshot = await self._checked(connection, await read_snapshot(self._channel, self._user))
+        # A look takes the register as it finds it: no worker's start is waiting on it.
+        patience_s = SNAPSHOT_PATIENCE_S if self._writes else 0.0
+        snapshot = await read_snapshot(self._channel, self._user, patience_s)
+        snapshot = await self._checked(connection, snapshot)
         start: int | str = "first"
         self._legacy_next = {}
         if snapshot is not None:
@@ -365,14 +368,16 @@ def _encoded(
     )
 
 
-async def read_snapshot(channel: AbstractChannel, user: str) -> Snapshot | None:
+async def read_snapshot(
+    channel: AbstractChannel, user: str, patience_s: float = SNAPSHOT_PATIENCE_S
+) -> Snapshot | None:
     """The newest snapshot written by user, left in its register; None when there is none or it
     cannot be read (said in a warning: anyone who may publish in the vhost can write one).
 
     Workers started together (a deploy, a broker restart) all find it: each holds it for a round
-    trip only, and one that finds the register empty looks again for SNAPSHOT_PATIENCE_S.
+    trip only, and one that finds the register empty looks again for patience_s.
     """
-    body = await read_register(channel, SHARED.cancels_snapshot, SNAPSHOT_PATIENCE_S, writer=user)
+    body = await read_register(channel, SHARED.cancels_snapshot, patience_s, writer=user)
     if body is None:
         return None
     snapshot = await asyncio.to_thread(decode_snapshot, body)
