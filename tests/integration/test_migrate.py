@@ -179,8 +179,8 @@ async def test_migrate_deletes_the_record_of_retries_an_earlier_release_kept() -
     holds it now): a dry run says it would go, a run deletes it and records the vhost migrated."""
     async with BROKER.scratch_vhost() as url, await aio_pika.connect(url) as connection:
         channel = await connection.channel()
-        arguments = {"x-queue-type": "stream", "x-max-age": "2D"}
-        await channel.declare_queue(SHARED.retries, durable=True, arguments=arguments)
+        stream = {"x-queue-type": "stream", "x-max-age": "2D"}
+        await channel.declare_queue(SHARED.retries, durable=True, arguments=dict(stream))
         code, dry = migrate(url, "jobs", "--dry-run")
         assert code == 0, dry
         assert {s["what"]: s["detail"] for s in dry["steps"]} == {

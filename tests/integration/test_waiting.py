@@ -264,9 +264,9 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
                 assert "message_id" in await refused.text()
         async with session.post(
             f"{base}/waiting/cancel", data={**form, "token": TOKEN}, allow_redirects=False
-        ) as done:
-            assert done.status == 303
-            assert "cancelled=flaky-0" in done.headers["Location"]
+        ) as cancelled:
+            assert cancelled.status == 303
+            assert "cancelled=flaky-0" in cancelled.headers["Location"]
         async with session.get(f"{base}/waiting?queue={queue_name}") as page:
             html = await page.text()
         marked = html.split("flaky-0</a>", 1)[1].split("</tr>", 1)[0]

@@ -197,7 +197,7 @@ class CancelReader:
             snapshot=None if snapshot is None else snapshot.next_offset,
             read=self._since_snapshot,
         )
-        if snapshot is None or self._since_snapshot >= SNAPSHOT_AFTER_START:
+        if self._writes and (snapshot is None or self._since_snapshot >= SNAPSHOT_AFTER_START):
             # After the one being written, if any: the next start reads from here. A start that
             # found none (a new vhost, or one passed over) writes one however little it read, so
             # that the next does not wait for it.

@@ -1,6 +1,6 @@
 """The log: a stream that a store appends records to and reads from an offset up to now (SPEC 25).
 
-Cancels, the schedules' state and the retries' records are kept this way, and read alike: a
+Cancels, the schedules' state and the journal are kept this way, and read alike: a
 consumer on a channel of the reader's own, from an offset, acking in batches (a stream consumer
 must ack to be sent more), and a marker the reader appends once it has subscribed. When its own
 marker comes back, the reader has read every record appended before it.

@@ -95,6 +95,9 @@ class JobHistory:
     # The retry tier it waits in, when its state is a retry's into one (else it waits in the
     # delays, or not at all).
     tier: int | None = None
+    # The attempt it makes next, as the entry that set its state says (a replayed or enqueued
+    # job starts again at 1, whatever its history holds).
+    next_attempt: int = 1
     attempts: list[Attempt] = field(default_factory=list)
     # The result, or why there is none; one empty mapping shared until then (an index holds many).
     result: Mapping[str, Any] = field(default_factory=lambda: NO_RESULT)
@@ -176,6 +179,8 @@ def fold(job: JobHistory, entry: Entry) -> None:
     job.due_at_ms = due if type(due) is int else None
     tier = detail.get("tier")
     job.tier = tier if type(tier) is int and entry.event == "retrying" else None
+    made = entry.attempt if entry.attempt is not None else 0
+    job.next_attempt = made + 1 if entry.event == "retrying" else max(made, 1)
     if entry.event in ("retrying", "failed"):
         job.reason = _text(detail.get("reason"))
     elif entry.event in ("succeeded", "enqueued", "replayed", "relaunched"):

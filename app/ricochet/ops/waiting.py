@@ -20,10 +20,12 @@ journal names, or in every place when the journal does not know it.
 import asyncio
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, cast
 
 from aio_pika.abc import AbstractConnection
+from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.cancel_log import CancelLog
 from ricochet.broker.cancels import read_cancels
@@ -44,6 +46,8 @@ LOOKBACK_SLACK = dt.timedelta(seconds=60)
 LOOKBACK_LEAST = dt.timedelta(hours=1)
 # Where a job in the shared levels of the delays waits, whichever level holds it now.
 DELAYS = f"{SHARED.delay(0)[:-1]}*"
+# Jobs a list reads between two turns of the event loop.
+CHUNK = 20_000
 
 
 def place_of(job: JobHistory, plan: Plan) -> str:
@@ -67,12 +71,11 @@ def waiting_row(job: JobHistory, plan: Plan, now: int, cancels: CancelLog) -> Wa
     if job.now(now) != "waiting" or job.due_at_ms is None:
         return None
     due = dt.datetime.fromtimestamp(job.due_at_ms / 1000, dt.UTC)
-    retried = [a.attempt for a in job.attempts if a.outcome == "retrying"]
     return Waiting(
         message_id=job.message_id,
         type=job.type,
         queue=job.queue,
-        attempt=max(retried, default=0) + 1,
+        attempt=job.next_attempt,
         due_at=due,
         reason=job.reason,
         place=place_of(job, plan),
@@ -101,20 +104,23 @@ def grouped_depths(held: Mapping[Place, int], plan: Plan) -> Counter[str]:
     return grouped
 
 
+def places_named(plan: Plan, place: str) -> list[Place]:
+    """The queues that hold the jobs a row says wait in place (a tier and its lanes, or every
+    level of the delays)."""
+    named = named_places(plan)
+    return [p for p in places(plan) if named.get(p.name, DELAYS) == place]
+
+
 def unrecorded(held: Mapping[str, int], known: Counter[str]) -> dict[str, int]:
     """By place, the jobs the broker holds beyond those the journal puts there."""
     return {place: held[place] - known[place] for place in held if held[place] > known[place]}
 
 
-def listing(
-    jobs: Iterable[JobHistory],
-    plan: Plan,
-    held: Mapping[Place, int],
-    cancels: CancelLog,
-    now: int,
-) -> tuple[list[Waiting], dict[str, int]]:
-    """The waiting jobs of the plan's queue, soonest due first, and the unrecorded ones by place
-    (pure). The delays hold every queue's jobs: all those the journal puts there count."""
+def rows_known(
+    jobs: Iterable[JobHistory], plan: Plan, cancels: CancelLog, now: int
+) -> tuple[list[Waiting], Counter[str]]:
+    """The waiting jobs of the plan's queue among jobs, and how many waiting jobs the journal
+    puts in each place (pure). The delays hold every queue's jobs: all those count there."""
     rows, known = [], Counter[str]()
     for job in jobs:
         row = waiting_row(job, plan, now, cancels)
@@ -124,6 +130,26 @@ def listing(
             known[row.place] += 1
         if job.queue == plan.names.queue:
             rows.append(row)
+    return rows, known
+
+
+async def listing(
+    jobs: Sequence[JobHistory],
+    plan: Plan,
+    held: Mapping[Place, int],
+    cancels: CancelLog,
+    now: int,
+) -> tuple[list[Waiting], dict[str, int]]:
+    """The waiting jobs of the plan's queue, soonest due first, and the unrecorded ones by place:
+    CHUNK jobs a turn of the event loop, so that a monitor's probes and its index's reader go on
+    through an index of a million jobs (each chunk reads its jobs between two of the reader's
+    turns, never while one changes)."""
+    rows, known = [], Counter[str]()
+    for start in range(0, len(jobs), CHUNK):
+        more_rows, more_known = rows_known(jobs[start : start + CHUNK], plan, cancels, now)
+        rows += more_rows
+        known += more_known
+        await asyncio.sleep(0)
     rows.sort(key=lambda row: row.due_at)
     return rows, unrecorded(grouped_depths(held, plan), known)
 
@@ -163,18 +189,27 @@ async def list_waiting(
     """The waiting jobs of settings.queue that match, soonest due first (at most limit), from
     the monitor's index when given, else from the journal read back."""
     declared = await declared_plan(connection, settings)
-    held = await depths(connection, places(declared))
+    cancels = await _cancels(connection, settings)
+    # The journal, then at once the depths and the time: a job that came or left in between is
+    # miscounted for that moment only.
     if index is None:
         since = dt.datetime.now(dt.UTC) - lookback(declared)
         read = await read_jobs(connection, since)
-        jobs: Iterable[JobHistory] = read.jobs.values()
+        jobs = list(read.jobs.values())
         said, complete = f"the journal since {since:%Y-%m-%d %H:%M:%S}Z", read.complete
     else:
         jobs, said, complete = list(index.jobs()), "the monitor's index", index.complete
-    cancels = await read_cancels(connection, amqp_user(settings.amqp_url))
-    # Off the event loop: a million jobs of an index take a moment.
-    rows, counted = await asyncio.to_thread(listing, jobs, declared, held, cancels, now_ms())
+    held = await depths(connection, places(declared))
+    rows, counted = await listing(jobs, declared, held, cancels, now_ms())
     return Listing(_selected(rows, job_type, message_id, limit), counted, said, complete)
+
+
+async def _cancels(connection: AbstractConnection, settings: Settings) -> CancelLog:
+    """The cancels recorded in the vhost (none when its store was never declared)."""
+    try:
+        return await read_cancels(connection, amqp_user(settings.amqp_url))
+    except ChannelNotFoundEntity:
+        return CancelLog(0)
 
 
 def _retried_from(job: JobHistory | None, queue: str) -> Retried:
@@ -187,7 +222,7 @@ def _retried_from(job: JobHistory | None, queue: str) -> Retried:
         if job is None or message_id != job.message_id:
             return None, None
         failed = next_attempt(headers, queue) - 1
-        for attempt in job.attempts:
+        for attempt in reversed(job.attempts):  # the latest run's, for a job run again
             if attempt.attempt == failed and attempt.outcome == "retrying" and attempt.ended_at_ms:
                 return dt.datetime.fromtimestamp(attempt.ended_at_ms / 1000, dt.UTC), attempt.reason
         return None, None
@@ -203,15 +238,32 @@ async def show_waiting(
     declared = await declared_plan(connection, settings)
     since = dt.datetime.now(dt.UTC) - lookback(declared)
     job = (await read_jobs(connection, since, message_id)).jobs.get((settings.queue, message_id))
-    where = places(declared)
+    retried = _retried_from(job, settings.queue)
+    everywhere = places(declared)
+    found = []
     if job is not None and job.now(now_ms()) == "waiting":
-        named, place = named_places(declared), place_of(job, declared)
-        where = [p for p in where if named.get(p.name, DELAYS) == place] or where
-    return await read_places(
-        connection,
-        declared,
-        where,
-        message_id,
-        _retried_from(job, settings.queue),
-        management_url=settings.management_url,
-    )
+        named = places_named(declared, place_of(job, declared))
+        found = await read_places(
+            connection, declared, named, message_id, retried, management_url=settings.management_url
+        )
+    if not found:  # not where the journal says (an entry lost, the id enqueued again): anywhere
+        found = await read_places(
+            connection,
+            declared,
+            everywhere,
+            message_id,
+            retried,
+            management_url=settings.management_url,
+        )
+    cancels = await _cancels(connection, settings)
+    enqueued = None if job is None else enqueued_ms(job) / 1000
+    return [
+        replace(
+            shown,
+            waiting=replace(
+                shown.waiting,
+                cancelled=cancels.covers(settings.queue, message_id, None, lambda: enqueued),
+            ),
+        )
+        for shown in found
+    ]

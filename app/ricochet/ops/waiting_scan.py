@@ -60,7 +60,7 @@ from ricochet.ops.waits import (
     read_waiting,
 )
 
-# A held message goes back this long after it leaves its queue (its time is the worker's record,
+# A held message goes back this long after it leaves its queue (its time is the journal's entry,
 # taken a moment before the broker took the job; clocks a little apart): the broker sends it on.
 EXPIRY_GRACE_S = 0.05
 # What has come due goes back together, once the first of it has waited this long: one nack, one
