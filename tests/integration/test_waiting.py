@@ -90,6 +90,12 @@ def waiting(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+def own(unrecorded: dict[str, int], queue: str) -> dict[str, int]:
+    """The unrecorded counts of the queue's own tiers: the levels of the delays are the vhost's,
+    and may hold jobs of tests run before in it, as old as no read of the journal reaches."""
+    return {place: n for place, n in unrecorded.items() if place.startswith(f"{queue}.")}
+
+
 def due(row: dict[str, Any]) -> float:
     text = row["due_at"]
     assert text.endswith("Z")
@@ -240,7 +246,7 @@ async def test_the_console_shows_the_waiting_jobs_and_cancels_one(
             answer = await api.json()
         assert [row["message_id"] for row in answer["jobs"]] == ["flaky-0", "flaky-1"]
         assert answer["read"] == "the monitor's index"
-        assert answer["unrecorded"] == {}
+        assert own(answer["unrecorded"], queue_name) == {}
         asked = ricochet_env(make_settings(queue_name), RICOCHET_MONITOR_URL=f"{base}/")
         done = await asyncio.to_thread(run_cli, ["waiting", "--json"], asked)
         assert done.returncode == 0, done.stderr
@@ -298,12 +304,13 @@ async def test_a_list_reads_no_queue_and_counts_the_jobs_the_journal_does_not_kn
         (message_id, "job", 2, "503 from the bank") for message_id in recorded
     ]
     assert all(r.due_at.timestamp() == (at_ms + 60_000) / 1000 for r in found.rows)
-    assert found.unrecorded == {names.tier(1): 1}
+    assert own(found.unrecorded, queue_name) == {names.tier(1): 1}
     assert found.complete
     env = ricochet_env(make_settings(queue_name))  # the tier's delay is the broker's
     done = await asyncio.to_thread(run_cli, ["waiting", "--json"], env)
     assert done.returncode == 0, done.stderr
-    assert f"5 waiting jobs of {queue_name}, 1 unrecorded in {names.tier(1)}" in done.stderr
+    assert f"5 waiting jobs of {queue_name}, " in done.stderr
+    assert f", 1 unrecorded in {names.tier(1)}" in done.stderr
     assert await _redelivered(channel, names.tier(1)) == dict.fromkeys(
         [*recorded, "unknown"], False
     )
@@ -323,7 +330,7 @@ async def test_a_retry_is_listed_within_a_second(
     await asyncio.sleep(FRESH_S)
     found = await list_waiting(connection, settings)
     assert [(r.message_id, r.attempt) for r in found.rows] == [("fresh", 2)]
-    assert found.unrecorded == {}
+    assert own(found.unrecorded, queue_name) == {}
 
 
 async def _redelivered(channel: AbstractChannel, queue: str) -> dict[str, bool]:
