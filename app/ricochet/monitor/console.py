@@ -20,6 +20,7 @@ probes.
 """
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import json
@@ -346,8 +347,12 @@ class Console:
 
         return limited
 
-    async def _with_broker(self, work: Callable[[AbstractConnection], Awaitable[T]]) -> T:
-        async with self._lock:
+    async def _with_broker(
+        self, work: Callable[[AbstractConnection], Awaitable[T]], *, scans: bool = True
+    ) -> T:
+        """work on a connection of its own; in turn with the other scans (under the lock) unless
+        it consumes no queue (scans=False: the waiting jobs are listed from the journal)."""
+        async with self._lock if scans else contextlib.nullcontext():
             name = connection_name("console", self._settings.queue)
             connection = await connect(self._settings.amqp_url, name, CONNECT_TIMEOUT_S)
             try:
@@ -536,7 +541,9 @@ class Console:
         names = self._names_of(request.query.get("queue"))
         settings = self._settings.model_copy(update={"queue": names.queue})
         try:
-            found = await self._with_broker(lambda c: list_waiting(c, settings, index=self._index))
+            found = await self._with_broker(
+                lambda c: list_waiting(c, settings, index=self._index), scans=False
+            )
         except UNREADABLE as error:
             return await self.error(503, str(error), names)
         groups = waiting_groups(found.rows)
@@ -569,7 +576,8 @@ class Console:
                     message_id=request.query.get("message_id"),
                     limit=None if limit is None else int(limit),
                     index=self._index,
-                )
+                ),
+                scans=False,
             )
         except UNREADABLE as error:
             return web.json_response({"error": str(error)}, status=503, headers=HEADERS)
