@@ -113,21 +113,25 @@ def _latency_ms(url: str) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(took), 2), "max_ms": round(took[-1], 2)}
 
 
-def _monitor(url: str) -> dict[str, object]:
-    """The monitor's index over the journal: rebuild time, RSS, and its API's latency."""
+def spawn_monitor(env: dict[str, str]) -> tuple["subprocess.Popen[bytes]", str]:
+    """`ricochet monitor` with env, on a free port of this host: the process and its address."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = _env(url, RICOCHET_HTTP_PORT=str(port), RICOCHET_HTTP_HOST="127.0.0.1")
-    started = time.monotonic()
     monitor = subprocess.Popen(
         [sys.executable, "-m", "ricochet", "monitor"],
-        env=env,
+        env={**env, "RICOCHET_HTTP_PORT": str(port), "RICOCHET_HTTP_HOST": "127.0.0.1"},
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    base = f"http://127.0.0.1:{port}"
+    return monitor, f"http://127.0.0.1:{port}"
+
+
+def _monitor(url: str) -> dict[str, object]:
+    """The monitor's index over the journal: rebuild time, RSS, and its API's latency."""
+    started = time.monotonic()
+    monitor, base = spawn_monitor(_env(url))
     try:
         while True:
             time.sleep(0.1)

@@ -38,7 +38,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from ricochet.names import SHARED, Names  # noqa: E402
 from ricochet.settings import Settings  # noqa: E402
 
 from bench.cancels import fresh_vhost, management  # noqa: E402
+from bench.journal import spawn_monitor  # noqa: E402
 
 QUEUE = "bench-waiting"
 VHOST = "ricochet-bench-waiting"
@@ -165,18 +165,7 @@ def _env(url: str, **more: str) -> dict[str, str]:
 def _monitor(url: str) -> tuple["subprocess.Popen[bytes]", str]:
     """`ricochet monitor` on the bench's vhost (its index follows the journal as the jobs come
     in), once it answers: the process and its address."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = _env(url, RICOCHET_HTTP_PORT=str(port))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ricochet", "monitor"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = spawn_monitor(_env(url))
     for _ in range(300):
         try:
             with urllib.request.urlopen(f"{base}/healthz", timeout=1):

@@ -774,9 +774,14 @@ def _waiting_from_monitor(settings: Settings, filters: dict[str, Any]) -> Listin
         found: Listing = _run(waiting_from_monitor(settings.monitor_url, query))
         return found
     except MonitorUnanswered as error:
-        where = f"the monitor at {url_host(settings.monitor_url)}"
-        click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
+        _unanswered(settings.monitor_url, error)
         return None
+
+
+def _unanswered(monitor_url: str, error: MonitorUnanswered) -> None:
+    """Say on stderr that the monitor did not answer, and that the journal is read instead."""
+    where = f"the monitor at {url_host(monitor_url)}"
+    click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
 
 
 @waiting.command("show")
@@ -880,7 +885,7 @@ def _job_from_monitor(
     try:
         shown = _run(job_from_monitor(settings.monitor_url, message_id, queue, token))
     except MonitorUnanswered as error:
-        click.echo(f"ricochet: {where} did not answer ({error}): reading the journal", err=True)
+        _unanswered(settings.monitor_url, error)
         return False
     if shown is None:
         click.echo(f"ricochet: {where} knows no job {message_id!r}: reading the journal", err=True)

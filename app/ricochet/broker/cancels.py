@@ -351,10 +351,13 @@ class CancelReader:
 
 async def read_cancels(connection: AbstractConnection, user: str) -> CancelLog:
     """Every cancel recorded until now, read as a worker reads them at its start (from user's
-    newest snapshot), for a look: it writes no snapshot and reads no old per-queue store."""
+    newest snapshot), for a look: it writes no snapshot and reads no old per-queue store. A
+    vhost whose store no worker has declared yet holds none."""
     reader = CancelReader(user, writes=False)
     try:
         await reader.follow(connection, old_stores=False)
+    except ChannelNotFoundEntity:
+        return CancelLog(CANCELS_MAX_AGE_S)
     finally:
         await reader.close()
     return reader.cancelled

@@ -54,6 +54,7 @@ from ricochet.ops.scan import Copy, scanning
 from ricochet.ops.schedules import read_schedules
 from ricochet.ops.selection import Outcome, Selection
 from ricochet.ops.waiting import Indexed, list_waiting
+from ricochet.ops.waits import Listing as WaitingListing
 from ricochet.settings import Settings, variable_name
 
 log = get_logger("ricochet.console")
@@ -538,14 +539,9 @@ class Console:
     async def waiting(self, request: web.Request) -> web.Response:
         """The jobs of a queue that wait for a later attempt, grouped by the reason of their last
         failure, each with a cancel form (SPEC 23)."""
-        names = self._names_of(request.query.get("queue"))
-        settings = self._settings.model_copy(update={"queue": names.queue})
-        try:
-            found = await self._with_broker(
-                lambda c: list_waiting(c, settings, index=self._index), scans=False
-            )
-        except UNREADABLE as error:
-            return await self.error(503, str(error), names)
+        names, found = await self._waiting_of(request)
+        if isinstance(found, str):
+            return await self.error(503, found, names)
         groups = waiting_groups(found.rows)
         values = {
             "total": len(found.rows),
@@ -562,26 +558,30 @@ class Console:
         """The waiting jobs of a queue as `ricochet waiting --json` lists them (its filters as
         query parameters), with the unrecorded ones by place: what the command asks when
         RICOCHET_MONITOR_URL is set."""
+        _, found = await self._waiting_of(
+            request,
+            job_type=request.query.get("type"),
+            message_id=request.query.get("message_id"),
+            limit=query_number(request.query, "limit", least=1),
+        )
+        if isinstance(found, str):
+            return web.json_response({"error": found}, status=503, headers=HEADERS)
+        return web.json_response(found.as_dict(), headers=HEADERS)
+
+    async def _waiting_of(
+        self, request: web.Request, **chosen: Any
+    ) -> tuple[Names, WaitingListing | str]:
+        """The request's queue, and its waiting jobs (listed from the monitor's index: no queue
+        is consumed, so no scan is waited for), or why the broker could not be asked."""
         names = self._names_of(request.query.get("queue"))
         settings = self._settings.model_copy(update={"queue": names.queue})
-        limit = request.query.get("limit")
-        if limit is not None and not (limit.isascii() and limit.isdigit() and int(limit) > 0):
-            raise web.HTTPBadRequest(text="limit is a whole number of at least 1\n")
         try:
             found = await self._with_broker(
-                lambda c: list_waiting(
-                    c,
-                    settings,
-                    job_type=request.query.get("type"),
-                    message_id=request.query.get("message_id"),
-                    limit=None if limit is None else int(limit),
-                    index=self._index,
-                ),
-                scans=False,
+                lambda c: list_waiting(c, settings, index=self._index, **chosen), scans=False
             )
         except UNREADABLE as error:
-            return web.json_response({"error": str(error)}, status=503, headers=HEADERS)
-        return web.json_response(found.as_dict(), headers=HEADERS)
+            return names, str(error)
+        return names, found
 
     async def cancel(self, request: web.Request) -> web.Response:
         """Cancel one job of a queue, as `ricochet cancel` does (with the console's token)."""

@@ -25,7 +25,6 @@ from dataclasses import replace
 from typing import Any, Protocol, cast
 
 from aio_pika.abc import AbstractConnection
-from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.cancel_log import CancelLog
 from ricochet.broker.cancels import read_cancels
@@ -189,7 +188,7 @@ async def list_waiting(
     """The waiting jobs of settings.queue that match, soonest due first (at most limit), from
     the monitor's index when given, else from the journal read back."""
     declared = await declared_plan(connection, settings)
-    cancels = await _cancels(connection, settings)
+    cancels = await read_cancels(connection, amqp_user(settings.amqp_url))
     # The journal, then at once the depths and the time: a job that came or left in between is
     # miscounted for that moment only.
     if index is None:
@@ -202,14 +201,6 @@ async def list_waiting(
     held = await depths(connection, places(declared))
     rows, counted = await listing(jobs, declared, held, cancels, now_ms())
     return Listing(_selected(rows, job_type, message_id, limit), counted, said, complete)
-
-
-async def _cancels(connection: AbstractConnection, settings: Settings) -> CancelLog:
-    """The cancels recorded in the vhost (none when its store was never declared)."""
-    try:
-        return await read_cancels(connection, amqp_user(settings.amqp_url))
-    except ChannelNotFoundEntity:
-        return CancelLog(0)
 
 
 def _retried_from(job: JobHistory | None, queue: str) -> Retried:
@@ -239,23 +230,19 @@ async def show_waiting(
     since = dt.datetime.now(dt.UTC) - lookback(declared)
     job = (await read_jobs(connection, since, message_id)).jobs.get((settings.queue, message_id))
     retried = _retried_from(job, settings.queue)
-    everywhere = places(declared)
-    found = []
+    # Where the journal says it waits; when not there (an entry lost, the id enqueued again),
+    # everywhere.
+    tries = [places(declared)]
     if job is not None and job.now(now_ms()) == "waiting":
-        named = places_named(declared, place_of(job, declared))
+        tries.insert(0, places_named(declared, place_of(job, declared)))
+    found: list[Shown] = []
+    for where in tries:
         found = await read_places(
-            connection, declared, named, message_id, retried, management_url=settings.management_url
+            connection, declared, where, message_id, retried, management_url=settings.management_url
         )
-    if not found:  # not where the journal says (an entry lost, the id enqueued again): anywhere
-        found = await read_places(
-            connection,
-            declared,
-            everywhere,
-            message_id,
-            retried,
-            management_url=settings.management_url,
-        )
-    cancels = await _cancels(connection, settings)
+        if found:
+            break
+    cancels = await read_cancels(connection, amqp_user(settings.amqp_url))
     enqueued = None if job is None else enqueued_ms(job) / 1000
     return [
         replace(
