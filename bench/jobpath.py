@@ -95,7 +95,7 @@ async def run_path(jobs: int, handler: str) -> float:
     # The plan the broker applies, as a declare at the session's start leaves it: a retry's
     # log line and journal entry read its tier's delay there.
     queue._applied._plan = topology
-    consumer = queue.consumer(topology)  # with the queue's observers, as its sessions run it
+    consumer = queue.consumer()  # with the queue's observers, as its sessions run it
     observers = queue.observers
     settler = Settler(Nowhere(), Nowhere(), topology.names, 131072, observers)  # type: ignore[arg-type]
     # (routing key, exchange, headers) of a first attempt, and of one back from tier 1's lanes.

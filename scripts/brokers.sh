@@ -29,7 +29,7 @@ ALL=(local trixie sid)
 # beside each other (each pytest process has a vhost of its own) declare. Brokers start here with
 # the hard limit, and a running local broker with fewer than FILES is started again (once).
 FILES=8192
-PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus rabbitmq_random_exchange"
+PLUGINS="rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_prometheus rabbitmq_random_exchange rabbitmq_consistent_hash_exchange"
 
 die() { echo "brokers: $*" >&2; exit 1; }
 
@@ -138,7 +138,8 @@ start() {
   fi
   for _ in $(seq 1 90); do up "$name" && break; sleep 1; done
   up "$name" || die "$name did not start (logs: $(root_of "$name")/var/log/rabbitmq)"
-  [ "$name" = local ] && rabbitmq-plugins enable $PLUGINS >/dev/null
+  # Every start: a broker built or started by an earlier version may lack a plugin added since.
+  $(cli "$name" rabbitmq-plugins) enable $PLUGINS >/dev/null
   # Leftovers of an earlier run (an alarm a killed test did not clear) must not stall this one.
   $(cli "$name" rabbitmqctl) -q set_vm_memory_high_watermark 0.4 >/dev/null
   $(cli "$name" rabbitmqctl) -q set_disk_free_limit 50MB >/dev/null

@@ -341,6 +341,11 @@ def figures_known(*queues: str) -> Callable[[], Awaitable[bool]]:
     return known
 
 
+# The key lanes a test's worker may declare (RICOCHET_KEY_LANES' default); remove_leftovers
+# deletes any more.
+KEY_LANES_DELETED = 16
+
+
 async def delete_topology(connection: AbstractConnection, queue: str) -> None:
     """Remove every queue and exchange ricochet may have declared for this main queue."""
     n = Names(queue)
@@ -357,6 +362,7 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
         *map(n.tier, tiers),
         *lanes,
         *delays,
+        *map(n.key_lane, range(KEY_LANES_DELETED)),
     ]:
         await channel.queue_delete(name)
     for name in [
@@ -367,6 +373,7 @@ async def delete_topology(connection: AbstractConnection, queue: str) -> None:
         n.failed,
         *map(n.lanes, tiers),
         *delays,
+        n.keys,
     ]:
         await channel.exchange_delete(name)
     await channel.close()

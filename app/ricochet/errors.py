@@ -70,6 +70,11 @@ class InvalidSchedule(PermanentError):
     """Raised for a job whose run-at header cannot be read as a time with a UTC offset."""
 
 
+class InvalidKey(PermanentError):
+    """Raised for a job whose key cannot be read: its ricochet-key header, or what its type's
+    key function gives (run without it, it could run beside a job of its key)."""
+
+
 class InvalidRetryDelays(PermanentError):
     """Raised for a job whose retry-delays-ms header cannot be read as a ladder of delays."""
 

@@ -10,6 +10,9 @@ MAX_RETRIES = "max-retries"
 RUN_AT = "run-at"
 # The job's own retry ladder (SPEC 21): its delays in milliseconds, comma-separated.
 RETRY_DELAYS = "retry-delays-ms"
+# The job's key (SPEC 28): jobs of one key run one at a time, in their order (ricochet.keys). Its
+# queue's key exchange spreads the jobs over the lanes by this header.
+KEY = "ricochet-key"
 # The worker's: the retries a job had made when ricochet published it again (to wait out a
 # RetryLater, a schedule or a delay of its own ladder, or to reach its tier from there).
 RETRIES = "ricochet-retries"
@@ -24,6 +27,10 @@ REPLAY_COUNT = "replay-count"
 # and the reason of the failure it waits after, if any (`ricochet waiting` shows them).
 WAITING_SINCE = "ricochet-waiting-since"
 WAIT_REASON = "ricochet-wait-reason"
+
+# The worker's, on a message that asks whether a queue exists (ricochet.broker.depth): it expires
+# at once, and a consumer that gets it all the same drops it.
+PROBE = "ricochet-probe"
 
 # The broker's, while it dead-letters and redelivers: a job's deaths, and how often a quorum
 # queue handed it out (DELIVERY_COUNTS: RabbitMQ 4.0 counts both, 4.3's delivery limit reads
@@ -70,14 +77,16 @@ RESERVED_NAMES = frozenset(
         *DELIVERY_COUNTS,
         RETRY_COUNT,
         REPLAY_COUNT,
-        # Set from enqueue's max_retries, retry_delays_ms, delay and run_at.
+        # Set from enqueue's max_retries, retry_delays_ms, key, delay and run_at.
         MAX_RETRIES,
+        KEY,
         RETRY_DELAYS,
         RUN_AT,
         RETRIES,
         INCARNATION,
         WAITING_SINCE,
         WAIT_REASON,
+        PROBE,
     }
 )
 RESERVED_PREFIXES = (*DEATH_PREFIXES, "failed-", "original-")

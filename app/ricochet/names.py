@@ -182,6 +182,17 @@ class Names:
         """Lane i = 1.. of tier k; lane 0 is the tier's own queue."""
         return f"{self.queue}.retry.{k}.lane.{i}"
 
+    @property
+    def keys(self) -> str:
+        """The consistent-hash exchange that spreads the queue's jobs with a key over its key
+        lanes, by the key header (ricochet.keys)."""
+        return f"{self.queue}.keys"
+
+    def key_lane(self, i: int) -> str:
+        """Key lane i = 0..: a queue with one active consumer in the vhost, which takes one job
+        at a time."""
+        return f"{self.queue}.key.{i}"
+
     def delay(self, k: int) -> str:
         """Level k of the per-queue delays of earlier versions (retired once empty: the shared
         levels, SharedNames.delay, replace them)."""
@@ -222,7 +233,7 @@ class Names:
 # share its objects with the queue it derives from.
 _DERIVED = re.compile(
     r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return|return\.queue"
-    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|retry\.redeclaring|delay\.\d+)"
+    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|retry\.redeclaring|delay\.\d+|keys|key\.\d+)"
 )
 
 

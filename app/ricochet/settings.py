@@ -235,6 +235,16 @@ class Settings(ClientSettings):
         "(see [Priority](enqueueing.md#priority))",
         json_schema_extra={"allowed": "0, or 5-9"},
     )
+    key_lanes: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="the lanes a queue's jobs with a key are spread over, declared once the "
+        "queue has its first such job: jobs of one key run one at a time, in their order, and "
+        "so do the jobs of keys that share a lane; lanes run in parallel, each a queue of its "
+        "own. Needs the `rabbitmq_consistent_hash_exchange` plugin, which RabbitMQ ships "
+        "(see [One job per key at a time](enqueueing.md#one-job-per-key-at-a-time))",
+    )
     max_retries: int = Field(
         3,
         ge=0,

@@ -87,8 +87,11 @@ class Node:
             "vm_memory_high_watermark.relative = 0.4\n"
             "disk_free_limit.absolute = 50MB\n"
         )
-        # The random exchange spreads jittered retries over their lanes.
-        (home / "enabled_plugins").write_text("[rabbitmq_random_exchange].\n")
+        # The random exchange spreads jittered retries over their lanes, the consistent-hash
+        # exchange the jobs with a key over their key lanes.
+        (home / "enabled_plugins").write_text(
+            "[rabbitmq_random_exchange,rabbitmq_consistent_hash_exchange].\n"
+        )
         # The compose broker's: a dead-letter held at a restart (stop_app, a cluster's node
         # stopped) is tried again after 5 s, not 3 minutes.
         shutil.copy(ROOT / "config" / "advanced.config", home / "advanced.config")

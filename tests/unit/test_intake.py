@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from pamqp import commands
 from ricochet import ladders
 from ricochet.broker.amqp import Delivery
-from ricochet.broker.plan import plan
 from ricochet.delivery.retry import Fail, FailureKind, Run, decide
 from ricochet.handlers.invoker import Invoker
 from ricochet.headers import MAX_RETRIES, RETRIES, RETRY_DELAYS, RUN_AT
@@ -35,7 +34,7 @@ def make_consumer() -> Consumer:
     worker = Worker(
         settings, Invoker(noop, settings.handler_timeout_s), Metrics(QUEUE), Lifecycle()
     )
-    return worker.queues[0].consumer(plan(settings))
+    return worker.queues[0].consumer()
 
 
 def delivery(

@@ -1,10 +1,13 @@
 """What a passive declare tells (nothing is consumed, nothing declared): a queue's depth and
-consumers, whether an exchange exists."""
+consumers, whether an exchange exists; and whether a queue exists, asked without an error."""
 
 from dataclasses import dataclass
 
+import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelNotFoundEntity
+from aio_pika.exceptions import ChannelNotFoundEntity, PublishError
+
+from ricochet.headers import PROBE
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,19 @@ async def exchange_exists(channel: AbstractChannel, name: str) -> bool:
     try:
         await channel.get_exchange(name, ensure=True)
     except ChannelNotFoundEntity:
+        return False
+    return True
+
+
+async def queue_exists(channel: AbstractChannel, queue: str) -> bool:
+    """Whether the queue exists, asked on a confirming channel by a mandatory message that
+    expires at once: the broker returns it when no queue takes it. A passive declare of a
+    missing queue is an error that the broker logs, and that closes the channel: this one is
+    for a question asked again and again."""
+    probe = aio_pika.Message(b"", headers={PROBE: 1}, expiration=0)
+    try:
+        await channel.default_exchange.publish(probe, routing_key=queue, mandatory=True)
+    except PublishError:
         return False
     return True
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import aio_pika
 
+from ricochet.headers import KEY
 from ricochet.ladders import growing
 from ricochet.names import DELAY_LEVELS, DELAY_UNIT_MS, SHARED, Names, SharedNames, return_key
 from ricochet.settings import Settings
@@ -28,6 +29,10 @@ MAX_PRIORITY = "x-max-priority"  # a classic queue's priorities (ricochet.priori
 # [d x (1 - jitter), d]; a random exchange puts each job in one of them.
 LANES = 8
 RANDOM_EXCHANGE = "x-random"  # the rabbitmq_random_exchange plugin, shipped with RabbitMQ
+# Key lanes (ricochet.keys): the rabbitmq_consistent_hash_exchange plugin, shipped with RabbitMQ,
+# hashes the key header onto the lanes bound to it, each with the weight of one.
+CONSISTENT_HASH_EXCHANGE = "x-consistent-hash"
+SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
 # The cancel store: a stream every worker reads from its start. It keeps each cancel at least as
 # long as the longest wait (a 30-day schedule) and a day more; older segments are dropped.
 CANCELS_MAX_AGE = "31D"
@@ -288,6 +293,41 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
         tiers=tiers,
         lanes=lane_specs,
         shared=shared_plan(broker_version),
+    )
+
+
+@dataclass(frozen=True)
+class KeyLanesPlan:
+    """A queue's key lanes (SPEC 28), declared once the queue has jobs with a key: the exchange
+    that hashes the key header onto the lanes, and the lanes, each delivered to one consumer
+    of the vhost at a time. A job that no lane takes goes back to the queue (the exchange's
+    alternate is the queue's return route), where a worker sends it on again."""
+
+    exchange: Exchange
+    lanes: list[QueueSpec]
+    bindings: list[Binding]
+
+
+def key_lanes_plan(
+    queue: str, queue_type: str, count: int, broker_version: tuple[int, ...] | None
+) -> KeyLanesPlan:
+    """The exchange, the count lanes and their bindings of queue's keys (pure). Lanes never
+    dead-letter: a job that fails in one goes to its tier by a copy."""
+    n = Names(queue)
+    arguments = {
+        QUEUE_TYPE: queue_type,
+        SINGLE_ACTIVE_CONSUMER: True,
+        **_no_delivery_limit(queue_type, broker_version),
+    }
+    lanes = [QueueSpec(n.key_lane(i), arguments) for i in range(count)]
+    return KeyLanesPlan(
+        Exchange(
+            n.keys,
+            CONSISTENT_HASH_EXCHANGE,
+            {"hash-header": KEY, "alternate-exchange": n.return_exchange},
+        ),
+        lanes,
+        [Binding(n.keys, lane.name, "1") for lane in lanes],
     )
 
 

@@ -21,7 +21,7 @@ from ricochet.client.message import Delay, cancelled_id, check_frame, job_messag
 from ricochet.client.route import Routes, to_the_delays
 from ricochet.delivery.retry import parse_run_at
 from ricochet.errors import BrokerUnavailable, ClientClosed, MissingQueue, NotConfirmed
-from ricochet.headers import FRESH_ID, INCARNATION, RUN_AT
+from ricochet.headers import FRESH_ID, INCARNATION, KEY, RUN_AT
 from ricochet.log import redact
 from ricochet.names import SHARED
 from ricochet.settings import load_client_settings
@@ -132,6 +132,7 @@ class Client:
         content_type: str | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        key: str | None = None,
     ) -> str:
         """Publish one persistent job to the queue (the client's, unless given another) and
         return its message_id once the broker has confirmed it. A job due later goes straight
@@ -141,7 +142,9 @@ class Client:
         it beats its type's and the worker's, and its length is the job's retry budget (which
         max_retries may lower). priority (0-9, higher first; 4 when not given) orders the job
         among those waiting in the queue's backlog, as far as the broker applies it
-        (docs/enqueueing.md#priority); its retries and replays keep it.
+        (docs/enqueueing.md#priority); its retries and replays keep it. key (a str of at most
+        255 bytes): no two jobs of one key run at once on any worker, and they start in the
+        order they were enqueued (docs/enqueueing.md#one-job-per-key-at-a-time).
 
         InvalidJob (nothing sent) for an argument out of bounds, or headers too large for the
         connection's frame; BrokerUnavailable when the broker cannot be reached; NotConfirmed
@@ -160,6 +163,7 @@ class Client:
             headers=headers,
             content_type=content_type,
             priority=priority,
+            key=key,
         )
         target = self.queue if queue is None else target_queue(queue)
         if self._closed:
@@ -178,7 +182,7 @@ class Client:
         try:
             with publish_span(target, job_id, headers):
                 channel = await self._open_channel()
-                via = await self._delays_route(target, job_id, headers)
+                via = await self._route(target, job_id, headers)
                 # Checked once the span's and the wait's headers are in, against this
                 # connection's frame: a header frame too large would make the broker close the
                 # connection, and cut off every other enqueue in flight on it.
@@ -251,18 +255,24 @@ class Client:
             if not self._enqueuing:
                 self._settled.set()
 
-    async def _delays_route(
+    async def _route(
         self, queue: str, job_id: str, headers: dict[str, Any]
     ) -> tuple[str, str] | None:
         """(exchange, routing key) of a job due later whose queue the shared delays route back
-        to, its headers noting its wait; None for a job that goes to its queue (due now, or no
-        such route). NotConfirmed when the queue does not exist, as its publish would be
-        returned; nothing is sent either way."""
-        if RUN_AT not in headers:
+        to, its headers noting its wait, or of a job with a key due now when its queue has key
+        lanes; None for a job that goes to its queue (a worker sends it on from there).
+        NotConfirmed when the queue does not exist, as its publish would be returned; nothing is
+        sent either way."""
+        if RUN_AT not in headers and KEY not in headers:
             return None
-        assert self._connection is not None  # opened before, kept while an enqueue runs
+        connection = self._connection
+        assert connection is not None  # opened before, kept while an enqueue runs
         try:
-            through = await self._routes.through_levels(self._connection, queue)
+            if RUN_AT in headers and await self._routes.through_levels(connection, queue):
+                due_later = to_the_delays(headers, queue, dt.datetime.now(dt.UTC))
+                if due_later is not None or KEY not in headers:
+                    return due_later
+            return await self._routes.to_lanes(connection, queue) if KEY in headers else None
         except MissingQueue as missing:
             raise NotConfirmed(f"job {job_id!r} was not enqueued: {missing}") from None
         except CONNECTION_ERRORS as error:
@@ -270,7 +280,6 @@ class Client:
                 f"job {job_id!r} was not enqueued: the connection was lost"
                 f" ({type(error).__name__}: {redact(str(error))})"
             ) from None
-        return to_the_delays(headers, queue, dt.datetime.now(dt.UTC)) if through else None
 
     async def _note_wait(self, channel: Publisher, queue: str, job_id: str, token: str) -> None:
         """The wait of a job of a given id, in the cancel store. With no store there is no cancel

@@ -17,12 +17,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ricochet import ladders
+from ricochet import keys, ladders
 from ricochet import priority as priorities
 from ricochet.broker.amqp import Properties, properties, table_size
 from ricochet.delivery.failed import PROPERTIES_RESERVE_BYTES
 from ricochet.errors import InvalidJob
-from ricochet.headers import MAX_RETRIES, RETRY_DELAYS, RUN_AT, is_reserved
+from ricochet.headers import KEY, MAX_RETRIES, RETRY_DELAYS, RUN_AT, is_reserved
 from ricochet.settings import queue_problem
 
 # An AMQP short string (the type and message_id properties) holds at most 255 bytes.
@@ -69,6 +69,7 @@ def job_message(
     headers: Mapping[str, Any] | None = None,
     content_type: str | None = None,
     priority: int | None = None,
+    key: str | None = None,
 ) -> Outgoing:
     """The persistent message of one job; InvalidJob, naming the argument, when one is out of
     bounds. `now` (aware) is the clock that delay and run_at are read against; a job without a
@@ -78,6 +79,8 @@ def job_message(
         job_headers[MAX_RETRIES] = _max_retries(max_retries)
     if retry_delays_ms is not None:
         job_headers[RETRY_DELAYS] = _retry_delays(retry_delays_ms)
+    if key is not None:
+        job_headers[KEY] = _key(key)
     due = _due(now, delay, run_at)
     if due is not None:
         job_headers[RUN_AT] = run_at_text(due)
@@ -182,6 +185,13 @@ def _priority(value: object) -> int:
         return priorities.DEFAULT
     try:
         return priorities.checked(value)
+    except ValueError as error:
+        raise InvalidJob(str(error)) from None
+
+
+def _key(value: object) -> str:
+    try:
+        return keys.checked(value)
     except ValueError as error:
         raise InvalidJob(str(error)) from None
 

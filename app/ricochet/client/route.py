@@ -20,6 +20,7 @@ the enqueues publish on):
 
 import asyncio
 import datetime as dt
+import time
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
@@ -29,6 +30,10 @@ from ricochet.delivery.failed import note_wait
 from ricochet.delivery.retry import due_in_ms
 from ricochet.errors import MissingQueue
 from ricochet.names import SHARED, Names, delay_route
+
+# A queue found without key lanes is asked again after this long: a worker declares them when
+# the first job with a key comes to the queue.
+LANES_ASKED_AGAIN_S = 1.0
 
 
 def to_the_delays(headers: dict[str, Any], queue: str, now: dt.datetime) -> tuple[str, str] | None:
@@ -49,6 +54,8 @@ class Routes:
     def __init__(self) -> None:
         self._levels: bool | None = None  # None: not asked yet
         self._queues: dict[str, bool] = {}
+        # The queues found with key lanes (True), or when they were found without (monotonic s).
+        self._lanes: dict[str, bool | float] = {}
         self._asking = asyncio.Lock()
 
     async def through_levels(self, connection: AbstractConnection, queue: str) -> bool:
@@ -62,6 +69,21 @@ class Routes:
             if known is None:
                 known = await self._ask(connection, queue)
             return known
+
+    async def to_lanes(self, connection: AbstractConnection, queue: str) -> tuple[str, str] | None:
+        """(exchange, routing key) of queue's job with a key when the queue has key lanes; None
+        when it has none yet: the job goes to the queue, and a worker sends it on to its lane
+        (declaring the lanes). Found once, the lanes are taken for there from then on."""
+        names = Names(queue)
+        known = self._lanes.get(queue)
+        if known is not True and (known is None or time.monotonic() - known > LANES_ASKED_AGAIN_S):
+            channel = KeptChannel(connection)
+            try:
+                found = await exchange_exists(await channel.get(), names.keys)
+            finally:
+                await channel.close()
+            self._lanes[queue] = True if found else time.monotonic()
+        return (names.keys, queue) if self._lanes[queue] is True else None
 
     def _known(self, queue: str) -> bool | None:
         if self._levels is None or not self._levels:

@@ -207,6 +207,7 @@ class SyncClient:
         content_type: str | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        key: str | None = None,
     ) -> str:
         """Client.enqueue, waited for: returns the message_id once the broker confirmed it."""
         running = self._loop_thread()
@@ -223,6 +224,7 @@ class SyncClient:
                 content_type=content_type,
                 queue=queue,
                 priority=priority,
+                key=key,
             )
         )
 

@@ -104,6 +104,14 @@ class Delay:
 
 
 @dataclass(frozen=True, slots=True)
+class Line:
+    """A job with a key, from its queue: publish a copy, carrying the retries it made, to the end
+    of its key's lane (ricochet.keys), then ack; it runs from there."""
+
+    ACTION: ClassVar[str] = "line"
+
+
+@dataclass(frozen=True, slots=True)
 class Fail:
     """Publish the failed copy of this kind, then ack."""
 
@@ -112,7 +120,7 @@ class Fail:
 
 
 # What the settler carries out: every action but running the handler.
-Settlement = Ack | Cancel | Sanitize | Retry | RetryByCopy | Delay | Fail
+Settlement = Ack | Cancel | Sanitize | Line | Retry | RetryByCopy | Delay | Fail
 Decision = Run | Settlement
 
 
@@ -138,6 +146,10 @@ class Facts(NamedTuple):
     # spread by the jitter: it waits in the delays, not in a tier. None: its ladder is the
     # worker's, or it has no retry left.
     wait_ms: int | None = None
+    # Its key (SPEC 28), and whether it was delivered from its key's lane: a job with a key runs
+    # only from there.
+    key: str | None = None
+    lined: bool = False
 
 
 def job_type(amqp_type: str | None, body: bytes) -> str | None:
@@ -321,6 +333,8 @@ def read_facts(
     cancelled: bool = False,
     now: dt.datetime | None = None,
     draw: float | None = None,
+    key: str | None = None,
+    lined: bool = False,
 ) -> Facts:
     """The facts of a delivery from the main queue; a forged one counts as a first attempt.
 
@@ -337,7 +351,8 @@ def read_facts(
     decoded. key_tier: the k of its routing key Q.attempt.k, if it has one. cancelled: whether a
     cancel covers it (ricochet.broker.cancels): one back from a wait, or still in the backlog when
     it is delivered. now: the time its run-at is read against (the clock when None, read only if
-    it has one).
+    it has one). key: its key, if it has one; lined: delivered from its key's lane, where it
+    runs (a lane never dead-letters: its retries go to their tier by a copy).
 
     A job ricochet published again carries the retries it had made (the RETRIES header:
     RabbitMQ 4 restarts x-death on a published copy); they add to the broker's count, and its
@@ -373,9 +388,12 @@ def read_facts(
         cancelled=cancelled,
         due_in_ms=due_in,
         bad_run_at=bad_run_at,
-        keyed_for_tier=not copied or (key_tier is not None and key_tier + 1 == attempt),
+        keyed_for_tier=not lined
+        and (not copied or (key_tier is not None and key_tier + 1 == attempt)),
         alone=not forged and returns is not None and SUSPECT_RETURNS < returns <= POISON_DELIVERIES,
         wait_ms=_wait_ms(ladder, attempt, jitter, draw),
+        key=key,
+        lined=lined,
     )
 
 
@@ -385,6 +403,7 @@ RUN = Run()
 ACK = Ack()
 SANITIZE = Sanitize()
 CANCEL = Cancel()
+LINE = Line()
 FAIL_POISON = Fail(FailureKind.POISON)
 FAIL_PERMANENT = Fail(FailureKind.PERMANENT)
 FAIL_EXHAUSTED = Fail(FailureKind.EXHAUSTED)
@@ -410,12 +429,12 @@ def decide(facts: Facts, outcome: Outcome | None, retry_after_ms: int | None = N
     A delivery with unreadable properties fails for good, a forged x-death is cleaned, a
     cancelled job is dropped and a poison job failed, all without running the handler; one
     whose run-at is ahead waits for it (spending no attempt), one whose run-at cannot be read
-    fails for good. A success is acked, and so is a job its handler stopped for a cancel; a
-    permanent failure fails at once; a transient one
-    retries in the tier of its attempt while attempts remain (tier k sends it back as attempt
-    k + 1), else it fails; a RetryLater waits retry_after_ms instead of the tier's delay, and a
-    job whose ladder is its own (the job's or its type's) waits its ladder's delay (wait_ms) in
-    the delays.
+    fails for good, one with a key due now joins its key's line (spending no attempt). A success
+    is acked, and so is a job its handler stopped for a cancel; a permanent failure fails at
+    once; a transient one retries in the tier of its attempt while attempts remain (tier k sends
+    it back as attempt k + 1), else it fails; a RetryLater waits retry_after_ms instead of the
+    tier's delay, and a job whose ladder is its own (the job's or its type's) waits its ladder's
+    delay (wait_ms) in the delays.
     """
     if facts.unreadable:
         # Before the clean copy of a forged x-death, which would read as a readable job.
@@ -436,6 +455,8 @@ def _before_run(facts: Facts) -> Decision:
         return FAIL_PERMANENT
     if facts.due_in_ms is not None:
         return Delay(facts.due_in_ms, retries=facts.attempt - 1)
+    if facts.key is not None and not facts.lined:
+        return LINE
     return RUN
 
 

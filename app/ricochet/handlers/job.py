@@ -51,6 +51,7 @@ class Job:
         content_type: str | None = None,
         queue: str = "",
         priority: int | None = None,
+        key: str | None = None,
     ) -> None:
         self.body = body
         self.queue = queue  # the queue the job was consumed from
@@ -62,6 +63,7 @@ class Job:
         self.correlation_id = correlation_id
         self.content_type = content_type
         self.priority = priority  # the AMQP priority property (None: its producer set none)
+        self.key = key  # its key: no other job of it runs meanwhile (None: it has none)
         self._amqp_type = amqp_type
         self._cancelled = False
         self._interrupt: Callable[[], object] | None = None
@@ -154,6 +156,7 @@ def job_of(delivery: Delivery, facts: Facts, resolved_type: str | None, queue: s
         content_type=delivery.content_type,
         queue=queue,
         priority=delivery.priority(),
+        key=facts.key,
     )
     job.__dict__["type"] = resolved_type  # Job.type's cache: None, once read, is the answer too
     return job

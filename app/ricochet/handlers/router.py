@@ -37,6 +37,8 @@ class Route:
     interrupt: bool = False
     keep_result: bool = True
     priority: int | None = None
+    # Derives a job's key from its payload (SPEC 28), for the jobs sent without one.
+    key: Callable[[Any], Any] | None = None
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -65,6 +67,7 @@ class Router:
         interrupt: bool = False,
         keep_result: bool = True,
         priority: int | None = None,
+        key: Callable[[Any], Any] | None = None,
     ) -> Callable[[F], F]:
         """Register fn(job), or fn(job, payload) with the payload validated into model.
 
@@ -77,8 +80,11 @@ class Router:
         where it chooses. keep_result=False: the journal records none of what this type's
         handler returns (a private type, a secret). priority (0-9): the priority of the jobs
         ricochet enqueues for this type, its recurring jobs (a producer gives its own with
-        enqueue(..., priority=)). ValueError (TypeError for give_up_on, interrupt and
-        keep_result) for a value out of bounds.
+        enqueue(..., priority=)). key: a function of the job's payload (its JSON body) that
+        returns the job's key when it was sent without one: jobs of one key run one at a time
+        (docs/enqueueing.md#one-job-per-key-at-a-time); a job whose key it cannot give fails at
+        once. ValueError (TypeError for give_up_on, interrupt, keep_result and key) for a value
+        out of bounds.
         """
         _check_max_retries(job_type, max_retries)
         _check_give_up_on(job_type, give_up_on)
@@ -90,6 +96,8 @@ class Router:
             raise TypeError(f"keep_result={keep_result!r} for job type {job_type!r} is not a bool")
         if priority is not None:
             priorities.checked(priority, f"priority for job type {job_type!r}")
+        if key is not None and not callable(key):
+            raise TypeError(f"key={key!r} for job type {job_type!r} is not a function")
 
         def register(fn: F) -> F:
             if job_type in self._routes:
@@ -111,6 +119,7 @@ class Router:
                 interrupt,
                 keep_result,
                 priority,
+                key,
             )
             return fn
 

@@ -11,6 +11,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Line,
     Outcome,
     Retry,
     RetryByCopy,
@@ -62,5 +63,7 @@ class JobLog:
                 log.info("job cancelled", message_id=event.message_id)
             case Sanitize():
                 log.warning("forged x-death header removed", message_id=event.message_id)
+            case Line():
+                log.info("job joins its key's line", key=event.facts.key)
             case _:
                 assert_never(event.decision)

@@ -13,6 +13,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Line,
     Outcome,
     Retry,
     RetryByCopy,
@@ -67,9 +68,9 @@ def entry_of(
     tier_delay_ms: Callable[[int], int | None],
     result_most: int,
 ) -> Entry | None:
-    """The journal's entry for a settled delivery (None for a forged header cleaned: the job is
-    the same, its clean copy comes next). tier_delay_ms(k): the delay the broker applies in
-    tier k now (with jitter, the longest of its lanes)."""
+    """The journal's entry for a settled delivery (None for a forged header cleaned, or a job
+    sent to its key's line: the job is the same, its copy comes next). tier_delay_ms(k): the
+    delay the broker applies in tier k now (with jitter, the longest of its lanes)."""
     if event.message_id is None:
         return None
     detail = _common(event)
@@ -92,7 +93,7 @@ def entry_of(
             detail["kind"] = str(kind)
         case Cancel():
             name = "cancelled"
-        case Sanitize():
+        case Sanitize() | Line():
             return None
         case _:
             assert_never(event.decision)

@@ -16,6 +16,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Line,
     Outcome,
     Retry,
     RetryByCopy,
@@ -110,6 +111,13 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livemax",  # 1 while any process does
         )
+        self.key_lanes_busy = Gauge(
+            "ricochet_key_lanes_busy",
+            "Key lanes whose job runs now (SPEC 28): one job at a time per lane.",
+            ["queue"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         self.schedules_leading = Gauge(
             "ricochet_schedules_leading",
             "1 while this process leads the schedules of the queue (router.schedule), else 0.",
@@ -187,6 +195,10 @@ class Metrics:
             (self.worker_recovering, recovering),
         ):
             self.read_at_scrape(gauge.labels(queue), _as_float(read))
+
+    def key_lanes_busy_when(self, queue: str, busy: Callable[[], int]) -> None:
+        """Export busy() as the queue's ricochet_key_lanes_busy."""
+        self.read_at_scrape(self.key_lanes_busy.labels(queue), lambda: float(busy()))
 
     def read_at_scrape(self, child: Gauge, read: Callable[[], float]) -> None:
         """Export read() as this gauge's value: read at every scrape, or by refresh() in a
@@ -294,7 +306,7 @@ class QueueMetrics:
                 self.count_attempt(attempt, "failed")
             case Cancel():
                 self._cancelled.inc()
-            case Sanitize():
+            case Sanitize() | Line():
                 pass
             case _:
                 assert_never(event.decision)

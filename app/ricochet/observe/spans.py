@@ -15,6 +15,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Line,
     Retry,
     RetryByCopy,
     Sanitize,
@@ -42,6 +43,8 @@ def outcome(decision: Settlement) -> str:
             return "failed"
         case Sanitize():
             return "sanitized"
+        case Line():
+            return "lined"
         case _:
             assert_never(decision)
 

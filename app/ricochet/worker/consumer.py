@@ -9,9 +9,10 @@ their children.
 
 import asyncio
 import contextvars
+import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 from aio_pika.exceptions import ChannelInvalidStateError
@@ -21,8 +22,10 @@ from ricochet.broker.cancels import CancelReader
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import (
+    FAIL_PERMANENT,
     Cancel,
     Facts,
+    Line,
     Outcome,
     Run,
     Sanitize,
@@ -30,10 +33,12 @@ from ricochet.delivery.retry import (
     job_type,
     read_facts,
 )
-from ricochet.errors import RetryLater
+from ricochet.errors import ConfigError, InvalidKey, RetryLater, TopologyConflict
 from ricochet.handlers.invoker import Invoker
 from ricochet.handlers.job import Job, bind_log_context, job_of
+from ricochet.handlers.router import Route
 from ricochet.headers import FRESH_ID, INCARNATION
+from ricochet.keys import key_of
 from ricochet.log import get_logger
 from ricochet.names import Names, is_delay_key
 from ricochet.observe.journal import JournalWatch
@@ -64,6 +69,8 @@ class Arrival(NamedTuple):
     delivery: Delivery
     facts: Facts
     kind: str | None  # the job's type: the budget and the Job both need it
+    # Why its key cannot be read, if it cannot: it fails rather than run without it.
+    bad_key: InvalidKey | None = None
 
 
 class Consumer:
@@ -79,6 +86,7 @@ class Consumer:
         cancels: CancelReader,
         observers: Sequence[Observer],
         journal: JournalWatch,
+        lanes: Callable[[], Awaitable[None]],
     ):
         self._names = names
         self._queue = names.queue
@@ -88,6 +96,8 @@ class Consumer:
         self._cancels = cancels
         self._observers = observers
         self._journal = journal
+        # Makes sure the queue's key lanes are declared and consumed, before a job joins them.
+        self._lanes = lanes
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
         metrics.in_flight_when(lambda: len(self.in_flight))
@@ -96,23 +106,25 @@ class Consumer:
         self._checks: set[asyncio.Task[None]] = set()
         cancels.on_cancel(self._cancel_read)
 
-    def intake(self, delivery: Delivery) -> Arrival:
-        """Read the delivery's facts: its type, budget, where it came from, whether it is
-        forged, poison, cancelled, due later, or must run alone. Facts that cannot be read make
-        it unreadable (it fails as permanent, saying why): no delivery stops the consumer."""
+    def intake(self, delivery: Delivery, *, lined: bool = False) -> Arrival:
+        """Read the delivery's facts: its type, budget, key, where it came from (lined: from
+        its key's lane), whether it is forged, poison, cancelled, due later, or must run alone.
+        Facts that cannot be read make it unreadable (it fails as permanent, saying why): no
+        delivery stops the consumer."""
         try:
-            return self._read(delivery)
+            return self._read(delivery, lined)
         except Exception as error:  # what a hostile delivery may raise, foreseen or not
             delivery.unreadable = f"{type(error).__name__}: {error}"[:REASON_MAX_CHARS]
             facts = Facts(1, 1, delivery.routing_key, unreadable=True)
             return Arrival(delivery, facts, None)
 
-    def _read(self, delivery: Delivery) -> Arrival:
+    def _read(self, delivery: Delivery, lined: bool) -> Arrival:
         kind = job_type(delivery.type, delivery.body)
         names = self._names
         routing_key = delivery.routing_key
         key_tier = names.tier_of_key(routing_key)  # read once: it also says "from a tier"
         route = self._invoker.route(kind)
+        key, bad_key = _key(delivery, route)
         facts = read_facts(
             delivery.headers,
             redelivered=delivery.redelivered,
@@ -127,11 +139,15 @@ class Consumer:
             unreadable=delivery.unreadable is not None,
             key_tier=key_tier,
             cancelled=self._covered(delivery),
+            key=key,
+            lined=lined,
         )
+        if lined and key_tier is not None:  # a lane keeps the key it came back from a tier with
+            facts = facts._replace(original_routing_key=self._queue)
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays, now or before a tier
             facts = facts._replace(original_routing_key=original)
-        return Arrival(delivery, facts, kind)
+        return Arrival(delivery, facts, kind, bad_key)
 
     def _covered(self, delivery: Delivery) -> bool:
         """Whether a cancel in the store covers the job (ricochet.broker.cancel_log)."""
@@ -171,6 +187,19 @@ class Consumer:
                     attempt=job.attempt,
                 )
 
+    async def _lines_up(self, settler: Settler, arrival: Arrival) -> bool:
+        """Whether the job can join its key's line: the queue's lanes are declared (now, for
+        its first job with a key) and consumed. Lanes the broker refuses fail it at once,
+        saying why: run without them it could run beside a job of its key."""
+        try:
+            await self._lanes()
+        except (TopologyConflict, ConfigError) as error:
+            delivery, facts, kind, _ = arrival
+            bind_log_context(job_of(delivery, facts, kind, self._queue))
+            await settler.settle(delivery, facts, FAIL_PERMANENT, Failure(error), kind)
+            return False
+        return True
+
     def _start(self, job: Job, delivery: Delivery) -> None:
         """The job's handler starts: a cancel read from now on reaches it, and one read since it
         was delivered is checked now."""
@@ -203,8 +232,12 @@ class Consumer:
             log.error("delivery not settled", exc_info=task.exception())
 
     async def _process(self, settler: Settler, arrival: Arrival) -> None:
-        delivery, facts, kind = arrival
+        delivery, facts, kind, bad_key = arrival
         decision = decide(facts, None)
+        if bad_key is not None and isinstance(decision, Run):
+            bind_log_context(job_of(delivery, facts, kind, self._queue))
+            await settler.settle(delivery, facts, FAIL_PERMANENT, Failure(bad_key), kind)
+            return
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
         if isinstance(decision, Cancel) and _explicit_token(delivery) is not None:
@@ -214,6 +247,8 @@ class Consumer:
             if not self._covered(delivery):
                 facts = facts._replace(cancelled=False)
                 decision = decide(facts, None)
+        if isinstance(decision, Line) and not await self._lines_up(settler, arrival):
+            return
         if not isinstance(decision, Run):
             if not isinstance(decision, Sanitize):  # a forged header is not the job's yet
                 bind_log_context(job_of(delivery, facts, kind, self._queue))
@@ -242,3 +277,15 @@ class Consumer:
                 await settler.settle(
                     delivery, facts, decision, failure, kind, seconds=seconds, result=job.returned
                 )
+
+
+def _key(delivery: Delivery, route: Route | None) -> tuple[str | None, InvalidKey | None]:
+    """(the job's key, None), or (None, why it cannot be read): its header's, else what its
+    type's key function gives for its payload."""
+    function = None if route is None else route.key
+    derive = None if function is None else (lambda: function(json.loads(delivery.body)))
+    try:
+        return key_of(delivery.headers, derive), None
+    except Exception as error:  # a key function may raise anything
+        why = f"its key cannot be read: {type(error).__name__}: {error}"
+        return None, InvalidKey(why[:REASON_MAX_CHARS])

@@ -20,6 +20,7 @@ from ricochet.delivery.events import Observer
 from ricochet.errors import TopologyConflict
 from ricochet.handlers.invoker import Invoker
 from ricochet.log import get_logger
+from ricochet.names import Names
 from ricochet.observe.alerts import pause_alert
 from ricochet.observe.joblog import JobLog
 from ricochet.observe.journal import JournalWatch
@@ -29,6 +30,7 @@ from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 from ricochet.worker.applied import AppliedPlan
 from ricochet.worker.consumer import Consumer
+from ricochet.worker.lanes import KeyLanes
 from ricochet.worker.pause import PausePolicy, PauseWatch
 from ricochet.worker.redeclare import Redeclare
 from ricochet.worker.session import Session, State
@@ -69,6 +71,8 @@ class QueueWorker:
             journal, settings.queue, lambda: self._applied.plan, settings.result_max_bytes
         )
         self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
+        self._lanes = KeyLanes(settings, lifecycle, self.consumer, lambda: self.observers)
+        metrics.key_lanes_busy_when(settings.queue, lambda: self._lanes.busy)
         self._watch = PauseWatch(
             PausePolicy(
                 settings.pause_failure_ratio,
@@ -117,9 +121,9 @@ class QueueWorker:
         """The queue worker's jobs running now, on any of its channels."""
         return set() if self._consumer is None else self._consumer.in_flight
 
-    def consumer(self, plan: Plan) -> Consumer:
-        """The queue worker's consumer, made for the topology of its first session and kept for the
-        next: a lost session's jobs run on in it."""
+    def consumer(self) -> Consumer:
+        """The queue worker's consumer, made once and kept from one session to the next (and for
+        its key lanes): a lost session's jobs run on in it."""
         if self._consumer is None:
             self._observers = [
                 self._metrics,
@@ -128,7 +132,7 @@ class QueueWorker:
                 self._journal,
             ]
             self._consumer = Consumer(
-                plan.names,
+                Names(self.settings.queue),
                 self.settings.max_retries,
                 self.settings.retry_jitter,
                 self._invoker,
@@ -136,6 +140,7 @@ class QueueWorker:
                 self._cancels,
                 self._observers,
                 self._journal,
+                self._lanes.ensure,
             )
         return self._consumer
 
@@ -152,15 +157,19 @@ class QueueWorker:
         or the connection or the cancels are lost; the first on the topology just declared (or
         once a queue in conflict at start is declared), each next one after declaring it
         again. Meanwhile a tier kept at an older delay is declared again once empty."""
-        kept = asyncio.get_running_loop().create_task(
-            self._applied.declare_kept_once_empty(connection)
-        )
+        loop = asyncio.get_running_loop()
+        kept = loop.create_task(self._applied.declare_kept_once_empty(connection))
+        self.consumer()  # before a lane's first job
+        lanes = loop.create_task(self._lanes.run(connection))
         try:
             await self._sessions(connection, declared)
+            if self._lifecycle.stopping.is_set() and not is_lost(connection):
+                await asyncio.wait({lanes})  # their acks sent, as the sessions' were
         finally:
-            kept.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await kept
+            for task in (kept, lanes):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _sessions(self, connection: AbstractConnection, declared: Plan | None) -> None:
         plan = declared
@@ -194,7 +203,7 @@ class QueueWorker:
         settings = self.settings
         channel = await confirming_channel(connection)
         await channel.set_qos(prefetch_count=settings.prefetch)
-        consumer = self.consumer(plan)
+        consumer = self.consumer()
         frames = await Frames.under(channel)
         settler = Settler(
             channel,

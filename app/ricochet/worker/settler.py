@@ -38,12 +38,14 @@ from ricochet.delivery.retry import (
     Delay,
     Facts,
     Fail,
+    Line,
     Retry,
     RetryByCopy,
     Sanitize,
     Settlement,
 )
 from ricochet.errors import CopyTooLarge
+from ricochet.headers import KEY
 from ricochet.log import get_logger
 from ricochet.names import Names, delay_route
 
@@ -121,12 +123,12 @@ class Settler:
                 self._settle_soon(delivery, dead_letter=False)
             case Retry():
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
-            case Sanitize() | RetryByCopy() | Delay():
-                copy, key, exchange = self._copy(delivery, decision, failure)
+            case Sanitize() | Line() | RetryByCopy() | Delay():
+                copy, key, exchange = self._copy(delivery, facts, decision, failure)
                 size = header_frame_bytes(copy)
                 if size > self._frame_max and isinstance(decision, Delay) and failure:
                     # The reason is only shown: the job goes without it rather than fail.
-                    copy, key, exchange = self._copy(delivery, decision, None)
+                    copy, key, exchange = self._copy(delivery, facts, decision, None)
                     size = header_frame_bytes(copy)
                 if size > self._frame_max:
                     # The broker would close the connection on it, and hand the job round again.
@@ -178,10 +180,16 @@ class Settler:
             )
 
     def _copy(
-        self, delivery: Delivery, decision: Sanitize | RetryByCopy | Delay, failure: Failure | None
+        self,
+        delivery: Delivery,
+        facts: Facts,
+        decision: Sanitize | Line | RetryByCopy | Delay,
+        failure: Failure | None,
     ) -> tuple[aio_pika.Message, str, str]:
         """(copy, routing key, exchange) of a job published again: cleaned of a forged x-death
-        back to its queue; or with the retries it made, to the delays until it is due (its
+        back to its queue; or with the retries it made, to its key's lane by its key exchange
+        (with the routing key it came with, which says where from: a lane's facts read it as
+        the queue's), to the delays until it is due (its
         run-at, or a RetryLater), noting since when it waits and the failure's reason, or to the
         route of its tier (a retry after it came back from the delays, whose routing key does
         not lead there)."""
@@ -191,6 +199,10 @@ class Settler:
                 # The broker must never dead-letter a forged x-death (RabbitMQ 3.x can crash the
                 # queue or lose the message), so that job comes back as a clean first attempt.
                 return counted_copy(delivery, 0), names.queue, ""
+            case Line():
+                copy = counted_copy(delivery, facts.attempt - 1)
+                copy.headers[KEY] = facts.key  # one its type's key function gave, too
+                return copy, delivery.routing_key, names.keys
             case Delay(delay_ms, retries):
                 reason = None if failure is None else failure.reason
                 waiting = (int(time.time() * 1000), reason)
@@ -244,6 +256,11 @@ class Settler:
             await publish_confirmed(self._default, copy, queue)
         except DeliveryError as error:
             log.error("failure not announced", queue=queue, broker_said=refusal(error))
+
+    def drop(self, delivery: Delivery) -> None:
+        """Ack a delivery that is no job (a probe, ricochet.broker.depth.queue_exists), telling
+        no observer."""
+        self._settle_soon(delivery, dead_letter=False)
 
     def _settle_soon(self, delivery: Delivery, dead_letter: bool) -> None:
         """Ack or dead-letter the delivery together with the others settled in this loop turn."""

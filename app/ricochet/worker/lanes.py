@@ -1,0 +1,215 @@
+"""A queue's key lanes on this worker (SPEC 28): declared once the queue has jobs with a key,
+then consumed, one job at a time per lane, on a channel of their own.
+
+Each lane has one active consumer in the vhost (the broker's single active consumer): this
+worker runs a lane's jobs only while the broker makes it that lane's consumer, and a worker
+that dies or disconnects hands its lanes to the next at once, with its connection. A job with a
+key comes to the queue first (from a producer that does not know the lanes, back from a wait, or
+replayed) and a worker sends it on to the end of its key's lane (ricochet.delivery.retry.Line).
+"""
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.exceptions import ChannelPreconditionFailed
+
+from ricochet.broker.amqp import (
+    COMMAND_INVALID,
+    CONNECTION_ERRORS,
+    Delivery,
+    Frames,
+    broker_version,
+    frame_max,
+)
+from ricochet.broker.depth import queue_exists
+from ricochet.broker.plan import KeyLanesPlan, key_lanes_plan
+from ricochet.broker.publish import confirming_channel
+from ricochet.delivery.events import Observer
+from ricochet.errors import ConfigError, TopologyConflict
+from ricochet.headers import PROBE
+from ricochet.log import get_logger
+from ricochet.names import Names
+from ricochet.service.process import Lifecycle
+from ricochet.settings import Settings
+from ricochet.worker.consumer import Consumer
+from ricochet.worker.settler import Settler
+
+log = get_logger("ricochet.lanes")
+
+# A lanes' channel the broker closed is opened again after this long.
+REOPEN_PAUSE_S = 1.0
+# While this worker does not consume the queue's lanes, it asks this often whether another
+# declared them: a worker that dies hands its lanes to the next within this long.
+LOOK_FOR_LANES_S = 5.0
+PLUGIN = "rabbitmq_consistent_hash_exchange"
+
+
+class KeyLanes:
+    """The key lanes of one queue, consumed on each connection of the worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        lifecycle: Lifecycle,
+        consumer: Callable[[], Consumer],
+        observers: Callable[[], Sequence[Observer]],
+    ) -> None:
+        self._settings = settings
+        self._names = Names(settings.queue)
+        self._lifecycle = lifecycle
+        self._consumer = consumer
+        self._observers = observers
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._settler: Settler | None = None
+        self._opening = asyncio.Lock()
+        # The lanes whose job runs on this worker now, and its task.
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def busy(self) -> int:
+        """The lanes whose job runs on this worker now."""
+        return len(self._running)
+
+    async def run(self, connection: AbstractConnection) -> None:
+        """Consume the lanes on this connection: at once when the queue has them, else from its
+        first job with a key (ensure); at a stop, take no more and settle what ran."""
+        self._connection = connection
+        try:
+            await self._lifecycle.unless_stopped(self._look_for_lanes(connection))
+            await self._stop()
+        finally:
+            self._connection = None
+
+    async def _look_for_lanes(self, connection: AbstractConnection) -> None:
+        """Consume the lanes once they exist (declared by another worker, or by an earlier
+        run): asked at once, then every LOOK_FOR_LANES_S while they are not consumed here."""
+        channel: AbstractChannel | None = None
+        while True:
+            if not self._consuming:
+                try:
+                    if channel is None or channel.is_closed:
+                        channel = await confirming_channel(connection)
+                    if await queue_exists(channel, self._names.key_lane(0)):
+                        await self.ensure()
+                except (TopologyConflict, ConfigError, *CONNECTION_ERRORS) as error:
+                    log.error("key lanes not consumed", queue=self._names.queue, error=str(error))
+            await asyncio.sleep(LOOK_FOR_LANES_S)
+
+    @property
+    def _consuming(self) -> bool:
+        return self._channel is not None and not self._channel.is_closed
+
+    async def ensure(self) -> None:
+        """The lanes declared and consumed on the current connection (declared now, with their
+        exchange, if they are not yet); TopologyConflict when the broker holds a lane of other
+        arguments, ConfigError when it lacks the consistent-hash exchange."""
+        async with self._opening:
+            if self._consuming:
+                return
+            connection = self._connection
+            if connection is None:  # between connections: its channel is closing anyway
+                raise ConnectionError("the worker's connection is being opened again")
+            plan = key_lanes_plan(
+                self._settings.queue,
+                self._settings.queue_type,
+                self._settings.key_lanes,
+                broker_version(connection),
+            )
+            await _declare(connection, plan)
+            await self._consume(connection, plan)
+
+    async def _consume(self, connection: AbstractConnection, plan: KeyLanesPlan) -> None:
+        channel = await confirming_channel(connection)
+        await channel.set_qos(prefetch_count=1)  # per consumer: one job at a time per lane
+        frames = await Frames.under(channel)
+        settler = Settler(channel, frames, self._names, frame_max(connection), self._observers())
+        frames.on_cancelled(lambda tag: self._reopen(channel, f"consumer {tag} cancelled"))
+        channel.close_callbacks.add(lambda _, error: self._reopen(channel, str(error)))
+        for lane in plan.lanes:
+            await frames.consume(lane.name, functools.partial(self._take, settler, lane.name))
+        self._channel, self._settler = channel, settler
+        log.info("consuming key lanes", queue=self._settings.queue, lanes=len(plan.lanes))
+
+    def _take(self, settler: Settler, lane: str, delivery: Delivery) -> None:
+        settler.delivered(delivery)
+        if PROBE in delivery.headers:  # another worker asking whether the lane exists
+            settler.drop(delivery)
+            return
+        if self._lifecycle.stopping.is_set():
+            # Unrun and unsettled: the broker puts it back first in its lane as the channel
+            # closes, and only then makes another worker the lane's consumer.
+            return
+        consumer = self._consumer()
+        task = consumer.spawn(settler, consumer.intake(delivery, lined=True))
+        self._running[lane] = task
+        task.add_done_callback(lambda _: self._running.pop(lane))
+
+    def _reopen(self, channel: AbstractChannel, why: str) -> None:
+        """The broker closed the lanes' channel, or cancelled a lane's consumer (its lane was
+        deleted): declare and consume them again soon, unless the worker stops or reconnects."""
+        if channel is not self._channel or self._lifecycle.stopping.is_set():
+            return
+        log.warning("key lanes not consumed, opening them again", error=why)
+        asyncio.get_running_loop().create_task(self._again(channel))
+
+    async def _again(self, channel: AbstractChannel) -> None:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await channel.close()
+        await asyncio.sleep(REOPEN_PAUSE_S)
+        if self._connection is None or self._lifecycle.stopping.is_set():
+            return
+        try:
+            await self.ensure()
+        except (TopologyConflict, ConfigError, *CONNECTION_ERRORS) as error:
+            log.error("key lanes not consumed", queue=self._settings.queue, error=str(error))
+
+    async def _stop(self) -> None:
+        """Run no more lane jobs; once those running are settled and their acks sent, close the
+        channel, which hands every lane to its next consumer. Not a cancel of each lane's
+        consumer: a job delivered here meanwhile would come back behind the next ones, which
+        the next consumer would already have, and the lane's order would be lost."""
+        channel, settler = self._channel, self._settler
+        if channel is None or settler is None or channel.is_closed:
+            return
+        self._channel = None  # no reopening from here
+        if self._running:
+            await asyncio.wait(set(self._running.values()))
+        await settler.drain()
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await channel.close()
+
+
+async def _declare(connection: AbstractConnection, plan: KeyLanesPlan) -> None:
+    """Declare the key exchange, the lanes and their bindings (idempotent)."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        try:
+            exchange = await channel.declare_exchange(
+                plan.exchange.name,
+                plan.exchange.kind,
+                durable=True,
+                arguments=plan.exchange.arguments,
+            )
+        except COMMAND_INVALID as error:
+            raise ConfigError(
+                f"jobs with a key need the consistent-hash exchange, which the broker lacks "
+                f"({error}): enable it with `rabbitmq-plugins enable {PLUGIN}`"
+            ) from None
+        for spec, binding in zip(plan.lanes, plan.bindings, strict=True):
+            try:
+                queue = await channel.declare_queue(
+                    spec.name, durable=True, arguments=spec.arguments
+                )
+            except ChannelPreconditionFailed as error:
+                raise TopologyConflict(
+                    f"key lane {spec.name!r} conflicts with the settings ({error}): delete it "
+                    "once empty, or set RICOCHET_QUEUE_TYPE as it was declared"
+                ) from None
+            await queue.bind(exchange, routing_key=binding.routing_key)
+    finally:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await channel.close()
