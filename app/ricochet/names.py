@@ -193,6 +193,14 @@ class Names:
         at a time."""
         return f"{self.queue}.key.{i}"
 
+    def key_lane_index(self, name: str) -> int | None:
+        """The i of a key lane's name Q.key.i, else None."""
+        prefix = f"{self.queue}.key."
+        digits = name[len(prefix) :]
+        if name.startswith(prefix) and digits.isascii() and digits.isdigit():
+            return int(digits)
+        return None
+
     def delay(self, k: int) -> str:
         """Level k of the per-queue delays of earlier versions (retired once empty: the shared
         levels, SharedNames.delay, replace them)."""

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from ricochet import Client
 from ricochet.broker.declare import declare
 from ricochet.broker.plan import TTL
 from ricochet.handlers.job import Job
@@ -20,6 +21,7 @@ from ricochet.settings import Settings
 from tests.breakage import add_policy, fill, redeclare, remove_policy, unbind, unbind_exchange
 from tests.broker import BROKER
 from tests.support import (
+    AMQP_URL,
     StartWorker,
     api_queue,
     exists,
@@ -272,3 +274,21 @@ def test_invalid_management_url_exits_2(queue_name: str) -> None:
         "ricochet: RICOCHET_MANAGEMENT_URL='ftp://admin:***@broker/' is invalid: "
         "allowed an http:// or https:// URL"
     )
+
+
+async def test_the_key_lanes_row_follows_the_queues_first_job_with_a_key(
+    queue_name: str, start_worker: StartWorker
+) -> None:
+    """Before any job with a key, the row says the lanes come with the first; once one ran,
+    it counts them, each consumed; with the worker stopped and a job waiting in a lane, it
+    warns that no worker consumes it."""
+    settings = make_settings(queue_name, key_lanes=2)
+    worker = await start_worker(lambda job: None, key_lanes=2)
+    await doctor_finds(settings, "key lanes", "ok", "none yet: 2 are declared", expect_exit=0)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("sync", {}, key="k")
+        await wait_for(lambda: worker.count("succeeded") == 1, 20, "the job with a key")
+        await doctor_finds(settings, "key lanes", "ok", "2 lanes, 0 jobs", expect_exit=0)
+        await worker.stop()
+        await client.enqueue("sync", {}, key="k")
+    await doctor_finds(settings, "key lanes", "warn", "no worker consumes", expect_exit=1)

@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 from ricochet.broker.plan import plan
+from ricochet.names import Names
 from ricochet.ops.checks import (
     BrokerState,
     Check,
     Status,
     dead_letters,
     holding_dead_letters,
+    key_lanes_check,
     levels_as_one,
     open_files_check,
     permission_check,
@@ -482,3 +484,40 @@ def test_failures_come_first_then_warnings_then_the_rest() -> None:
     statuses: list[Status] = ["ok", "fail", "warn", "fail", "ok"]
     checks = [Check(name, status, "") for name, status in zip("abcde", statuses, strict=True)]
     assert [c.check for c in worst_first(checks)] == ["b", "d", "c", "a", "e"]
+
+
+def lanes_state(
+    lanes: dict[int, tuple[int, int]], *, exchange: bool = True, plugin: bool = True
+) -> BrokerState:
+    """A broker whose queue "jobs" has these key lanes (index: (messages, consumers))."""
+    types = [{"name": "direct"}, *([{"name": "x-consistent-hash"}] if plugin else [])]
+    return replace(
+        state_with(10),
+        overview={"exchange_types": types},
+        key_lanes={f"jobs.key.{i}": {"messages": m, "consumers": c} for i, (m, c) in lanes.items()},
+        keys_exchange=exchange,
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "says"),
+    [
+        (lanes_state({}, exchange=False), "ok", "none yet: 4 are declared with jobs's first"),
+        (lanes_state({i: (2, 1) for i in range(4)}), "ok", "4 lanes, 8 jobs with a key waiting"),
+        (lanes_state({i: (0, 0) for i in range(4)}), "ok", "4 lanes, 0 jobs"),
+        (lanes_state({0: (3, 0), 1: (0, 1), 2: (0, 1), 3: (0, 1)}), "warn", "no worker consumes"),
+        (lanes_state({i: (0, 1) for i in range(6)}), "warn", "RICOCHET_KEY_LANES is 4"),
+        (
+            lanes_state({i: (0, 1) for i in range(4)}, exchange=False),
+            "warn",
+            "jobs.keys is missing",
+        ),
+        (lanes_state({}, exchange=False, plugin=False), "warn", "rabbitmq-plugins enable"),
+    ],
+)
+def test_the_key_lanes_check(state: BrokerState, status: Status, says: str) -> None:
+    """The plugin, the lanes once the queue has them, a lane with jobs and no worker, a count
+    that differs from the setting."""
+    found = key_lanes_check(Names("jobs"), 4, state)
+    assert (found.status, found.check) == (status, "key lanes")
+    assert says in found.detail

@@ -34,6 +34,7 @@ from ricochet.broker.diff import (
     queue_names,
 )
 from ricochet.broker.plan import (
+    CONSISTENT_HASH_EXCHANGE,
     DELIVERY_LIMIT,
     QUEUE_TYPE,
     Binding,
@@ -91,6 +92,9 @@ class BrokerState:
     dead_letters_recheck_s: float = 0.0
     # What an earlier ricochet left for this queue (its cancel store, its delay levels' entry).
     earlier: list[str] = field(default_factory=list)
+    # The queue's key lanes by name, and whether its key exchange exists (SPEC 28).
+    key_lanes: dict[str, JSON] = field(default_factory=dict)
+    keys_exchange: bool = False
 
 
 # The statuses, worst first: the order doctor prints its findings in.
@@ -461,6 +465,50 @@ def orphans_check(state: BrokerState) -> Check:
         "message_id and headers. Move them to a queue with a shovel, or purge the queue once "
         "nobody needs them",
     )
+
+
+def key_lanes_check(names: Names, wanted: int, state: BrokerState) -> Check:
+    """One job per key at a time (SPEC 28): the plugin the key exchange needs, the queue's
+    lanes once it has them, whether each has a consumer, and how many jobs wait in them."""
+    types = state.overview.get("exchange_types")
+    if isinstance(types, list) and CONSISTENT_HASH_EXCHANGE not in {t.get("name") for t in types}:
+        return Check(
+            "key lanes",
+            "warn",
+            "the broker lacks the consistent-hash exchange: a job with a key fails until "
+            "`rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`",
+        )
+    lanes = state.key_lanes
+    if not state.keys_exchange and not lanes:
+        return Check(
+            "key lanes",
+            "ok",
+            f"none yet: {wanted} are declared with {names.queue}'s first job with a key",
+        )
+    waiting = sum(count(lane, "messages") or 0 for lane in lanes.values())
+    idle = sorted(
+        (n for n, lane in lanes.items() if not count(lane, "consumers")),
+        key=lambda name: names.key_lane_index(name) or 0,
+    )
+    said = f"{len(lanes)} lanes, {waiting} jobs with a key waiting in them"
+    if len(lanes) != wanted or not state.keys_exchange:
+        return Check(
+            "key lanes",
+            "warn",
+            f"{said}; RICOCHET_KEY_LANES is {wanted}"
+            + ("" if state.keys_exchange else f", and the exchange {names.keys} is missing")
+            + ": a worker of this setting declares what is missing; a lane more than it "
+            "consumes is read only by workers that declared it",
+        )
+    if idle and waiting:
+        return Check(
+            "key lanes",
+            "warn",
+            f"{said}; no worker consumes {', '.join(idle[:5])}"
+            + (" ..." if len(idle) > 5 else "")
+            + ": their jobs wait until a worker of the queue runs",
+        )
+    return Check("key lanes", "ok", f"{said}, each consumed by one worker at a time")
 
 
 def journal_check(enabled: bool, state: BrokerState) -> Check:

@@ -27,6 +27,7 @@ from ricochet.ops.checks import (
     held_of,
     holding_dead_letters,
     journal_check,
+    key_lanes_check,
     levels_as_one,
     monitor_check,
     open_files_check,
@@ -50,7 +51,7 @@ from ricochet.settings import Settings
 log = get_logger("ricochet.doctor")
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
-OVERVIEW_COLUMNS = "rabbitmq_version,product_version"
+OVERVIEW_COLUMNS = "rabbitmq_version,product_version,exchange_types"
 QUEUE_COLUMNS = (
     "name,type,arguments,messages,messages_ready,messages_unacknowledged,messages_dlx,consumers,"
     "policy,operator_policy,effective_policy_definition,leader,node"
@@ -108,6 +109,9 @@ async def read_state(
         except ManagementUnavailable:  # only an administrator may read them
             permissions = None
         again = await _dead_letters_again(api, vh, holding_dead_letters(ours_q), recheck_s)
+        # One by one: a page of the listing carries no figures.
+        lanes = [q["name"] for q in queues if plan.names.key_lane_index(q["name"]) is not None]
+        lane_figures = await asyncio.gather(*(api.queue(vh, n, QUEUE_COLUMNS) for n in lanes))
     # A binding between two of ricochet's names is listed at both ends.
     unique = {
         (b["source"], b["destination"], b["destination_type"], b["properties_key"]): b
@@ -128,6 +132,8 @@ async def read_state(
         dead_letters_again=again,
         dead_letters_recheck_s=recheck_s,
         earlier=earlier_objects(plan.names, queues, exchanges),
+        key_lanes={n: q for n, q in zip(lanes, lane_figures, strict=True) if q is not None},
+        keys_exchange=any(x["name"] == plan.names.keys for x in exchanges),
     )
 
 
@@ -177,6 +183,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         failed_check(p, settings.alert_failed_threshold, state),
         orphans_check(state),
         journal_check(settings.journal == "on", state),
+        key_lanes_check(p.names, settings.key_lanes, state),
         earlier_check(state),
         open_files_check(state),
         permission_check(p, state),
