@@ -17,6 +17,7 @@ import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
+from ricochet.broker.plan import key_lanes_plan
 from ricochet.settings import Settings, variable_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,8 +108,10 @@ async def ricochet_queue(
         yield settings_env(settings)
     finally:
         channel = await connection.channel()
-        for spec in [*p.queues, *p.shared.queues, *p.tiers, *p.lanes]:
+        keys = key_lanes_plan(settings.queue, settings.key_lanes, None)
+        for spec in [*p.queues, *p.shared.queues, *p.tiers, *p.lanes, *keys.lanes]:
             await channel.queue_delete(spec.name)
+        await channel.exchange_delete(keys.exchange.name)
         await channel.queue_delete(p.names.record)  # the settings the worker recorded
         for name, _, _ in p.exchanges:
             await channel.exchange_delete(name)

@@ -210,6 +210,17 @@ class ClientSettings(BaseSettings):
         "client) to the vhost's `ricochet.journal` stream, which `ricochet job`, `ricochet "
         "jobs` and `ricochet waiting` read",
     )
+    key_lanes: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="the lanes a queue's jobs with a key are spread over, declared (by the "
+        "client or a worker) with the queue's first such job: jobs of one key run one at a "
+        "time, in their order, and "
+        "so do the jobs of keys that share a lane; lanes run in parallel, each a queue of its "
+        "own. Needs the `rabbitmq_consistent_hash_exchange` plugin, which RabbitMQ ships "
+        "(see [One job per key at a time](enqueueing.md#one-job-per-key-at-a-time))",
+    )
 
 
 class Settings(ClientSettings):
@@ -234,16 +245,6 @@ class Settings(ClientSettings):
         "`ricochet topology` says how to declare the queue again "
         "(see [Priority](enqueueing.md#priority))",
         json_schema_extra={"allowed": "0, or 5-9"},
-    )
-    key_lanes: int = Field(
-        16,
-        ge=1,
-        le=256,
-        description="the lanes a queue's jobs with a key are spread over, declared once the "
-        "queue has its first such job: jobs of one key run one at a time, in their order, and "
-        "so do the jobs of keys that share a lane; lanes run in parallel, each a queue of its "
-        "own. Needs the `rabbitmq_consistent_hash_exchange` plugin, which RabbitMQ ships "
-        "(see [One job per key at a time](enqueueing.md#one-job-per-key-at-a-time))",
     )
     max_retries: int = Field(
         3,

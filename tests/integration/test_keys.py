@@ -190,19 +190,35 @@ async def test_a_key_that_cannot_be_one_is_refused_before_anything_is_sent(
     await wait_depth(channel, queue_name, 0)
 
 
-async def test_a_backlog_with_a_key_sent_before_the_lanes_exist_runs_in_its_order(
-    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+async def test_a_foreign_backlog_with_a_key_in_the_queue_runs_in_its_order(
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
 ) -> None:
-    """A queue with no lanes yet takes a key's jobs itself; one worker of prefetch 10 then
-    declares the lanes, sends the jobs on to their lane in the order it takes them, and runs
-    them one at a time, in that order."""
+    """Jobs with the key header published to the queue itself before the lanes exist: one
+    worker of prefetch 10 declares the lanes, sends the jobs on to their lane in the order it
+    takes them, and runs them one at a time, in that order."""
     await declare(connection, make_settings(queue_name))
     ids = [f"b{i}" for i in range(10)]
-    async with Client(AMQP_URL, queue_name) as client:
-        for job_id in ids:
-            await client.enqueue("sync", {}, message_id=job_id, key="k")
+    for job_id in ids:
+        await publish(channel, queue_name, "{}", headers={KEY: "k"}, message_id=job_id)
     runs = Runs()
     await start_worker(runs.run, prefetch=10, key_lanes=LANES)
     await wait_for(lambda: len(runs.done) == len(ids), 20, "the backlog")
     assert runs.started == {"k": ids}
     assert runs.overlaps == []
+
+
+async def test_the_client_declares_the_lanes_with_the_first_job_and_a_worker_finds_them(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """A worker runs before any job has a key; the client's first job with a key declares the
+    queue's lanes (the client's count) and goes straight to its lane, where the worker finds it
+    within its look for lanes."""
+    runs = Runs()
+    await start_worker(runs.run, key_lanes=LANES)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("sync", {}, message_id="one", key="k")
+    assert await exists(connection, Names(queue_name).key_lane(15))  # the client's default 16
+    await wait_for(lambda: runs.done == ["one"], 15, "the job found in its lane")

@@ -96,14 +96,15 @@ def test_a_job_sent_on_to_its_lane_writes_no_journal_entry() -> None:
 
 
 def test_the_lanes_plan_a_consistent_hash_exchange_over_single_consumer_lanes() -> None:
-    plan = key_lanes_plan("jobs", "quorum", 3, (4, 0, 5))
+    plan = key_lanes_plan("jobs", 3, (4, 0, 5))
     assert plan.exchange.name == "jobs.keys"
     assert plan.exchange.kind == CONSISTENT_HASH_EXCHANGE
     assert plan.exchange.arguments == {"hash-header": KEY, "alternate-exchange": "jobs.return"}
     assert [lane.name for lane in plan.lanes] == ["jobs.key.0", "jobs.key.1", "jobs.key.2"]
     assert all(lane.arguments[SINGLE_ACTIVE_CONSUMER] is True for lane in plan.lanes)
+    assert all(lane.arguments["x-queue-type"] == "quorum" for lane in plan.lanes)
     assert all(lane.arguments["x-delivery-limit"] == -1 for lane in plan.lanes)  # 4.x
-    assert "x-delivery-limit" not in key_lanes_plan("jobs", "quorum", 1, (3, 10)).lanes[0].arguments
+    assert "x-delivery-limit" not in key_lanes_plan("jobs", 1, (3, 10)).lanes[0].arguments
     assert [(b.source, b.destination, b.routing_key) for b in plan.bindings] == [
         ("jobs.keys", f"jobs.key.{i}", "1") for i in range(3)
     ]

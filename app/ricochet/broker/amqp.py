@@ -32,7 +32,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq import spec
 from aiormq.abc import AbstractChannel as FramesChannel
 from aiormq.abc import DeliveredMessage
-from aiormq.exceptions import ConnectionCommandInvalid
+from aiormq.exceptions import ChannelAccessRefused, ConnectionCommandInvalid
 from pamqp import decode
 from pamqp.encode import field_table
 from pamqp.header import ContentHeader
@@ -44,6 +44,8 @@ CONNECTION_ERRORS = CONNECTION_EXCEPTIONS
 # What the broker closes the connection with for a command it cannot carry out: an exchange of
 # a type no enabled plugin provides, say.
 COMMAND_INVALID = ConnectionCommandInvalid
+# What the broker closes a channel with for an object the user may not configure, write or read.
+ACCESS_REFUSED = ChannelAccessRefused
 
 
 class Delivery:

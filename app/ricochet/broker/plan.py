@@ -298,26 +298,26 @@ def plan(settings: Settings, broker_version: tuple[int, ...] | None = None) -> P
 
 @dataclass(frozen=True)
 class KeyLanesPlan:
-    """A queue's key lanes (SPEC 28), declared once the queue has jobs with a key: the exchange
-    that hashes the key header onto the lanes, and the lanes, each delivered to one consumer
-    of the vhost at a time. A job that no lane takes goes back to the queue (the exchange's
-    alternate is the queue's return route), where a worker sends it on again."""
+    """A queue's key lanes (SPEC 28), declared with the queue's first job with a key: the
+    exchange that hashes the key header onto the lanes, and the lanes, each delivered to one
+    consumer of the vhost at a time. A job that no lane takes goes back to the queue (the
+    exchange's alternate is the queue's return route), where a worker sends it on again."""
 
     exchange: Exchange
     lanes: list[QueueSpec]
     bindings: list[Binding]
 
 
-def key_lanes_plan(
-    queue: str, queue_type: str, count: int, broker_version: tuple[int, ...] | None
-) -> KeyLanesPlan:
-    """The exchange, the count lanes and their bindings of queue's keys (pure). Lanes never
-    dead-letter: a job that fails in one goes to its tier by a copy."""
+def key_lanes_plan(queue: str, count: int, broker_version: tuple[int, ...] | None) -> KeyLanesPlan:
+    """The exchange, the count lanes and their bindings of queue's keys (pure). Quorum queues
+    whatever RICOCHET_QUEUE_TYPE says, as the shared objects are, so that a client and a worker
+    declare them alike. Lanes never dead-letter: a job that fails in one goes to its tier by a
+    copy."""
     n = Names(queue)
     arguments = {
-        QUEUE_TYPE: queue_type,
+        QUEUE_TYPE: "quorum",
         SINGLE_ACTIVE_CONSUMER: True,
-        **_no_delivery_limit(queue_type, broker_version),
+        **_no_delivery_limit("quorum", broker_version),
     }
     lanes = [QueueSpec(n.key_lane(i), arguments) for i in range(count)]
     return KeyLanesPlan(

@@ -20,7 +20,14 @@ from ricochet.broker.publish import OnePerMessageId, confirming_channel
 from ricochet.client.message import Delay, cancelled_id, check_frame, job_message, target_queue
 from ricochet.client.route import Routes, to_the_delays
 from ricochet.delivery.retry import parse_run_at
-from ricochet.errors import BrokerUnavailable, ClientClosed, MissingQueue, NotConfirmed
+from ricochet.errors import (
+    BrokerUnavailable,
+    ClientClosed,
+    ConfigError,
+    MissingQueue,
+    NotConfirmed,
+    TopologyConflict,
+)
 from ricochet.headers import FRESH_ID, INCARNATION, KEY, RUN_AT
 from ricochet.log import redact
 from ricochet.names import SHARED
@@ -86,6 +93,7 @@ class Client:
         settings = load_client_settings(amqp_url, queue)
         self.amqp_url = settings.amqp_url
         self.queue = settings.queue
+        self._key_lanes = settings.key_lanes
         self._connect_timeout_s = connect_timeout_s
         self._confirm_timeout_s = confirm_timeout_s
         self._connection: AbstractConnection | None = None
@@ -272,9 +280,11 @@ class Client:
                 due_later = to_the_delays(headers, queue, dt.datetime.now(dt.UTC))
                 if due_later is not None or KEY not in headers:
                     return due_later
-            return await self._routes.to_lanes(connection, queue) if KEY in headers else None
-        except MissingQueue as missing:
-            raise NotConfirmed(f"job {job_id!r} was not enqueued: {missing}") from None
+            if KEY not in headers:
+                return None
+            return await self._routes.to_lanes(connection, queue, self._key_lanes)
+        except (MissingQueue, ConfigError, TopologyConflict) as why:
+            raise NotConfirmed(f"job {job_id!r} was not enqueued: {why}") from None
         except CONNECTION_ERRORS as error:
             raise BrokerUnavailable(
                 f"job {job_id!r} was not enqueued: the connection was lost"

@@ -20,20 +20,17 @@ the enqueues publish on):
 
 import asyncio
 import datetime as dt
-import time
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
+from ricochet.broker.amqp import ACCESS_REFUSED
 from ricochet.broker.depth import KeptChannel, exchange_exists, read_depth
+from ricochet.broker.key_lanes import declare_key_lanes
 from ricochet.delivery.failed import note_wait
 from ricochet.delivery.retry import due_in_ms
 from ricochet.errors import MissingQueue
 from ricochet.names import SHARED, Names, delay_route
-
-# A queue found without key lanes is asked again after this long: a worker declares them when
-# the first job with a key comes to the queue.
-LANES_ASKED_AGAIN_S = 1.0
 
 
 def to_the_delays(headers: dict[str, Any], queue: str, now: dt.datetime) -> tuple[str, str] | None:
@@ -54,8 +51,8 @@ class Routes:
     def __init__(self) -> None:
         self._levels: bool | None = None  # None: not asked yet
         self._queues: dict[str, bool] = {}
-        # The queues found with key lanes (True), or when they were found without (monotonic s).
-        self._lanes: dict[str, bool | float] = {}
+        # The queues whose key lanes are declared (True), or may not be by this client (False).
+        self._lanes: dict[str, bool] = {}
         self._asking = asyncio.Lock()
 
     async def through_levels(self, connection: AbstractConnection, queue: str) -> bool:
@@ -70,20 +67,22 @@ class Routes:
                 known = await self._ask(connection, queue)
             return known
 
-    async def to_lanes(self, connection: AbstractConnection, queue: str) -> tuple[str, str] | None:
-        """(exchange, routing key) of queue's job with a key when the queue has key lanes; None
-        when it has none yet: the job goes to the queue, and a worker sends it on to its lane
-        (declaring the lanes). Found once, the lanes are taken for there from then on."""
-        names = Names(queue)
+    async def to_lanes(
+        self, connection: AbstractConnection, queue: str, count: int
+    ) -> tuple[str, str] | None:
+        """(exchange, routing key) of queue's job with a key: the queue's key exchange, its
+        lanes declared first (once in the client's life; count of them if it has none yet), so
+        that the jobs of a key join their lane in the order they are enqueued. None when the
+        client's user may not declare them: the job goes to its queue, and a worker sends it on.
+        MissingQueue when the queue does not exist, ConfigError when the broker lacks the
+        consistent-hash exchange, TopologyConflict when a lane is not as ricochet declares it."""
         known = self._lanes.get(queue)
-        if known is not True and (known is None or time.monotonic() - known > LANES_ASKED_AGAIN_S):
-            channel = KeptChannel(connection)
-            try:
-                found = await exchange_exists(await channel.get(), names.keys)
-            finally:
-                await channel.close()
-            self._lanes[queue] = True if found else time.monotonic()
-        return (names.keys, queue) if self._lanes[queue] is True else None
+        if known is None:
+            async with self._asking:
+                known = self._lanes.get(queue)
+                if known is None:
+                    known = self._lanes[queue] = await _declare_lanes(connection, queue, count)
+        return (Names(queue).keys, queue) if known else None
 
     def _known(self, queue: str) -> bool | None:
         if self._levels is None or not self._levels:
@@ -104,3 +103,19 @@ class Routes:
             return routed
         finally:
             await channel.close()
+
+
+async def _declare_lanes(connection: AbstractConnection, queue: str, count: int) -> bool:
+    """Declare queue's key lanes (MissingQueue when the queue does not exist); False when the
+    client's user may not."""
+    channel = KeptChannel(connection)
+    try:
+        if await read_depth(await channel.get(), queue) is None:
+            raise MissingQueue(queue)
+    finally:
+        await channel.close()
+    try:
+        await declare_key_lanes(connection, queue, count)
+    except ACCESS_REFUSED:
+        return False
+    return True

@@ -14,18 +14,9 @@ import functools
 from collections.abc import Callable, Sequence
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelPreconditionFailed
 
-from ricochet.broker.amqp import (
-    COMMAND_INVALID,
-    CONNECTION_ERRORS,
-    Delivery,
-    Frames,
-    broker_version,
-    frame_max,
-)
-from ricochet.broker.depth import queue_exists
-from ricochet.broker.plan import KeyLanesPlan, key_lanes_plan
+from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames, frame_max
+from ricochet.broker.key_lanes import declare_key_lanes, lanes_found
 from ricochet.broker.publish import confirming_channel
 from ricochet.delivery.events import Observer
 from ricochet.errors import ConfigError, TopologyConflict
@@ -44,7 +35,6 @@ REOPEN_PAUSE_S = 1.0
 # While this worker does not consume the queue's lanes, it asks this often whether another
 # declared them: a worker that dies hands its lanes to the next within this long.
 LOOK_FOR_LANES_S = 5.0
-PLUGIN = "rabbitmq_consistent_hash_exchange"
 
 
 class KeyLanes:
@@ -93,7 +83,7 @@ class KeyLanes:
                 try:
                     if channel is None or channel.is_closed:
                         channel = await confirming_channel(connection)
-                    if await queue_exists(channel, self._names.key_lane(0)):
+                    if await lanes_found(channel, self._names.queue, 1):
                         await self.ensure()
                 except (TopologyConflict, ConfigError, *CONNECTION_ERRORS) as error:
                     log.error("key lanes not consumed", queue=self._names.queue, error=str(error))
@@ -113,26 +103,23 @@ class KeyLanes:
             connection = self._connection
             if connection is None:  # between connections: its channel is closing anyway
                 raise ConnectionError("the worker's connection is being opened again")
-            plan = key_lanes_plan(
-                self._settings.queue,
-                self._settings.queue_type,
-                self._settings.key_lanes,
-                broker_version(connection),
-            )
-            await _declare(connection, plan)
-            await self._consume(connection, plan)
+            await declare_key_lanes(connection, self._settings.queue, self._settings.key_lanes)
+            await self._consume(connection)
 
-    async def _consume(self, connection: AbstractConnection, plan: KeyLanesPlan) -> None:
+    async def _consume(self, connection: AbstractConnection) -> None:
+        """Consume every lane of the queue: this setting's, and more if another declared more
+        (a lane no worker consumes would hold its jobs for ever)."""
         channel = await confirming_channel(connection)
+        lanes = await lanes_found(channel, self._settings.queue, self._settings.key_lanes)
         await channel.set_qos(prefetch_count=1)  # per consumer: one job at a time per lane
         frames = await Frames.under(channel)
         settler = Settler(channel, frames, self._names, frame_max(connection), self._observers())
         frames.on_cancelled(lambda tag: self._reopen(channel, f"consumer {tag} cancelled"))
         channel.close_callbacks.add(lambda _, error: self._reopen(channel, str(error)))
-        for lane in plan.lanes:
-            await frames.consume(lane.name, functools.partial(self._take, settler, lane.name))
+        for lane in map(self._names.key_lane, range(lanes)):
+            await frames.consume(lane, functools.partial(self._take, settler, lane))
         self._channel, self._settler = channel, settler
-        log.info("consuming key lanes", queue=self._settings.queue, lanes=len(plan.lanes))
+        log.info("consuming key lanes", queue=self._settings.queue, lanes=lanes)
 
     def _take(self, settler: Settler, lane: str, delivery: Delivery) -> None:
         settler.delivered(delivery)
@@ -179,37 +166,5 @@ class KeyLanes:
         if self._running:
             await asyncio.wait(set(self._running.values()))
         await settler.drain()
-        with contextlib.suppress(*CONNECTION_ERRORS):
-            await channel.close()
-
-
-async def _declare(connection: AbstractConnection, plan: KeyLanesPlan) -> None:
-    """Declare the key exchange, the lanes and their bindings (idempotent)."""
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        try:
-            exchange = await channel.declare_exchange(
-                plan.exchange.name,
-                plan.exchange.kind,
-                durable=True,
-                arguments=plan.exchange.arguments,
-            )
-        except COMMAND_INVALID as error:
-            raise ConfigError(
-                f"jobs with a key need the consistent-hash exchange, which the broker lacks "
-                f"({error}): enable it with `rabbitmq-plugins enable {PLUGIN}`"
-            ) from None
-        for spec, binding in zip(plan.lanes, plan.bindings, strict=True):
-            try:
-                queue = await channel.declare_queue(
-                    spec.name, durable=True, arguments=spec.arguments
-                )
-            except ChannelPreconditionFailed as error:
-                raise TopologyConflict(
-                    f"key lane {spec.name!r} conflicts with the settings ({error}): delete it "
-                    "once empty, or set RICOCHET_QUEUE_TYPE as it was declared"
-                ) from None
-            await queue.bind(exchange, routing_key=binding.routing_key)
-    finally:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await channel.close()
