@@ -88,6 +88,11 @@ class SharedNames:
         broker drops it with that connection)."""
         return f"{SHARED_PREFIX}schedules.lead.{queue}"
 
+    def rates_lead(self, queue: str) -> str:
+        """The exclusive queue whose connection refills queue's rate limits (never durable: the
+        broker drops it with that connection)."""
+        return f"{SHARED_PREFIX}rates.lead.{queue}"
+
     @property
     def retries(self) -> str:
         """The stream where earlier versions recorded each retry into a tier with its reason
@@ -193,6 +198,24 @@ class Names:
         at a time."""
         return f"{self.queue}.key.{i}"
 
+    def tokens(self, job_type: str) -> str:
+        """The queue of a limited type's tokens: a job of the type runs once it takes one."""
+        return f"{self.queue}.tokens.{job_type}"
+
+    def limited(self, job_type: str) -> str:
+        """The exchange and queue where a limited type's jobs wait for a token, in order."""
+        return f"{self.queue}.limited.{job_type}"
+
+    @property
+    def rates(self) -> str:
+        """Where each worker announces its rate limits, and their leader reads them."""
+        return f"{self.queue}.rates"
+
+    @property
+    def rates_applied(self) -> str:
+        """The register of the rate limits the leader applies (what `ricochet status` shows)."""
+        return f"{self.queue}.rates.applied"
+
     def key_lane_index(self, name: str) -> int | None:
         """The i of a key lane's name Q.key.i, else None."""
         prefix = f"{self.queue}.key."
@@ -241,7 +264,7 @@ class Names:
 # share its objects with the queue it derives from.
 _DERIVED = re.compile(
     r".+\.(failed|failed\.events|failed\.scan|topology|cancels|dlx|dlx\.first|return|return\.queue"
-    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|retry\.redeclaring|delay\.\d+|keys|key\.\d+)"
+    r"|retry\.\d+|retry\.\d+\.lanes?(\.\d+)?|retry\.redeclaring|delay\.\d+|keys|key\.\d+|tokens\..+|limited\..+|rates(\.applied)?)"
 )
 
 

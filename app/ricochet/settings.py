@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ricochet import ladders
+from ricochet import ladders, rates
 from ricochet.errors import ConfigError
 from ricochet.ladders import MAX_DELAY_MS, MAX_RETRIES
 from ricochet.log import redact, url_host
@@ -104,6 +104,16 @@ def _queues(value: Any) -> Any:
             raise PydanticCustomError("queues", f"entry {entry!r}: {reason}")
         parsed.append((name, int(prefetch) if equals else None))
     return tuple(parsed)
+
+
+def _rate_limits(value: Any) -> Any:
+    """RICOCHET_RATE_LIMITS as written into a limit per type (ricochet.rates)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return rates.parse_limits(value)
+    except ValueError as error:
+        raise PydanticCustomError("rate_limits", str(error)) from None
 
 
 def queue_problem(name: object) -> str | None:
@@ -320,6 +330,20 @@ class Settings(ClientSettings):
         "set but empty is invalid",
         json_schema_extra={
             "allowed": f"1-{MAX_QUEUES} comma-separated entries NAME or NAME=PREFETCH"
+        },
+    )
+    rate_limits: Annotated[
+        dict[str, rates.Limit] | None, NoDecode, BeforeValidator(_rate_limits)
+    ] = Field(
+        None,
+        description="rate limits per job type, shared by every worker and process of the vhost "
+        "(a token bucket of at most BURST tokens, default 1, refilled at N per second, minute "
+        "or hour); a type's handler may give its own (`rate=`, `burst=`), and workers that "
+        "disagree apply the lowest "
+        "(see [Rate limits](handlers.md#rate-limits))",
+        json_schema_extra={
+            "allowed": "comma-separated TYPE=N/s, TYPE=N/m or TYPE=N/h, each "
+            "with :BURST or not; N and BURST 1-10000"
         },
     )
     handler_timeout_s: float = Field(

@@ -5,8 +5,10 @@ from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import ChannelNotFoundEntity, PublishError
+from aio_pika.exceptions import ChannelNotFoundEntity
 
+from ricochet.broker.publish import publish_to_queue
+from ricochet.errors import MissingQueue
 from ricochet.headers import PROBE
 
 
@@ -41,11 +43,12 @@ async def queue_exists(channel: AbstractChannel, queue: str) -> bool:
     """Whether the queue exists, asked on a confirming channel by a mandatory message that
     expires at once: the broker returns it when no queue takes it. A passive declare of a
     missing queue is an error that the broker logs, and that closes the channel: this one is
-    for a question asked again and again."""
-    probe = aio_pika.Message(b"", headers={PROBE: 1}, expiration=0)
+    for a question asked again and again (as the schedules' lead is, broker/lead.py)."""
     try:
-        await channel.default_exchange.publish(probe, routing_key=queue, mandatory=True)
-    except PublishError:
+        await publish_to_queue(
+            channel, queue, aio_pika.Message(b"", headers={PROBE: 1}, expiration=0)
+        )
+    except MissingQueue:
         return False
     return True
 

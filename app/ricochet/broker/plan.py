@@ -331,6 +331,50 @@ def key_lanes_plan(queue: str, count: int, broker_version: tuple[int, ...] | Non
     )
 
 
+# Rate limits (ricochet.rates): a type's tokens wait in a classic queue (the leader banks at most
+# the burst; the length bounds a bucket whatever a leader does); an announcement of a worker's
+# limits lives as long as three of its heartbeats.
+TOKENS_MAX = 10_000
+ANNOUNCEMENT_TTL_MS = 30_000
+
+
+@dataclass(frozen=True)
+class RatePlan:
+    """A queue's rate limits in the broker: per limited type, its tokens and the queue where its
+    jobs wait for one (behind an exchange of that name, which keeps a job's routing key); and
+    where workers announce their limits."""
+
+    exchanges: list[Exchange]
+    queues: list[QueueSpec]
+    bindings: list[Binding]
+
+
+def rate_plan(queue: str, job_types: list[str], broker_version: tuple[int, ...] | None) -> RatePlan:
+    """The objects of queue's limited types (pure). Fixed arguments, so that workers of any
+    limits declare them alike: the limits themselves are announced (Names.rates)."""
+    n = Names(queue)
+    unlimited = _no_delivery_limit("quorum", broker_version)
+    fanout = aio_pika.ExchangeType.FANOUT.value
+    return RatePlan(
+        [Exchange(n.limited(t), fanout, {}) for t in job_types],
+        [
+            QueueSpec(
+                n.rates,
+                {QUEUE_TYPE: "classic", TTL: ANNOUNCEMENT_TTL_MS, "x-max-length": TOKENS_MAX},
+            ),
+            *(
+                QueueSpec(
+                    n.tokens(t),
+                    {QUEUE_TYPE: "classic", "x-max-length": TOKENS_MAX, "x-overflow": "drop-head"},
+                )
+                for t in job_types
+            ),
+            *(QueueSpec(n.limited(t), {QUEUE_TYPE: "quorum", **unlimited}) for t in job_types),
+        ],
+        [Binding(n.limited(t), n.limited(t)) for t in job_types],
+    )
+
+
 def shared_plan(broker_version: tuple[int, ...] | None) -> SharedPlan:
     """The plan's shared part: quorum queues whatever the settings, whose dead-lettering is
     at-least-once, with no delivery limit, so that workers of any settings declare them alike.
@@ -398,10 +442,11 @@ def shared_plan(broker_version: tuple[int, ...] | None) -> SharedPlan:
     )
 
 
-def schedules_lead_spec(queue: str) -> QueueSpec:
-    """The lead of queue's schedules: a classic queue that holds nothing (a probe published to
-    it is dropped at once), declared exclusive by the process that leads."""
-    return QueueSpec(SHARED.schedules_lead(queue), {QUEUE_TYPE: "classic", "x-max-length": 0})
+def lead_spec(name: str) -> QueueSpec:
+    """A lead (of a queue's schedules, or of its rate limits): a classic queue that holds
+    nothing (a probe published to it is dropped at once), declared exclusive by the process that
+    leads."""
+    return QueueSpec(name, {QUEUE_TYPE: "classic", "x-max-length": 0})
 
 
 Levels = Names | SharedNames

@@ -112,6 +112,16 @@ class Line:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """A job of a type over its rate limit (no token to take, no grant of its attempt): publish
+    a copy, carrying the retries it made, to wait for a token (broker/rate_store.py), then ack;
+    no attempt spent."""
+
+    job_type: str
+    ACTION: ClassVar[str] = "hold"
+
+
+@dataclass(frozen=True, slots=True)
 class Fail:
     """Publish the failed copy of this kind, then ack."""
 
@@ -120,7 +130,7 @@ class Fail:
 
 
 # What the settler carries out: every action but running the handler.
-Settlement = Ack | Cancel | Sanitize | Line | Retry | RetryByCopy | Delay | Fail
+Settlement = Ack | Cancel | Sanitize | Line | Hold | Retry | RetryByCopy | Delay | Fail
 Decision = Run | Settlement
 
 

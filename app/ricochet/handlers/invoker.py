@@ -4,9 +4,10 @@ import asyncio
 import contextlib
 import contextvars
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ricochet import rates
 from ricochet.delivery.events import Returned
 from ricochet.delivery.retry import Outcome
 from ricochet.errors import ConfigError, HandlerTimeout, JobCancelled, PermanentError, RetryLater
@@ -69,6 +70,17 @@ class Invoker:
     def schedules(self) -> list[Schedule]:
         """The recurring jobs the handler's Router registered (none for a plain callable)."""
         return self._target.schedules if isinstance(self._target, Router) else []
+
+    def rate_limits(self, configured: Mapping[str, rates.Limit] | None) -> dict[str, rates.Limit]:
+        """The rate limit of each limited type: its handler's (rate=), RICOCHET_RATE_LIMITS'
+        (configured), the lower of the two where both give one."""
+        given: dict[str, list[rates.Limit]] = {t: [x] for t, x in (configured or {}).items()}
+        if isinstance(self._target, Router):
+            for job_type in self._target.types:
+                route = self._target.route(job_type)
+                if route is not None and route.rate is not None:
+                    given.setdefault(job_type, []).append(route.rate)
+        return {t: rates.lowest(limits) for t, limits in given.items()}
 
     @property
     def longest_timeout_s(self) -> float:

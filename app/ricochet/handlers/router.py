@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ricochet import ladders
+from ricochet import ladders, rates
 from ricochet import priority as priorities
 from ricochet.broker.plan import MAX_TIERS
 from ricochet.errors import InvalidPayload, PermanentError, UnknownJobType
@@ -39,6 +39,8 @@ class Route:
     priority: int | None = None
     # Derives a job's key from its payload (SPEC 28), for the jobs sent without one.
     key: Callable[[Any], Any] | None = None
+    # The type's rate limit, shared by every worker of the vhost (SPEC 28).
+    rate: rates.Limit | None = None
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -68,6 +70,8 @@ class Router:
         keep_result: bool = True,
         priority: int | None = None,
         key: Callable[[Any], Any] | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
     ) -> Callable[[F], F]:
         """Register fn(job), or fn(job, payload) with the payload validated into model.
 
@@ -83,8 +87,10 @@ class Router:
         enqueue(..., priority=)). key: a function of the job's payload (its JSON body) that
         returns the job's key when it was sent without one: jobs of one key run one at a time
         (docs/enqueueing.md#one-job-per-key-at-a-time); a job whose key it cannot give fails at
-        once. ValueError (TypeError for give_up_on, interrupt, keep_result and key) for a value
-        out of bounds.
+        once. rate ("N/s", "N/m" or "N/h") and burst (tokens banked, default 1): the type's rate
+        limit, shared by every worker and process of the vhost (docs/handlers.md#rate-limits).
+        ValueError (TypeError for give_up_on, interrupt, keep_result and key) for a value out of
+        bounds.
         """
         _check_max_retries(job_type, max_retries)
         _check_give_up_on(job_type, give_up_on)
@@ -98,6 +104,7 @@ class Router:
             priorities.checked(priority, f"priority for job type {job_type!r}")
         if key is not None and not callable(key):
             raise TypeError(f"key={key!r} for job type {job_type!r} is not a function")
+        limit = _checked_rate(job_type, rate, burst)
 
         def register(fn: F) -> F:
             if job_type in self._routes:
@@ -120,6 +127,7 @@ class Router:
                 keep_result,
                 priority,
                 key,
+                limit,
             )
             return fn
 
@@ -212,6 +220,18 @@ def _checked_ladder(job_type: str, retry_delays_ms: Sequence[int] | None) -> Lad
         raise ValueError(
             f"retry_delays_ms for job type {job_type!r} is invalid: {error}, or None"
         ) from None
+
+
+def _checked_rate(job_type: str, rate: str | None, burst: int | None) -> rates.Limit | None:
+    if rate is None:
+        if burst is not None:
+            raise ValueError(f"burst for job type {job_type!r} needs a rate")
+        return None
+    try:
+        rates.checked_type(job_type)
+        return rates.limit(rate, 1 if burst is None else burst)
+    except ValueError as error:
+        raise ValueError(f"rate limit for job type {job_type!r}: {error}") from None
 
 
 def _check_timeout(job_type: str, timeout_s: float | None) -> None:

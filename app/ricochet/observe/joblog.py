@@ -11,6 +11,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Hold,
     Line,
     Outcome,
     Retry,
@@ -63,7 +64,12 @@ class JobLog:
                 log.info("job cancelled", message_id=event.message_id)
             case Sanitize():
                 log.warning("forged x-death header removed", message_id=event.message_id)
-            case Line():
-                log.info("job joins its key's line", key=event.facts.key)
+            case Line() | Hold():
+                log.info("job waits its turn", behind=_behind(event.decision))
             case _:
                 assert_never(event.decision)
+
+
+def _behind(decision: Line | Hold) -> str:
+    """What a job sent to wait for its turn waits behind."""
+    return "its key's line" if isinstance(decision, Line) else "its type's rate limit"

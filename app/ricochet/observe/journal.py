@@ -13,6 +13,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Hold,
     Line,
     Outcome,
     Retry,
@@ -93,7 +94,7 @@ def entry_of(
             detail["kind"] = str(kind)
         case Cancel():
             name = "cancelled"
-        case Sanitize() | Line():
+        case Sanitize() | Line() | Hold():
             return None
         case _:
             assert_never(event.decision)

@@ -16,6 +16,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Hold,
     Line,
     Outcome,
     Retry,
@@ -117,6 +118,22 @@ class Metrics:
             ["queue"],
             registry=self.registry,
             multiprocess_mode="livesum",
+        )
+        self.rate_limited = Gauge(
+            "ricochet_rate_limited_jobs",
+            "Jobs of a rate-limited type waiting for a token, as the leader of the queue's limits "
+            "reads them (SPEC 28).",
+            ["queue", "type"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.rate_limit = Gauge(
+            "ricochet_rate_limit_per_second",
+            "The rate limit the leader of the queue's limits applies to a type (the lowest any "
+            "worker announces), in jobs per second.",
+            ["queue", "type"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
         )
         self.schedules_leading = Gauge(
             "ricochet_schedules_leading",
@@ -306,7 +323,7 @@ class QueueMetrics:
                 self.count_attempt(attempt, "failed")
             case Cancel():
                 self._cancelled.inc()
-            case Sanitize() | Line():
+            case Sanitize() | Line() | Hold():
                 pass
             case _:
                 assert_never(event.decision)

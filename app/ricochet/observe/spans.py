@@ -15,6 +15,7 @@ from ricochet.delivery.retry import (
     Cancel,
     Delay,
     Fail,
+    Hold,
     Line,
     Retry,
     RetryByCopy,
@@ -45,6 +46,8 @@ def outcome(decision: Settlement) -> str:
             return "sanitized"
         case Line():
             return "lined"
+        case Hold():
+            return "held"
         case _:
             assert_never(decision)
 

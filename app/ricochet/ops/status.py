@@ -1,10 +1,13 @@
 """Reading the status of every queue of a plan (nothing is consumed)."""
 
 from aio_pika.abc import AbstractConnection
+from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan
+from ricochet.broker.rate_store import read_applied
 from ricochet.broker.record import declared_plan
+from ricochet.names import Names
 from ricochet.ops.report import QueueStatus, roles
 from ricochet.settings import Settings
 
@@ -25,7 +28,28 @@ class StatusReader:
                 result.append(QueueStatus(name, role, delay_ms, None, None))
             else:
                 result.append(QueueStatus(name, role, delay_ms, depth.messages, depth.consumers))
-        return result
+        return result + await self._rate_limits(plan.names)
+
+    async def _rate_limits(self, names: Names) -> list[QueueStatus]:
+        """Each limit the leader of the queue's limits applies, with the jobs waiting for its
+        tokens (none when no worker limits the queue's types)."""
+        try:
+            limits = await read_applied(await self._channel.get(), names)
+        except ChannelNotFoundEntity:
+            return []
+        rows = []
+        for job_type, limit in sorted(limits.items()):
+            depth = await read_depth(await self._channel.get(), names.limited(job_type))
+            role = f"rate limit {job_type} {limit.text()}"
+            if depth is None:
+                rows.append(QueueStatus(names.limited(job_type), role, None, None, None))
+            else:
+                rows.append(
+                    QueueStatus(
+                        names.limited(job_type), role, None, depth.messages, depth.consumers
+                    )
+                )
+        return rows
 
     async def close(self) -> None:
         await self._channel.close()

@@ -19,12 +19,14 @@ from aio_pika.exceptions import ChannelInvalidStateError
 
 from ricochet.broker.amqp import Delivery
 from ricochet.broker.cancels import CancelReader
+from ricochet.broker.rate_store import granted
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import (
     FAIL_PERMANENT,
     Cancel,
     Facts,
+    Hold,
     Line,
     Outcome,
     Run,
@@ -44,6 +46,7 @@ from ricochet.names import Names, is_delay_key
 from ricochet.observe.journal import JournalWatch
 from ricochet.observe.metrics import QueueMetrics
 from ricochet.observe.spans import attempt_span, record_outcome, settle_span
+from ricochet.worker.rate_limits import RateLimits
 from ricochet.worker.settler import Settler
 
 log = get_logger("ricochet.consumer")
@@ -87,6 +90,7 @@ class Consumer:
         observers: Sequence[Observer],
         journal: JournalWatch,
         lanes: Callable[[], Awaitable[None]],
+        rates: RateLimits,
     ):
         self._names = names
         self._queue = names.queue
@@ -98,6 +102,7 @@ class Consumer:
         self._journal = journal
         # Makes sure the queue's key lanes are declared and consumed, before a job joins them.
         self._lanes = lanes
+        self._rates = rates
         self.in_flight: set[asyncio.Task[None]] = set()
         # Counted at each scrape: the gauge's inc and dec each took a lock on every delivery.
         metrics.in_flight_when(lambda: len(self.in_flight))
@@ -187,6 +192,13 @@ class Consumer:
                     attempt=job.attempt,
                 )
 
+    async def _over_limit(self, delivery: Delivery, facts: Facts, kind: str) -> bool:
+        """Whether the job's type is over its rate limit: it is limited here, and the job has
+        neither the grant of this attempt nor a token to take."""
+        if not self._rates.limits(kind) or granted(delivery.headers, facts.attempt):
+            return False
+        return not await self._rates.take(kind)
+
     async def _lines_up(self, settler: Settler, arrival: Arrival) -> bool:
         """Whether the job can join its key's line: the queue's lanes are declared (now, for
         its first job with a key) and consumed. Lanes the broker refuses fail it at once,
@@ -238,6 +250,12 @@ class Consumer:
             bind_log_context(job_of(delivery, facts, kind, self._queue))
             await settler.settle(delivery, facts, FAIL_PERMANENT, Failure(bad_key), kind)
             return
+        if (
+            isinstance(decision, Run)
+            and kind is not None
+            and await self._over_limit(delivery, facts, kind)
+        ):
+            decision = Hold(kind)
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
         if isinstance(decision, Cancel) and _explicit_token(delivery) is not None:

@@ -1,6 +1,6 @@
 """Leading the schedules of the worker's queues (SPEC 22) on the worker's own connection: no
 process of its own. Of all the worker processes, the one whose connection holds a queue's lead
-(broker/schedule_lead.py) enqueues that queue's occurrences; the others look for the lead every
+(broker/lead.py) enqueues that queue's occurrences; the others look for the lead every
 LEAD_PROBE_S and take it once the broker has dropped it with the leader's connection.
 
 A new leader reads the state its predecessor recorded (broker/schedule_store.py), then, in
@@ -26,11 +26,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
 from ricochet.broker.connection import is_lost
+from ricochet.broker.lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.publish import confirming_channel
-from ricochet.broker.schedule_lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
 from ricochet.client.client import Client
 from ricochet.log import get_logger
+from ricochet.names import SHARED
 from ricochet.observe.metrics import Metrics
 from ricochet.schedules.catchup import Skipped, catch_up
 from ricochet.schedules.schedule import Schedule
@@ -195,6 +196,7 @@ class _QueueLead:
         self._clock = leader.clock
         self._connection = connection
         self._queue = queue
+        self._lead_queue = SHARED.schedules_lead(queue)
         self._schedules = schedules
         self._holding = False
         self._state: State = {}
@@ -225,8 +227,8 @@ class _QueueLead:
     async def _lead(self, channel: AbstractChannel) -> None:
         while not self._holding:
             self._clock.now_ms()  # read while waiting too: a jump is seen when it comes
-            if not await lead_is_held(channel, self._queue):
-                self._holding = await take_lead(self._connection, self._queue)
+            if not await lead_is_held(channel, self._lead_queue):
+                self._holding = await take_lead(self._connection, self._lead_queue)
             if not self._holding:
                 await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
         self._metrics.schedules_leading.labels(queue=self._queue).set(1)
@@ -296,7 +298,7 @@ class _QueueLead:
         enqueues take the Client's connection, which outlives a closed lead."""
         for start in range(0, len(due), BATCH):
             batch = due[start : start + BATCH]
-            if not await holds_lead(channel, self._queue):
+            if not await holds_lead(channel, self._lead_queue):
                 self._holding = False
                 raise LeadLost
             results = await asyncio.gather(

@@ -32,6 +32,7 @@ from ricochet.worker.applied import AppliedPlan
 from ricochet.worker.consumer import Consumer
 from ricochet.worker.lanes import KeyLanes
 from ricochet.worker.pause import PausePolicy, PauseWatch
+from ricochet.worker.rate_limits import RateLimits
 from ricochet.worker.redeclare import Redeclare
 from ricochet.worker.session import Session, State
 from ricochet.worker.settler import Settler
@@ -72,6 +73,7 @@ class QueueWorker:
         )
         self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
         self._lanes = KeyLanes(settings, lifecycle, self.consumer, lambda: self.observers)
+        self._rates = RateLimits(settings.queue, invoker.rate_limits(settings.rate_limits), metrics)
         metrics.key_lanes_busy_when(settings.queue, lambda: self._lanes.busy)
         self._watch = PauseWatch(
             PausePolicy(
@@ -141,6 +143,7 @@ class QueueWorker:
                 self._observers,
                 self._journal,
                 self._lanes.ensure,
+                self._rates,
             )
         return self._consumer
 
@@ -161,12 +164,13 @@ class QueueWorker:
         kept = loop.create_task(self._applied.declare_kept_once_empty(connection))
         self.consumer()  # before a lane's first job
         lanes = loop.create_task(self._lanes.run(connection))
+        limits = loop.create_task(self._rates.run(connection))
         try:
             await self._sessions(connection, declared)
             if self._lifecycle.stopping.is_set() and not is_lost(connection):
                 await asyncio.wait({lanes})  # their acks sent, as the sessions' were
         finally:
-            for task in (kept, lanes):
+            for task in (kept, lanes, limits):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

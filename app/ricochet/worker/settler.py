@@ -38,6 +38,7 @@ from ricochet.delivery.retry import (
     Delay,
     Facts,
     Fail,
+    Hold,
     Line,
     Retry,
     RetryByCopy,
@@ -123,7 +124,7 @@ class Settler:
                 self._settle_soon(delivery, dead_letter=False)
             case Retry():
                 self._settle_soon(delivery, dead_letter=True)  # the queue dead-letters it
-            case Sanitize() | Line() | RetryByCopy() | Delay():
+            case Sanitize() | Line() | Hold() | RetryByCopy() | Delay():
                 copy, key, exchange = self._copy(delivery, facts, decision, failure)
                 size = header_frame_bytes(copy)
                 if size > self._frame_max and isinstance(decision, Delay) and failure:
@@ -183,7 +184,7 @@ class Settler:
         self,
         delivery: Delivery,
         facts: Facts,
-        decision: Sanitize | Line | RetryByCopy | Delay,
+        decision: Sanitize | Line | Hold | RetryByCopy | Delay,
         failure: Failure | None,
     ) -> tuple[aio_pika.Message, str, str]:
         """(copy, routing key, exchange) of a job published again: cleaned of a forged x-death
@@ -203,6 +204,12 @@ class Settler:
                 copy = counted_copy(delivery, facts.attempt - 1)
                 copy.headers[KEY] = facts.key  # one its type's key function gave, too
                 return copy, delivery.routing_key, names.keys
+            case Hold(job_type):  # keeps its routing key, as a Line
+                return (
+                    counted_copy(delivery, facts.attempt - 1),
+                    delivery.routing_key,
+                    names.limited(job_type),
+                )
             case Delay(delay_ms, retries):
                 reason = None if failure is None else failure.reason
                 waiting = (int(time.time() * 1000), reason)

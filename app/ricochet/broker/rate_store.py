@@ -1,0 +1,159 @@
+"""A queue's rate limits in the broker (SPEC 28, ricochet.rates): the tokens of each limited
+type, the jobs that wait for one, and the limits each worker announces.
+
+A worker runs a limited job once it takes a token (take_token), or when the job carries the
+grant of its attempt; else it sends the job to wait (its copy to the type's limited exchange,
+which keeps its routing key). The process that leads the queue's limits (worker/rate_leader.py)
+gives each token as it comes to the oldest job waiting (grant_one: back to the queue with the
+grant, by the queue's return exchange, as a job back from a tier), or, when none waits, banks
+it (bank_token) up to the burst.
+"""
+
+import json
+import time
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from ricochet import rates
+from ricochet.broker.amqp import broker_version
+from ricochet.broker.depth import read_depth
+from ricochet.broker.plan import rate_plan
+from ricochet.broker.publish import publish_confirmed
+from ricochet.broker.register import declare_register, read_register, write_register
+from ricochet.headers import GRANT, RETRIES
+from ricochet.names import Names
+
+# An announcement's body is read up to this size: a producer may write anything there.
+ANNOUNCEMENT_MAX_BYTES = 65_536
+
+
+async def declare_rates(connection: AbstractConnection, queue: str, job_types: list[str]) -> None:
+    """Declare the objects of queue's limited types (idempotent), on a channel of its own."""
+    plan = rate_plan(queue, job_types, broker_version(connection))
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        for x in plan.exchanges:
+            await channel.declare_exchange(x.name, x.kind, durable=True, arguments=x.arguments)
+        for spec in plan.queues:
+            await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        for b in plan.bindings:
+            bound = await channel.get_queue(b.destination, ensure=False)
+            await bound.bind(b.source, routing_key=b.routing_key)
+        await declare_register(channel, Names(queue).rates_applied)
+    finally:
+        await channel.close()
+
+
+async def take_token(channel: AbstractChannel, names: Names, job_type: str) -> bool:
+    """Whether a token of the type was there to take (it is gone then)."""
+    tokens = await channel.get_queue(names.tokens(job_type), ensure=False)
+    return await tokens.get(no_ack=True, fail=False) is not None
+
+
+def granted(headers: dict[str, Any], attempt: int) -> bool:
+    """Whether the job carries the grant of this attempt."""
+    return headers.get(GRANT) == attempt
+
+
+async def grant_one(channel: AbstractChannel, names: Names, job_type: str) -> bool:
+    """Let the oldest job waiting for a token of the type run: back to its queue with the
+    grant of its attempt, confirmed, then acked. False when none waits."""
+    limited = await channel.get_queue(names.limited(job_type), ensure=False)
+    held = await limited.get(no_ack=False, fail=False)
+    if held is None:
+        return False
+    headers = dict(held.headers or {})
+    retries = headers.get(RETRIES)
+    headers[GRANT] = 1 + (retries if isinstance(retries, int) and retries > 0 else 0)
+    copy = aio_pika.Message(
+        held.body,
+        headers=headers,
+        content_type=held.content_type,
+        content_encoding=held.content_encoding,
+        message_id=held.message_id,
+        correlation_id=held.correlation_id,
+        type=held.type,
+        timestamp=held.timestamp,
+        app_id=held.app_id,
+        priority=held.priority,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+    back = await channel.get_exchange(names.return_exchange, ensure=False)
+    await publish_confirmed(back, copy, held.routing_key or names.queue)
+    await held.ack()
+    return True
+
+
+async def bank_token(channel: AbstractChannel, names: Names, job_type: str, burst: int) -> bool:
+    """Put a token of the type in its queue unless burst of them wait there; whether it did."""
+    depth = await read_depth(channel, names.tokens(job_type))
+    if depth is None or depth.messages >= burst:
+        return False
+    await publish_confirmed(channel.default_exchange, aio_pika.Message(b""), names.tokens(job_type))
+    return True
+
+
+async def waiting(channel: AbstractChannel, names: Names, job_type: str) -> int:
+    """How many jobs of the type wait for a token."""
+    depth = await read_depth(channel, names.limited(job_type))
+    return 0 if depth is None else depth.messages
+
+
+def _body(process: str, limits: dict[str, rates.Limit]) -> bytes:
+    limits_as_sent = {t: [x.count, x.period_s, x.burst] for t, x in limits.items()}
+    return json.dumps({"process": process, "limits": limits_as_sent}).encode()
+
+
+def announcement(process: str, limits: dict[str, rates.Limit]) -> aio_pika.Message:
+    """A worker process's limits, as it announces them every heartbeat."""
+    return aio_pika.Message(_body(process, limits), timestamp=time.time())
+
+
+async def write_applied(
+    channel: AbstractChannel, names: Names, process: str, limits: dict[str, rates.Limit]
+) -> None:
+    """Record the limits the leader (process) applies, for `ricochet status`."""
+    await write_register(channel, names.rates_applied, _body(process, limits))
+
+
+async def read_applied(channel: AbstractChannel, names: Names) -> dict[str, rates.Limit]:
+    """The limits the queue's leader applies (none when it recorded none, or no worker limits
+    the queue's types); ChannelNotFoundEntity when no worker with limits ever ran."""
+    body = await read_register(channel, names.rates_applied, 0)
+    parsed = None if body is None else _announced(body)
+    return {} if parsed is None else parsed[1]
+
+
+async def announce(channel: AbstractChannel, names: Names, message: aio_pika.Message) -> None:
+    await publish_confirmed(channel.default_exchange, message, names.rates)
+
+
+async def read_announcements(
+    channel: AbstractChannel, names: Names
+) -> dict[str, dict[str, rates.Limit]]:
+    """Take every announcement waiting: the limits of each process (the newest read wins); one
+    that cannot be read is dropped."""
+    queue = await channel.get_queue(names.rates, ensure=False)
+    found: dict[str, dict[str, rates.Limit]] = {}
+    while (message := await queue.get(no_ack=True, fail=False)) is not None:
+        parsed = _announced(message.body)
+        if parsed is not None:
+            found[parsed[0]] = parsed[1]
+    return found
+
+
+def _announced(body: bytes) -> tuple[str, dict[str, rates.Limit]] | None:
+    if len(body) > ANNOUNCEMENT_MAX_BYTES:
+        return None
+    try:
+        decoded = json.loads(body)
+        process, limits = decoded["process"], decoded["limits"]
+        units = {s: u for u, s in rates.PERIODS.items()}
+        return str(process), {
+            rates.checked_type(t): rates.limit(f"{count}/{units[period]}", burst)
+            for t, (count, period, burst) in limits.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None

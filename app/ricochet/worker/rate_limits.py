@@ -1,0 +1,204 @@
+"""A queue's rate limits on this worker (SPEC 28): the tokens its jobs take, the limits it
+announces, and, in the one process of the vhost that leads them, the refill.
+
+Every process with limits for the queue announces them every HEARTBEAT_S. The process whose
+connection holds the queue's rates lead (broker/lead.py) reads the announcements and refills
+each limited type at the lowest rate announced for it: each token as it comes goes to the
+oldest job waiting for one, or, none waiting, is banked up to the burst (broker/rate_store.py).
+A process that does not lead looks for the lead every LEAD_PROBE_S and takes it once the broker
+has dropped it with the leader's connection.
+"""
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import time
+
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from ricochet import rates
+from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.connection import is_lost
+from ricochet.broker.lead import lead_is_held, take_lead
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.rate_store import (
+    announce,
+    announcement,
+    bank_token,
+    declare_rates,
+    grant_one,
+    read_announcements,
+    take_token,
+    waiting,
+    write_applied,
+)
+from ricochet.log import get_logger
+from ricochet.names import SHARED, Names
+from ricochet.observe.metrics import Metrics
+
+log = get_logger("ricochet.rates")
+
+HEARTBEAT_S = 10.0
+# An announcement older than this is a process gone: its limits no longer count.
+FORGET_S = 3 * HEARTBEAT_S
+LEAD_PROBE_S = 2.0
+# The leader reads the announcements and the depths this often; it wakes at least this often.
+ROUND_S = 1.0
+RETRY_S = 1.0
+
+
+def due_tokens(next_at: float, now: float, limit: rates.Limit) -> tuple[int, float]:
+    """(tokens due by now, when the next one is due after them) of a bucket whose next token
+    was due at next_at (pure). A leader that fell behind hands out at most the burst at once:
+    the time it fell behind was a bucket full, not more."""
+    if now < next_at:
+        return 0, next_at
+    due = int((now - next_at) / limit.interval_s) + 1
+    if due > limit.burst:
+        return limit.burst, now + limit.interval_s
+    return due, next_at + due * limit.interval_s
+
+
+def applied(
+    own: dict[str, rates.Limit],
+    announced: dict[str, tuple[float, dict[str, rates.Limit]]],
+    now: float,
+) -> dict[str, rates.Limit]:
+    """The limit of each type the leader refills (pure): the lowest of its own and of those
+    announced within FORGET_S."""
+    given: dict[str, list[rates.Limit]] = {t: [x] for t, x in own.items()}
+    for seen, limits in announced.values():
+        if now - seen <= FORGET_S:
+            for job_type, limit in limits.items():
+                given.setdefault(job_type, []).append(limit)
+    return {t: rates.lowest(limits) for t, limits in given.items()}
+
+
+class RateLimits:
+    """One queue's limits on this worker, on each of its connections."""
+
+    def __init__(self, queue: str, own: dict[str, rates.Limit], metrics: Metrics) -> None:
+        self._names = Names(queue)
+        self._own = own
+        self._metrics = metrics
+        self._process = f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        # Set while the limits are declared and their channel open on the current connection.
+        self._ready = asyncio.Event()
+
+    def limits(self, job_type: str | None) -> bool:
+        """Whether this worker limits the type."""
+        return job_type in self._own
+
+    async def take(self, job_type: str) -> bool:
+        """Whether a token of the type was there to take (it is gone then); waits until the
+        limits are declared on the connection (its first jobs may come before)."""
+        await self._ready.wait()
+        if self._channel is None or self._channel.is_closed:  # closed by the broker: again
+            assert self._connection is not None
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return await take_token(self._channel, self._names, job_type)
+
+    async def run(self, connection: AbstractConnection) -> None:
+        """Declare the queue's limited types, take tokens, announce, and lead or wait to lead,
+        for the connection's life."""
+        if not self._own:
+            return
+        await declare_rates(connection, self._names.queue, list(self._own))
+        self._connection = connection
+        self._channel = await connection.channel(publisher_confirms=False)
+        self._ready.set()
+        tasks = [
+            asyncio.get_running_loop().create_task(work)
+            for work in (self._announce(connection), self._lead(connection))
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            self._ready.clear()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, *CONNECTION_ERRORS):
+                    await task
+
+    async def _announce(self, connection: AbstractConnection) -> None:
+        channel = await confirming_channel(connection)
+        while True:
+            await announce(channel, self._names, announcement(self._process, self._own))
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _lead(self, connection: AbstractConnection) -> None:
+        """Wait for the lead, then refill until the connection goes; start over after a
+        failure of the leader's own while it lives."""
+        lead = SHARED.rates_lead(self._names.queue)
+        while not is_lost(connection):
+            try:
+                channel = await confirming_channel(connection)
+                await self._wait_for(connection, channel, lead)
+                log.info("leading rate limits", queue=self._names.queue)
+                await self._refill(channel)
+            except CONNECTION_ERRORS as error:
+                if is_lost(connection):
+                    return
+                log.warning("rate limits: channel lost, starting over", error=str(error))
+            except Exception:  # the leader's own failure must not stop the worker
+                log.exception("rate limits: leading failed, starting over")
+            await asyncio.sleep(RETRY_S)
+
+    async def _wait_for(
+        self, connection: AbstractConnection, channel: AbstractChannel, lead: str
+    ) -> None:
+        """Return once this connection holds the lead (free, then taken)."""
+        holding = False
+        while not holding:
+            if not await lead_is_held(channel, lead):
+                holding = await take_lead(connection, lead)
+            if not holding:
+                await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
+
+    async def _refill(self, channel: AbstractChannel) -> None:
+        """Hand out each type's tokens as they fall due, reading the announcements, and the jobs
+        waiting for the gauges, every ROUND_S."""
+        announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
+        next_at: dict[str, float] = {}
+        limits: dict[str, rates.Limit] = {}
+        read_at = 0.0
+        while True:
+            now = time.monotonic()
+            if now - read_at >= ROUND_S:
+                for process, theirs in (await read_announcements(channel, self._names)).items():
+                    announced[process] = (now, theirs)
+                now_applied = applied(self._own, announced, now)
+                if now_applied != limits:
+                    await write_applied(channel, self._names, self._process, now_applied)
+                limits = now_applied
+                await self._report(channel, limits)
+                read_at = now
+            for job_type in [t for t in next_at if t not in limits]:
+                await self._release(channel, job_type)
+                del next_at[job_type]
+            for job_type, limit in limits.items():
+                due, next_at[job_type] = due_tokens(next_at.get(job_type, now), now, limit)
+                for _ in range(due):
+                    if not await grant_one(channel, self._names, job_type):
+                        await bank_token(channel, self._names, job_type, limit.burst)
+            wake = min([read_at + ROUND_S, *next_at.values()])
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
+
+    async def _release(self, channel: AbstractChannel, job_type: str) -> None:
+        """A type no worker limits any more: the jobs that wait for its tokens all run."""
+        released = 0
+        while await grant_one(channel, self._names, job_type):
+            released += 1
+        log.info("rate limit lifted", queue=self._names.queue, type=job_type, released=released)
+
+    async def _report(self, channel: AbstractChannel, limits: dict[str, rates.Limit]) -> None:
+        queue = self._names.queue
+        for job_type, limit in limits.items():
+            held = await waiting(channel, self._names, job_type)
+            self._metrics.rate_limited.labels(queue=queue, type=job_type).set(held)
+            self._metrics.rate_limit.labels(queue=queue, type=job_type).set(limit.per_s)

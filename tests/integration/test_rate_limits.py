@@ -1,0 +1,105 @@
+"""Rate limits per job type (SPEC 28), end to end on the broker of the run: a limit shared by
+every worker (adding one does not raise it), a limited job spending no attempt, other types
+going on, workers that disagree applying the lowest, and the gauges of the leader."""
+
+import asyncio
+import time
+
+from aio_pika.abc import AbstractConnection
+from ricochet import Client, Job, Router
+from ricochet.ops.status import read_status
+
+from tests.support import AMQP_URL, StartWorker, make_settings, wait_for
+
+
+class Starts:
+    """When each job started (monotonic seconds), by type, and its attempt."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, list[float]] = {}
+        self.attempts: list[int] = []
+
+    async def __call__(self, job: Job) -> None:
+        self.at.setdefault(str(job.type), []).append(time.monotonic())
+        self.attempts.append(job.attempt)
+
+    def count(self, job_type: str) -> int:
+        return len(self.at.get(job_type, []))
+
+
+def most_in_a_second(starts: list[float]) -> int:
+    """The most starts within any window of one second."""
+    return max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
+
+
+async def enqueue(queue: str, job_type: str, jobs: int) -> None:
+    async with Client(AMQP_URL, queue) as client:
+        await asyncio.gather(*(client.enqueue(job_type, {}) for _ in range(jobs)))
+
+
+async def test_a_limit_is_shared_by_every_worker_and_spends_no_attempt(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """4 jobs a second with a burst of 1 over two workers of prefetch 10: 12 jobs take at least
+    (12 - 1) / 4 s, never more than 4 + 1 start within a second, each on its first attempt;
+    a type without a limit, enqueued behind them, runs at once."""
+    starts = Starts()
+    for _ in range(2):
+        await start_worker(starts, prefetch=10, rate_limits="mail=4/s")
+    await enqueue(queue_name, "mail", 12)
+    await enqueue(queue_name, "other", 5)
+    await wait_for(lambda: starts.count("other") == 5, 10, "the other type's jobs")
+    assert starts.count("mail") < 12  # the others did not wait for the limited ones
+    await wait_for(lambda: starts.count("mail") == 12, 30, "the limited jobs")
+    mail = sorted(starts.at["mail"])
+    assert mail[-1] - mail[0] >= (12 - 1) / 4 - 0.5
+    assert most_in_a_second(mail) <= 5
+    assert set(starts.attempts) == {1}
+
+
+async def test_workers_that_disagree_apply_the_lowest_limit(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """One worker limits the type to 20/s, the other (by its handler's rate=) to 2/s with a
+    burst of 2: the leader refills at 2/s, whichever of them leads, and its gauges say so."""
+    starts = Starts()
+    router = Router()
+    router.handler("sync", rate="2/s", burst=2)(starts)
+    fast = await start_worker(starts, rate_limits="sync=20/s")
+    slow = await start_worker(router)
+
+    def gauge(name: str) -> float:
+        sample = {"queue": queue_name, "type": "sync"}
+        return max(w.metrics.registry.get_sample_value(name, sample) or 0.0 for w in (fast, slow))
+
+    # The leader learns the other's limit from its announcement, within a round of reading.
+    await wait_for(lambda: gauge("ricochet_rate_limit_per_second") == 2.0, 15, "the lowest")
+    await enqueue(queue_name, "sync", 9)
+    await wait_for(lambda: starts.count("sync") == 9, 30, "the jobs")
+    sync = sorted(starts.at["sync"])
+    assert sync[-1] - sync[0] >= (9 - 2) / 2 - 0.5  # 2/s after a burst of 2
+    assert most_in_a_second(sync) <= 2 + 2 + 1
+
+
+async def test_the_leader_counts_the_jobs_waiting_for_a_token(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """A backlog over a limit of 1/s: the leader's ricochet_rate_limited_jobs counts the jobs
+    that wait for a token, and falls as they run; `ricochet status` shows the limit applied and
+    the jobs waiting for it."""
+    starts = Starts()
+    worker = await start_worker(starts, prefetch=20, rate_limits="report=1/s")
+    await enqueue(queue_name, "report", 8)
+    sample = {"queue": queue_name, "type": "report"}
+
+    def held() -> float:
+        return worker.metrics.registry.get_sample_value("ricochet_rate_limited_jobs", sample) or 0
+
+    await wait_for(lambda: held() >= 4, 10, "jobs waiting for a token")
+    first = held()
+    await wait_for(lambda: held() < first, 10, "the count falling")
+    rows = await read_status(connection, make_settings(queue_name))
+    (row,) = [r for r in rows if r.role.startswith("rate limit")]
+    assert (row.name, row.role) == (f"{queue_name}.limited.report", "rate limit report 1/s")
+    assert row.messages is not None
+    assert 0 < row.messages < 8
