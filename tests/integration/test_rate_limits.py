@@ -7,6 +7,8 @@ import time
 
 from aio_pika.abc import AbstractConnection
 from ricochet import Client, Job, Router
+from ricochet.ops.checks import rate_limits_check
+from ricochet.ops.doctor import read_rates
 from ricochet.ops.status import read_status
 
 from tests.support import AMQP_URL, StartWorker, make_settings, wait_for
@@ -75,6 +77,9 @@ async def test_workers_that_disagree_apply_the_lowest_limit(
     # The leader learns the other's limit from its announcement, within a round of reading.
     await wait_for(lambda: gauge("ricochet_rate_limit_per_second") == 2.0, 15, "the lowest")
     await enqueue(queue_name, "sync", 9)
+    found = rate_limits_check(queue_name, await read_rates(make_settings(queue_name)))
+    assert found.status == "warn"
+    assert "workers disagree (sync: 2/s:2, 20/s): the lowest applies" in found.detail
     await wait_for(lambda: starts.count("sync") == 9, 30, "the jobs")
     sync = sorted(starts.at["sync"])
     assert sync[-1] - sync[0] >= (9 - 2) / 2 - 0.5  # 2/s after a burst of 2

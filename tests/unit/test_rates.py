@@ -4,10 +4,11 @@ tokens a leader hands out as they fall due, and the objects a limited type takes
 import pytest
 from ricochet import Router
 from ricochet.broker.plan import rate_plan
-from ricochet.broker.rate_store import _announced, _body, granted
+from ricochet.broker.rate_store import Applied, _announced, _body, granted
 from ricochet.handlers.invoker import Invoker
 from ricochet.headers import GRANT
 from ricochet.names import refusal
+from ricochet.ops.checks import RatesSeen, rate_limits_check
 from ricochet.rates import Limit, limit, lowest, parse_limits
 from ricochet.settings import Settings
 from ricochet.worker.rate_limits import FORGET_S, applied, due_tokens
@@ -84,7 +85,9 @@ def test_the_leader_applies_its_own_and_the_fresh_announcements() -> None:
         "a": (100.0, {"mail": limit("2/s"), "sms": limit("1/s")}),
         "gone": (100.0 - FORGET_S - 1, {"mail": limit("1/m")}),
     }
-    assert applied(own, announced, 100.0) == {"mail": limit("2/s"), "sms": limit("1/s")}
+    found = applied(own, announced, 100.0)
+    assert found.limits == {"mail": limit("2/s"), "sms": limit("1/s")}
+    assert found.differing == {"mail": ["10/s", "2/s"]}  # the silent one is forgotten
 
 
 def test_an_announcement_reads_back_and_a_forged_one_is_dropped() -> None:
@@ -110,3 +113,24 @@ def test_a_limited_type_takes_tokens_a_waiting_queue_and_the_announcements() -> 
     ]
     for name in ["jobs.tokens.mail", "jobs.limited.mail", "jobs.rates", "jobs.rates.applied"]:
         assert refusal(name) is not None
+
+
+@pytest.mark.parametrize(
+    ("seen", "status", "says"),
+    [
+        (None, "warn", "unknown"),
+        (RatesSeen(Applied({}, {}), {}, led=False), "ok", "none: no worker limits"),
+        (RatesSeen(Applied({"mail": limit("4/s")}, {}), {"mail": 3}, True), "ok", "mail 4/s (3 w"),
+        (
+            RatesSeen(Applied({"mail": limit("2/s")}, {"mail": ["2/s", "9/s"]}), {}, True),
+            "warn",
+            "workers disagree (mail: 2/s, 9/s): the lowest applies",
+        ),
+        (RatesSeen(Applied({"mail": limit("4/s")}, {}), {"mail": 3}, False), "warn", "no process"),
+        (RatesSeen(Applied({"mail": limit("4/s")}, {}), {"mail": 0}, False), "ok", "0 waiting"),
+    ],
+)
+def test_doctors_rate_limits_row(seen: RatesSeen | None, status: str, says: str) -> None:
+    found = rate_limits_check("jobs", seen)
+    assert (found.check, found.status) == ("rate limits", status)
+    assert says in found.detail

@@ -11,7 +11,7 @@ it (bank_token) up to the burst.
 
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -101,9 +101,22 @@ async def waiting(channel: AbstractChannel, names: Names, job_type: str) -> int:
     return 0 if depth is None else depth.messages
 
 
-def _body(process: str, limits: dict[str, rates.Limit]) -> bytes:
+class Applied(NamedTuple):
+    """What the leader of a queue's limits applies, and, for each type the workers disagree on,
+    the limits they announce."""
+
+    limits: dict[str, rates.Limit]
+    differing: dict[str, list[str]]
+
+
+def _body(
+    process: str, limits: dict[str, rates.Limit], differing: dict[str, list[str]] | None = None
+) -> bytes:
     limits_as_sent = {t: [x.count, x.period_s, x.burst] for t, x in limits.items()}
-    return json.dumps({"process": process, "limits": limits_as_sent}).encode()
+    body: dict[str, Any] = {"process": process, "limits": limits_as_sent}
+    if differing:
+        body["differing"] = differing
+    return json.dumps(body).encode()
 
 
 def announcement(process: str, limits: dict[str, rates.Limit]) -> aio_pika.Message:
@@ -112,18 +125,34 @@ def announcement(process: str, limits: dict[str, rates.Limit]) -> aio_pika.Messa
 
 
 async def write_applied(
-    channel: AbstractChannel, names: Names, process: str, limits: dict[str, rates.Limit]
+    channel: AbstractChannel, names: Names, process: str, applied: Applied
 ) -> None:
-    """Record the limits the leader (process) applies, for `ricochet status`."""
-    await write_register(channel, names.rates_applied, _body(process, limits))
+    """Record what the leader (process) applies, for `ricochet status` and `doctor`."""
+    await write_register(
+        channel, names.rates_applied, _body(process, applied.limits, applied.differing)
+    )
 
 
-async def read_applied(channel: AbstractChannel, names: Names) -> dict[str, rates.Limit]:
-    """The limits the queue's leader applies (none when it recorded none, or no worker limits
+async def read_applied(channel: AbstractChannel, names: Names) -> Applied:
+    """What the queue's leader applies (nothing when it recorded nothing, or no worker limits
     the queue's types); ChannelNotFoundEntity when no worker with limits ever ran."""
     body = await read_register(channel, names.rates_applied, 0)
     parsed = None if body is None else _announced(body)
-    return {} if parsed is None else parsed[1]
+    if body is None or parsed is None:
+        return Applied({}, {})
+    differing = json.loads(body).get("differing")
+    return Applied(parsed[1], _texts(differing))
+
+
+def _texts(value: Any) -> dict[str, list[str]]:
+    """The differing limits as recorded, or none when a writer recorded something else."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(t): [str(x) for x in texts][:10]
+        for t, texts in value.items()
+        if isinstance(texts, list)
+    }
 
 
 async def announce(channel: AbstractChannel, names: Names, message: aio_pika.Message) -> None:

@@ -43,6 +43,7 @@ from ricochet.broker.plan import (
     delivery_limit_policy_command,
     earlier_return,
 )
+from ricochet.broker.rate_store import Applied
 from ricochet.names import DELAY_LEVELS, SHARED, SHARED_PREFIX, Names
 from ricochet.ops.report import duration
 from ricochet.settings import variable_name
@@ -509,6 +510,46 @@ def key_lanes_check(names: Names, wanted: int, state: BrokerState) -> Check:
             + ": their jobs wait until a worker of the queue runs",
         )
     return Check("key lanes", "ok", f"{said}, each consumed by one worker at a time")
+
+
+@dataclass(frozen=True)
+class RatesSeen:
+    """A queue's rate limits as read over AMQP: what their leader applies (and the limits the
+    workers disagree on), the jobs waiting for each type's tokens, whether a process leads."""
+
+    applied: Applied
+    waiting: dict[str, int]
+    led: bool
+
+
+def rate_limits_check(queue: str, seen: RatesSeen | None) -> Check:
+    """Rate limits (SPEC 28): each limit applied and the jobs that wait for it; a warning when
+    workers disagree on one (the lowest applies), or when no process leads while jobs wait."""
+    if seen is None:
+        return Check("rate limits", "warn", "unknown: the broker could not be read over AMQP")
+    limits = seen.applied.limits
+    if not limits:
+        return Check("rate limits", "ok", f"none: no worker limits a type of {queue}")
+    said = ", ".join(
+        f"{t} {x.text()} ({seen.waiting.get(t, 0)} waiting)" for t, x in sorted(limits.items())
+    )
+    if seen.applied.differing:
+        differ = "; ".join(
+            f"{t}: {', '.join(x)}" for t, x in sorted(seen.applied.differing.items())
+        )
+        return Check(
+            "rate limits",
+            "warn",
+            f"{said}; workers disagree ({differ}): the lowest applies. Give every worker the "
+            "same limits",
+        )
+    if not seen.led and any(seen.waiting.values()):
+        return Check(
+            "rate limits",
+            "warn",
+            f"{said}; no process leads the limits: the jobs wait until a worker with limits runs",
+        )
+    return Check("rate limits", "ok", said)
 
 
 def journal_check(enabled: bool, state: BrokerState) -> Check:

@@ -5,19 +5,26 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from aio_pika.exceptions import ChannelNotFoundEntity
+
 from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.diff import diff, exchange_names, queue_names
+from ricochet.broker.lead import lead_is_held
 from ricochet.broker.legacy import levels_name, old_levels, old_stores
 from ricochet.broker.management import Api, open_api, vhost
 from ricochet.broker.plan import PLAN_FIELDS, Plan, plan
+from ricochet.broker.publish import confirming_channel
+from ricochet.broker.rate_store import Applied, read_applied
+from ricochet.broker.rate_store import waiting as waiting_for_tokens
 from ricochet.broker.record import declared_settings
 from ricochet.broker.register import amqp_user
 from ricochet.errors import BrokerUnavailable, ManagementUnavailable
 from ricochet.log import get_logger
-from ricochet.names import SHARED_PREFIX, Names
+from ricochet.names import SHARED, SHARED_PREFIX, Names
 from ricochet.ops.checks import (
     BrokerState,
     Check,
+    RatesSeen,
     binding_check,
     consumer_check,
     dead_letters,
@@ -34,6 +41,7 @@ from ricochet.ops.checks import (
     orphans_check,
     permission_check,
     queue_checks,
+    rate_limits_check,
     stale_tier_check,
     stranded_check,
     unwanted_binding_check,
@@ -49,6 +57,8 @@ from ricochet.ops.versions import (
 from ricochet.settings import Settings
 
 log = get_logger("ricochet.doctor")
+# A queue none of whose workers has rate limits.
+RATES_UNREAD = RatesSeen(Applied({}, {}), {}, led=False)
 
 # Only what the checks read, so the answers stay small on a broker with many queues.
 OVERVIEW_COLUMNS = "rabbitmq_version,product_version,exchange_types"
@@ -160,9 +170,12 @@ async def _dead_letters_again(
     return {name: dead_letters(answer) or 0 for name, answer in zip(names, answers, strict=True)}
 
 
-def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
+def diagnose(
+    settings: Settings, state: BrokerState, rates: RatesSeen | None = RATES_UNREAD
+) -> list[Check]:
     """Every check, in the order an operator reads them (the delays' levels as one row),
-    against the plan for the broker's version (pure)."""
+    against the plan for the broker's version (pure); rates: the queue's rate limits as read
+    over AMQP (None: they could not be)."""
     version = reported_version(state.overview)
     p = plan(settings, version)
     steps = diff(p, held_of(state))
@@ -184,6 +197,7 @@ def diagnose(settings: Settings, state: BrokerState) -> list[Check]:
         orphans_check(state),
         journal_check(settings.journal == "on", state),
         key_lanes_check(p.names, settings.key_lanes, state),
+        rate_limits_check(settings.queue, rates),
         earlier_check(state),
         open_files_check(state),
         permission_check(p, state),
@@ -217,9 +231,32 @@ async def settings_to_check(settings: Settings) -> tuple[Settings, Check | None]
         await close_quietly(connection)
 
 
+async def read_rates(settings: Settings) -> RatesSeen | None:
+    """The queue's rate limits, read over AMQP (nothing consumed); None when the broker cannot
+    be reached that way."""
+    try:
+        connection = await connect(settings.amqp_url, connection_name("doctor", settings.queue), 0)
+    except BrokerUnavailable:
+        return None
+    names = Names(settings.queue)
+    try:
+        channel = await confirming_channel(connection)
+        try:
+            applied = await read_applied(channel, names)
+        except ChannelNotFoundEntity:  # no worker with limits ever ran
+            return RATES_UNREAD
+        waiting = {t: await waiting_for_tokens(channel, names, t) for t in applied.limits}
+        led = await lead_is_held(channel, SHARED.rates_lead(settings.queue))
+        return RatesSeen(applied, waiting, led)
+    finally:
+        await close_quietly(connection)
+
+
 async def run_doctor(settings: Settings) -> list[Check]:
-    """Read the broker (GETs only) and check it; ManagementUnavailable when the API cannot be."""
+    """Read the broker (GETs only, and the registers over AMQP) and check it;
+    ManagementUnavailable when the API cannot be."""
     settings, unknown = await settings_to_check(settings)
     # The names to read do not depend on the broker's version; the arguments to expect do.
     state = await read_state(settings.management_url, settings.amqp_url, plan(settings))
-    return [*([unknown] if unknown else []), *diagnose(settings, state)]
+    rates = await read_rates(settings)
+    return [*([unknown] if unknown else []), *diagnose(settings, state, rates)]

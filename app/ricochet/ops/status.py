@@ -34,7 +34,7 @@ class StatusReader:
         """Each limit the leader of the queue's limits applies, with the jobs waiting for its
         tokens (none when no worker limits the queue's types)."""
         try:
-            limits = await read_applied(await self._channel.get(), names)
+            limits = (await read_applied(await self._channel.get(), names)).limits
         except ChannelNotFoundEntity:
             return []
         rows = []

@@ -24,6 +24,7 @@ from ricochet.broker.connection import is_lost
 from ricochet.broker.lead import lead_is_held, take_lead
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.rate_store import (
+    Applied,
     announce,
     announcement,
     bank_token,
@@ -65,15 +66,20 @@ def applied(
     own: dict[str, rates.Limit],
     announced: dict[str, tuple[float, dict[str, rates.Limit]]],
     now: float,
-) -> dict[str, rates.Limit]:
+) -> Applied:
     """The limit of each type the leader refills (pure): the lowest of its own and of those
-    announced within FORGET_S."""
+    announced within FORGET_S; and the limits given for each type they differ on."""
     given: dict[str, list[rates.Limit]] = {t: [x] for t, x in own.items()}
     for seen, limits in announced.values():
         if now - seen <= FORGET_S:
             for job_type, limit in limits.items():
                 given.setdefault(job_type, []).append(limit)
-    return {t: rates.lowest(limits) for t, limits in given.items()}
+    differing = {
+        t: sorted({x.text() for x in limits})
+        for t, limits in given.items()
+        if len({x.text() for x in limits}) > 1
+    }
+    return Applied({t: rates.lowest(limits) for t, limits in given.items()}, differing)
 
 
 class RateLimits:
@@ -166,6 +172,7 @@ class RateLimits:
         announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
         next_at: dict[str, float] = {}
         limits: dict[str, rates.Limit] = {}
+        recorded = Applied({}, {})
         read_at = 0.0
         while True:
             now = time.monotonic()
@@ -173,9 +180,10 @@ class RateLimits:
                 for process, theirs in (await read_announcements(channel, self._names)).items():
                     announced[process] = (now, theirs)
                 now_applied = applied(self._own, announced, now)
-                if now_applied != limits:
+                if now_applied != recorded:
                     await write_applied(channel, self._names, self._process, now_applied)
-                limits = now_applied
+                    recorded = now_applied
+                limits = now_applied.limits
                 await self._report(channel, limits)
                 read_at = now
             for job_type in [t for t in next_at if t not in limits]:
