@@ -498,8 +498,8 @@ def key_lanes_check(names: Names, wanted: int, state: BrokerState) -> Check:
             "warn",
             f"{said}; RICOCHET_KEY_LANES is {wanted}"
             + ("" if state.keys_exchange else f", and the exchange {names.keys} is missing")
-            + ": a worker of this setting declares what is missing; a lane more than it "
-            "consumes is read only by workers that declared it",
+            + ": a worker or client of this setting declares what is missing, and every worker "
+            "consumes every lane it finds; set RICOCHET_KEY_LANES alike everywhere",
         )
     if idle and waiting:
         return Check(
