@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
 import re
 import signal
 import subprocess
@@ -14,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from ricochet import Client
 from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly
 from ricochet.broker.declare import declare
@@ -132,6 +135,7 @@ class FaultRun:
     enqueued_again: set[str] = field(default_factory=set)
     workers: list[WorkerProcess] = field(default_factory=list)
     waits_in_levels: bool = False  # whether some jobs were scheduled or asked a RetryLater
+    keyed: bool = False  # whether some jobs have a key: the queue's key lanes hold them too
     # For each cancelled id, the journal's lines once its cancel had returned.
     journal_at_cancel: dict[str, int] = field(default_factory=dict)
 
@@ -200,6 +204,19 @@ class FaultRun:
         self.waits_in_levels |= any(
             "run-at" in (m.headers or {}) or b'"later"' in m.body for m in messages
         )
+
+    async def enqueue_keyed(self, jobs: list[tuple[str, str]], payload: dict[str, Any]) -> None:
+        """Enqueue these (message_id, key) jobs with this payload, in this order, with one
+        Client, each confirmed before the next: once the queue has key lanes, the client sends
+        them straight to their lanes, in that order (SPEC 28). The client is given the run's
+        count of lanes, as its workers are, in case it declares them."""
+        lanes = {"RICOCHET_KEY_LANES": str(self.settings.key_lanes)}
+        with mock.patch.dict(os.environ, lanes):
+            async with Client(self.settings.amqp_url, self.settings.queue) as client:
+                for message_id, key in jobs:
+                    await client.enqueue("keyed", payload, message_id=message_id, key=key)
+                    self.published.append(message_id)
+        self.keyed = True
 
     async def cancel(self, ids: list[str]) -> None:
         """Cancel these jobs (`ricochet cancel` for each): none of them may run from now on."""
@@ -291,11 +308,17 @@ class FaultRun:
                 await channel.close()
 
     def _waiting_queues(self) -> list[str]:
-        """The run's own queues where its jobs wait: the main queue, its tiers and lanes. The
-        delays' levels are shared by every queue of the vhost (other tests' jobs may wait
-        there): its jobs in the levels are waited for by time (quiet)."""
+        """The run's own queues where its jobs wait: the main queue, its tiers and lanes, and
+        its key lanes once it has jobs with a key. The delays' levels are shared by every queue
+        of the vhost (other tests' jobs may wait there): its jobs in the levels are waited for
+        by time (quiet)."""
         declared = plan(self.settings)
-        return [self.names.queue, *(spec.name for spec in [*declared.tiers, *declared.lanes])]
+        keys = range(self.settings.key_lanes) if self.keyed else range(0)
+        return [
+            self.names.queue,
+            *(spec.name for spec in [*declared.tiers, *declared.lanes]),
+            *map(self.names.key_lane, keys),
+        ]
 
     async def settle(self) -> None:
         """Until every id completed or is in the failed queue and, while a worker runs, the
