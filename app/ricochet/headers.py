@@ -28,9 +28,6 @@ REPLAY_COUNT = "replay-count"
 WAITING_SINCE = "ricochet-waiting-since"
 WAIT_REASON = "ricochet-wait-reason"
 
-# The leader of a queue's rate limits', on a job it lets run: the attempt the job's token was given
-# for (ricochet.rates). A job retried since needs another.
-GRANT = "ricochet-rate-grant"
 # The worker's, on a message that asks whether a queue exists (ricochet.broker.depth): it expires
 # at once, and a consumer that gets it all the same drops it.
 PROBE = "ricochet-probe"
@@ -90,7 +87,6 @@ RESERVED_NAMES = frozenset(
         WAITING_SINCE,
         WAIT_REASON,
         PROBE,
-        GRANT,
     }
 )
 RESERVED_PREFIXES = (*DEATH_PREFIXES, "failed-", "original-")

@@ -4,9 +4,8 @@ tokens a leader hands out as they fall due, and the objects a limited type takes
 import pytest
 from ricochet import Router
 from ricochet.broker.plan import rate_plan
-from ricochet.broker.rate_store import Applied, _announced, _body, granted
+from ricochet.broker.rate_store import Applied, _announced, _body
 from ricochet.handlers.invoker import Invoker
-from ricochet.headers import GRANT
 from ricochet.names import refusal
 from ricochet.ops.checks import RatesSeen, rate_limits_check
 from ricochet.rates import Limit, limit, lowest, parse_limits
@@ -96,12 +95,6 @@ def test_an_announcement_reads_back_and_a_forged_one_is_dropped() -> None:
     for forged in [b"{", b'{"process": 1}', b'{"process": "p", "limits": {"a b": [1, 1, 1]}}']:
         assert _announced(forged) is None
     assert _announced(b'{"process": "p", "limits": {"m": [1, 7, 1]}}') is None  # no such period
-
-
-def test_a_grant_holds_for_the_attempt_it_was_given_for() -> None:
-    assert granted({GRANT: 2}, 2)
-    assert not granted({GRANT: 1}, 2)  # given before a retry: the retry needs its own
-    assert not granted({}, 1)
 
 
 def test_a_limited_type_takes_tokens_a_waiting_queue_and_the_announcements() -> None:

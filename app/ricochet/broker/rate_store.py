@@ -1,12 +1,12 @@
 """A queue's rate limits in the broker (SPEC 28, ricochet.rates): the tokens of each limited
 type, the jobs that wait for one, and the limits each worker announces.
 
-A worker runs a limited job once it takes a token (take_token), or when the job carries the
-grant of its attempt; else it sends the job to wait (its copy to the type's limited exchange,
-which keeps its routing key). The process that leads the queue's limits (worker/rate_leader.py)
-gives each token as it comes to the oldest job waiting (grant_one: back to the queue with the
-grant, by the queue's return exchange, as a job back from a tier), or, when none waits, banks
-it (bank_token) up to the burst.
+A worker runs a limited job once it takes a token (take_token); else it sends the job to wait
+(its copy to the type's limited exchange, which keeps its routing key). The process that leads
+the queue's limits (worker/rate_limits.py) banks each token as it falls due, up to the burst
+(bank_token), and for each token banked sends the oldest waiting job back to the queue
+(wake_one), where it takes a token like any other job. Only a token starts a job, so the
+starts never pass the bucket, wherever the woken job is in the queue's backlog.
 """
 
 import json
@@ -22,7 +22,6 @@ from ricochet.broker.depth import read_depth
 from ricochet.broker.plan import rate_plan
 from ricochet.broker.publish import publish_confirmed
 from ricochet.broker.register import declare_register, read_register, write_register
-from ricochet.headers import GRANT, RETRIES
 from ricochet.names import Names
 
 # An announcement's body is read up to this size: a producer may write anything there.
@@ -52,24 +51,17 @@ async def take_token(channel: AbstractChannel, names: Names, job_type: str) -> b
     return await tokens.get(no_ack=True, fail=False) is not None
 
 
-def granted(headers: dict[str, Any], attempt: int) -> bool:
-    """Whether the job carries the grant of this attempt."""
-    return headers.get(GRANT) == attempt
-
-
-async def grant_one(channel: AbstractChannel, names: Names, job_type: str) -> bool:
-    """Let the oldest job waiting for a token of the type run: back to its queue with the
-    grant of its attempt, confirmed, then acked. False when none waits."""
+async def wake_one(channel: AbstractChannel, names: Names, job_type: str) -> bool:
+    """Send the oldest job waiting for a token of the type back to its queue (by the queue's
+    return exchange, with its routing key, as a job back from a tier), confirmed, then ack it:
+    there it takes a token as any job does. False when none waits."""
     limited = await channel.get_queue(names.limited(job_type), ensure=False)
     held = await limited.get(no_ack=False, fail=False)
     if held is None:
         return False
-    headers = dict(held.headers or {})
-    retries = headers.get(RETRIES)
-    headers[GRANT] = 1 + (retries if isinstance(retries, int) and retries > 0 else 0)
     copy = aio_pika.Message(
         held.body,
-        headers=headers,
+        headers=dict(held.headers or {}),
         content_type=held.content_type,
         content_encoding=held.content_encoding,
         message_id=held.message_id,

@@ -113,7 +113,7 @@ class Line:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """A job of a type over its rate limit (no token to take, no grant of its attempt): publish
+    """A job of a type over its rate limit (no token to take): publish
     a copy, carrying the retries it made, to wait for a token (broker/rate_store.py), then ack;
     no attempt spent."""
 

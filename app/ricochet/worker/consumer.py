@@ -19,7 +19,6 @@ from aio_pika.exceptions import ChannelInvalidStateError
 
 from ricochet.broker.amqp import Delivery
 from ricochet.broker.cancels import CancelReader
-from ricochet.broker.rate_store import granted
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import (
@@ -193,11 +192,9 @@ class Consumer:
                 )
 
     async def _over_limit(self, delivery: Delivery, facts: Facts, kind: str) -> bool:
-        """Whether the job's type is over its rate limit: it is limited here, and the job has
-        neither the grant of this attempt nor a token to take."""
-        if not self._rates.limits(kind) or granted(delivery.headers, facts.attempt):
-            return False
-        return not await self._rates.take(kind)
+        """Whether the job's type is over its rate limit: it is limited here, and there is no
+        token to take."""
+        return self._rates.limits(kind) and not await self._rates.take(kind)
 
     async def _lines_up(self, settler: Settler, arrival: Arrival) -> bool:
         """Whether the job can join its key's line: the queue's lanes are declared (now, for

@@ -133,7 +133,14 @@ class KeyLanes:
         consumer = self._consumer()
         task = consumer.spawn(settler, consumer.intake(delivery, lined=True))
         self._running[lane] = task
-        task.add_done_callback(lambda _: self._running.pop(lane))
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: "asyncio.Task[None]") -> None:
+        """A lane's job was settled: its lane is free here, unless the lane has handed this
+        worker another job meanwhile (after a reconnect), which is the lane's entry now."""
+        for lane, running in list(self._running.items()):
+            if running is task:
+                del self._running[lane]
 
     def _reopen(self, channel: AbstractChannel, why: str) -> None:
         """The broker closed the lanes' channel, or cancelled a lane's consumer (its lane was

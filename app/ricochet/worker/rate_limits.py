@@ -29,10 +29,10 @@ from ricochet.broker.rate_store import (
     announcement,
     bank_token,
     declare_rates,
-    grant_one,
     read_announcements,
     take_token,
     waiting,
+    wake_one,
     write_applied,
 )
 from ricochet.log import get_logger
@@ -192,15 +192,15 @@ class RateLimits:
             for job_type, limit in limits.items():
                 due, next_at[job_type] = due_tokens(next_at.get(job_type, now), now, limit)
                 for _ in range(due):
-                    if not await grant_one(channel, self._names, job_type):
-                        await bank_token(channel, self._names, job_type, limit.burst)
+                    if await bank_token(channel, self._names, job_type, limit.burst):
+                        await wake_one(channel, self._names, job_type)
             wake = min([read_at + ROUND_S, *next_at.values()])
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
 
     async def _release(self, channel: AbstractChannel, job_type: str) -> None:
         """A type no worker limits any more: the jobs that wait for its tokens all run."""
         released = 0
-        while await grant_one(channel, self._names, job_type):
+        while await wake_one(channel, self._names, job_type):
             released += 1
         log.info("rate limit lifted", queue=self._names.queue, type=job_type, released=released)
 
