@@ -5,11 +5,12 @@ going on, workers that disagree applying the lowest, and the gauges of the leade
 import asyncio
 import time
 
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet import Client, Job, Router
 from ricochet.ops.checks import rate_limits_check
 from ricochet.ops.doctor import read_rates
 from ricochet.ops.status import read_status
+from structlog.testing import capture_logs
 
 from tests.support import AMQP_URL, StartWorker, make_settings, wait_for
 
@@ -108,3 +109,18 @@ async def test_the_leader_counts_the_jobs_waiting_for_a_token(
     assert (row.name, row.role) == (f"{queue_name}.limited.report", "rate limit report 1/s")
     assert row.messages is not None
     assert 0 < row.messages < 8
+
+
+async def test_limits_that_cannot_be_declared_are_said_and_hold_no_job(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Q.rates declared by someone else with other arguments: the worker says once that its
+    limits are not applied, and the limited jobs run rather than wait for tokens that never
+    come."""
+    await channel.declare_queue(f"{queue_name}.rates", durable=True)
+    starts = Starts()
+    with capture_logs() as logs:
+        await start_worker(starts, rate_limits="mail=1/m")
+        await enqueue(queue_name, "mail", 3)
+        await wait_for(lambda: starts.count("mail") == 3, 10, "the jobs, unlimited")
+    assert [e["event"] for e in logs].count("rate limits not applied") == 1

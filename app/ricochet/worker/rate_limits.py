@@ -92,8 +92,10 @@ class RateLimits:
         self._process = f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
-        # Set while the limits are declared and their channel open on the current connection.
+        # Set while the limits are declared and their channel open on the current connection, or
+        # once they could not be declared (unapplied: the jobs run without them, as logged).
         self._ready = asyncio.Event()
+        self._unapplied = False
 
     def limits(self, job_type: str | None) -> bool:
         """Whether this worker limits the type."""
@@ -103,6 +105,8 @@ class RateLimits:
         """Whether a token of the type was there to take (it is gone then); waits until the
         limits are declared on the connection (its first jobs may come before)."""
         await self._ready.wait()
+        if self._unapplied:
+            return True
         if self._channel is None or self._channel.is_closed:  # closed by the broker: again
             assert self._connection is not None
             self._channel = await self._connection.channel(publisher_confirms=False)
@@ -113,7 +117,18 @@ class RateLimits:
         for the connection's life."""
         if not self._own:
             return
-        await declare_rates(connection, self._names.queue, list(self._own))
+        try:
+            await declare_rates(connection, self._names.queue, list(self._own))
+        except CONNECTION_ERRORS as error:
+            if is_lost(connection):
+                return
+            # A queue of these names declared otherwise: the limits cannot hold, and no job may
+            # wait for tokens that never come.
+            log.error("rate limits not applied", queue=self._names.queue, error=str(error))
+            self._unapplied = True
+            self._ready.set()
+            return
+        self._unapplied = False
         self._connection = connection
         self._channel = await connection.channel(publisher_confirms=False)
         self._ready.set()
