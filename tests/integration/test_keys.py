@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from ricochet import Client, InvalidJob, Job, Router
+from ricochet import Client, InvalidJob, Job, NotConfirmed, Router
 from ricochet.broker.declare import declare
 from ricochet.headers import KEY
 from ricochet.names import Names
@@ -222,3 +222,23 @@ async def test_the_client_declares_the_lanes_with_the_first_job_and_a_worker_fin
         await client.enqueue("sync", {}, message_id="one", key="k")
     assert await exists(connection, Names(queue_name).key_lane(15))  # the client's default 16
     await wait_for(lambda: runs.done == ["one"], 15, "the job found in its lane")
+
+
+async def test_lanes_the_broker_refuses_fail_the_job_saying_why_and_refuse_the_enqueue(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Q.keys declared by someone else as a direct exchange: a job with the key header sent to
+    the queue fails at once, its reason naming the exchange; the client refuses to enqueue a job
+    with a key (NotConfirmed, nothing sent)."""
+    await channel.declare_exchange(f"{queue_name}.keys", "direct", durable=True)
+    runs = Runs()
+    await start_worker(runs.run, key_lanes=LANES)
+    await publish(channel, queue_name, "{}", headers={KEY: "k"}, message_id="refused")
+    (failed,) = await take(channel, Names(queue_name).failed, 1)
+    assert failed.message_id == "refused"
+    assert f"{queue_name}.keys" in str(failed.headers["failed-reason"])
+    async with Client(AMQP_URL, queue_name) as client:
+        with pytest.raises(NotConfirmed, match="conflicts"):
+            await client.enqueue("sync", {}, key="k")
+    assert runs.done == []
+    await wait_depth(channel, queue_name, 0)

@@ -37,6 +37,11 @@ async def declare_key_lanes(connection: AbstractConnection, queue: str, count: i
                 f"jobs with a key need the consistent-hash exchange, which the broker lacks "
                 f"({error}): enable it with `rabbitmq-plugins enable {PLUGIN}`"
             ) from None
+        except ChannelPreconditionFailed as error:
+            raise TopologyConflict(
+                f"exchange {plan.exchange.name!r} conflicts with what ricochet declares "
+                f"({error}): delete it"
+            ) from None
         for spec, binding in zip(plan.lanes, plan.bindings, strict=True):
             try:
                 lane = await channel.declare_queue(
