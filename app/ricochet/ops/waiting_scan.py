@@ -1,6 +1,6 @@
 """A waiting job read where it waits, to show it whole (`ricochet waiting show`): the queues that
 may hold it are read one at a time, on a channel of their own, holding every message read unacked,
-and handing them all back with one basic.nack(requeue=true) before the next is read. It takes
+and handing them all back (basic.nack, requeue=true) before the next is read. It takes
 nothing: a read killed or cut off midway hands back what it held when the broker closes its
 channel. One read goes on in a vhost at a time (the lock of ricochet.ops.scan, on
 ricochet.waiting.scan): two side by side would each be handed part of a queue. The list of the
@@ -13,9 +13,10 @@ just after that time (EXPIRY_GRACE_S): the queue, which checks its head for mess
 TTL before it sends anything, sends it on at once, as it would have, and never to the read
 again. Where it knows a message's time only as a lower bound (no entry of the journal), the
 message may come back: it is held again for REHOLD_S at most, so such a job is late by that much
-at worst. What the read still holds when it has read the queue goes back before its time, in
-the order it leaves (ricochet.ops.hand_back says why, and in what nacks). A job that moves down
-the levels while they are read is read twice: one row per job and attempt is kept.
+at worst. What the read still holds when it has read the queue goes back before its time, once
+its consumers are gone: a nack each, in the order the queue sent it, which is the order its jobs
+leave (PlaceScan._hand_back_the_rest says why). A job that moves down the levels while they are
+read is read twice: one row per job and attempt is kept.
 
 Handing a message back counts against a quorum queue's delivery limit (every return on RabbitMQ
 3.10 to 4.2, a return by a closed channel on 4.3). ricochet lifts the limit on the tiers and the
@@ -42,7 +43,7 @@ from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan, delivery_limit_policy_command
 from ricochet.names import DELAY_LEVELS, SHARED, Names
 from ricochet.ops.failed_queue import printable
-from ricochet.ops.hand_back import nacks, spans
+from ricochet.ops.hand_back import nacks
 from ricochet.ops.scan import (
     OTHER_READER_WAIT_S,
     PER_CONSUMER,
@@ -69,8 +70,6 @@ HAND_BACK_EVERY_S = 0.05
 # A message handed back that came back (not yet gone: its time was a lower bound) is held this
 # long at most before it goes back again.
 REHOLD_S = 0.1
-# What the scan holds when it has read its queue goes back this much of it (in time) a nack.
-HAND_BACK_SPAN_S = 0.2
 # With no delivery for this long, the scan asks the broker whether the queue holds more (at most
 # once in as long).
 IDLE_S = 0.5
@@ -92,6 +91,8 @@ class _Held:
     back_s: float  # when it goes back, epoch seconds
     tag: int
     key: tuple[object, ...] = field(compare=False)
+    # Its place in the queue's order (which is the order its jobs leave): when it was first read.
+    order: int = field(compare=False)
 
 
 def may_add_consumer(consumers: int, newest_back_s: float, now: float) -> bool:
@@ -125,6 +126,7 @@ class PlaceScan:
         self._holding: set[int] = set()
         # Handed back and not seen since: a delivery of one of them is no new job.
         self._released: collections.Counter[tuple[object, ...]] = collections.Counter()
+        self._order: dict[tuple[object, ...], int] = {}  # of each job read: _Held.order
         self._last_delivery_s = time.time()
         self._asked_s = 0.0  # when the scan last asked the broker what the queue holds
         self._newest_back_s = 0.0  # when the job read last goes back (a queue's are in order)
@@ -155,9 +157,7 @@ class PlaceScan:
                 await self._stop_consuming()
                 while not self._inbox.empty():
                     self._take(self._inbox.get_nowait())
-                for run in spans(self._held, lambda held: held.back_s, HAND_BACK_SPAN_S):
-                    await self._hand_back(run)
-                self._held = []
+                await self._hand_back_the_rest()
         return self.rows
 
     async def _read_all(self) -> bool:
@@ -183,12 +183,13 @@ class PlaceScan:
             self._released[key] -= 1
             back_s = now + REHOLD_S  # back again: it had not left, so it leaves any moment
         else:
+            self._order.setdefault(key, self.seen)
             self.seen += 1
             if listed:
                 self.rows.append(row)
             back_s = self._newest_back_s = row.leaves_at.timestamp() + EXPIRY_GRACE_S
         assert message.delivery_tag is not None
-        heapq.heappush(self._held, _Held(back_s, message.delivery_tag, key))
+        heapq.heappush(self._held, _Held(back_s, message.delivery_tag, key, self._order[key]))
         heapq.heappush(self._tags, message.delivery_tag)
         self._holding.add(message.delivery_tag)
 
@@ -218,6 +219,22 @@ class PlaceScan:
         kept_below = self._tags[0] if self._tags else None
         for tag, multiple in nacks((one.tag for one in held), kept_below):
             await underlay.basic_nack(delivery_tag=tag, multiple=multiple, requeue=True)
+
+    async def _hand_back_the_rest(self) -> None:
+        """Hand back all it holds, its consumers gone: a nack each, in the queue's order. Only a
+        TTL takes a job off the queue's head now, so a job that leaves later, handed back ahead
+        of one that is due, keeps that one there until it leaves itself. One nack for many hands
+        them back consumer by consumer (on RabbitMQ 3.10, past 32, in no order); and what a read
+        knows of a tier's times is mostly a bound (it reads the journal of the job it shows
+        only), alike for many jobs, which cannot order them either."""
+        underlay = await self._channel.get_underlay_channel()
+        in_order = sorted(self._held, key=lambda held: held.order)
+        for n, one in enumerate(in_order, 1):
+            # Queued for the connection's writer, which keeps their order; the last one waits
+            # until it (and so every one before it) is written.
+            last = n == len(in_order)
+            await underlay.basic_nack(delivery_tag=one.tag, requeue=True, wait=last)
+        self._held = []
 
     async def _subscribe(self) -> None:
         queue = await self._channel.get_queue(self._place.name, ensure=False)
