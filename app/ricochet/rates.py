@@ -2,7 +2,7 @@
 
 A limit is a token bucket: at most `burst` tokens, refilled at `count` per `period` seconds. The
 tokens are kept in the broker, one queue per limited type of a queue (broker/plan.py's
-rate_plan), refilled by the one process that leads the queue's limits (worker/rate_leader.py),
+rate_plan), refilled by the one process that leads the queue's limits (worker/rate_limits.py),
 so that every worker and process of the vhost shares them.
 """
 
@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 
 PERIODS = {"s": 1, "m": 60, "h": 3600}
-# A limited type names queues of its own (Q.rate.TYPE): the characters a queue name may have.
+# A limited type names queues of its own (Q.tokens.TYPE, Q.limited.TYPE): the characters a
+# queue name may have.
 TYPE_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,50}")
 MAX_COUNT = 10_000
 MAX_BURST = 10_000

@@ -124,3 +124,44 @@ async def test_limits_that_cannot_be_declared_are_said_and_hold_no_job(
         await enqueue(queue_name, "mail", 3)
         await wait_for(lambda: starts.count("mail") == 3, 10, "the jobs, unlimited")
     assert [e["event"] for e in logs].count("rate limits not applied") == 1
+
+
+async def test_a_new_leader_releases_the_jobs_of_a_type_nobody_limits_any_more(
+    start_worker: StartWorker, connection: AbstractConnection, queue_name: str
+) -> None:
+    """Worker a limits mail to 1 a minute and leads; worker b limits only sms. With a stopped
+    and mail's jobs waiting for tokens, b takes the lead and lets them all run; status then
+    shows no limit on mail. Before b leads, status says a's limit is unapplied."""
+    starts = Starts()
+    first = await start_worker(starts, rate_limits="mail=1/m")
+    await enqueue(queue_name, "mail", 4)
+    await wait_for(lambda: starts.count("mail") == 1, 10, "the first mail job")
+    await first.stop()
+    rows = await read_status(connection, make_settings(queue_name))
+    assert [r.role for r in rows if r.role.startswith("rate limit")] == [
+        "rate limit mail 1/m, unapplied: no leader"
+    ]
+    await start_worker(starts, rate_limits="sms=1/s")
+    await wait_for(lambda: starts.count("mail") == 4, 15, "mail's jobs released")
+    assert set(starts.attempts) == {1}
+
+
+async def test_jobs_of_a_key_and_a_limited_type_keep_their_order(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """Six jobs of one key, their type limited to 4 a second: each waits for a token in its
+    lane rather than go back behind the next ones, so they start in order, at the limit."""
+    order: list[str] = []
+    stamps: list[float] = []
+
+    async def handler(job: Job) -> None:
+        order.append(str(job.message_id))
+        stamps.append(time.monotonic())
+
+    await start_worker(handler, rate_limits="sync=4/s", key_lanes=2)
+    async with Client(AMQP_URL, queue_name) as client:
+        for i in range(6):
+            await client.enqueue("sync", {}, message_id=f"s{i}", key="k")
+    await wait_for(lambda: len(order) == 6, 20, "the jobs of the key")
+    assert order == [f"s{i}" for i in range(6)]
+    assert most_in_a_second(stamps) <= 5

@@ -57,13 +57,16 @@ class KeptChannel:
     """A channel kept from one use to the next, opened again only once the broker closed it (as
     it does after a passive declare of a missing queue, or a refused declaration)."""
 
-    def __init__(self, connection: AbstractConnection) -> None:
+    def __init__(self, connection: AbstractConnection, *, confirming: bool = False) -> None:
         self._connection = connection
+        self._confirming = confirming  # publishes confirmed, and raising when returned
         self._channel: AbstractChannel | None = None
 
     async def get(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel(publisher_confirms=False)
+            self._channel = await self._connection.channel(
+                publisher_confirms=self._confirming, on_return_raises=self._confirming
+            )
         return self._channel
 
     async def close(self) -> None:

@@ -4,10 +4,11 @@ from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
 from ricochet.broker.depth import KeptChannel, read_depth
+from ricochet.broker.lead import lead_is_held
 from ricochet.broker.plan import Plan
 from ricochet.broker.rate_store import read_applied
 from ricochet.broker.record import declared_plan
-from ricochet.names import Names
+from ricochet.names import SHARED, Names
 from ricochet.ops.report import QueueStatus, roles
 from ricochet.settings import Settings
 
@@ -18,6 +19,8 @@ class StatusReader:
 
     def __init__(self, connection: AbstractConnection) -> None:
         self._channel = KeptChannel(connection)
+        # A confirming channel, for the probe of the rate limits' lead.
+        self._probes = KeptChannel(connection, confirming=True)
 
     async def read(self, plan: Plan) -> list[QueueStatus]:
         """Depth and consumers of every queue of the plan (None for a missing queue)."""
@@ -32,27 +35,35 @@ class StatusReader:
 
     async def _rate_limits(self, names: Names) -> list[QueueStatus]:
         """Each limit the leader of the queue's limits applies, with the jobs waiting for its
-        tokens (none when no worker limits the queue's types)."""
+        tokens (none when no worker limits the queue's types); a limit no process leads any more
+        is said to be unapplied."""
         try:
             limits = (await read_applied(await self._channel.get(), names)).limits
         except ChannelNotFoundEntity:
             return []
+        if not limits:
+            return []
+        led = await lead_is_held(await self._probes.get(), SHARED.rates_lead(names.queue))
         rows = []
         for job_type, limit in sorted(limits.items()):
             depth = await read_depth(await self._channel.get(), names.limited(job_type))
-            role = f"rate limit {job_type} {limit.text()}"
-            if depth is None:
-                rows.append(QueueStatus(names.limited(job_type), role, None, None, None))
-            else:
-                rows.append(
-                    QueueStatus(
-                        names.limited(job_type), role, None, depth.messages, depth.consumers
-                    )
+            role = f"rate limit {job_type} {limit.text()}" + (
+                "" if led else ", unapplied: no leader"
+            )
+            rows.append(
+                QueueStatus(
+                    names.limited(job_type),
+                    role,
+                    None,
+                    None if depth is None else depth.messages,
+                    None if depth is None else depth.consumers,
                 )
+            )
         return rows
 
     async def close(self) -> None:
         await self._channel.close()
+        await self._probes.close()
 
 
 async def read_status(connection: AbstractConnection, settings: Settings) -> list[QueueStatus]:

@@ -193,8 +193,14 @@ class Consumer:
 
     async def _over_limit(self, delivery: Delivery, facts: Facts, kind: str) -> bool:
         """Whether the job's type is over its rate limit: it is limited here, and there is no
-        token to take."""
-        return self._rates.limits(kind) and not await self._rates.take(kind)
+        token to take. A job from its key's lane waits for a token where it is instead: sent to
+        wait, it would come back behind the next jobs of its key."""
+        if not self._rates.limits(kind):
+            return False
+        if facts.lined:
+            await self._rates.wait_for_token(kind)
+            return False
+        return not await self._rates.take(kind)
 
     async def _lines_up(self, settler: Settler, arrival: Arrival) -> bool:
         """Whether the job can join its key's line: the queue's lanes are declared (now, for

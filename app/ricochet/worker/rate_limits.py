@@ -30,6 +30,7 @@ from ricochet.broker.rate_store import (
     bank_token,
     declare_rates,
     read_announcements,
+    read_applied,
     take_token,
     waiting,
     wake_one,
@@ -96,6 +97,8 @@ class RateLimits:
         # once they could not be declared (unapplied: the jobs run without them, as logged).
         self._ready = asyncio.Event()
         self._unapplied = False
+        # The types whose gauges this process sets, as the leader.
+        self._reported: set[str] = set()
 
     def limits(self, job_type: str | None) -> bool:
         """Whether this worker limits the type."""
@@ -111,6 +114,15 @@ class RateLimits:
             assert self._connection is not None
             self._channel = await self._connection.channel(publisher_confirms=False)
         return await take_token(self._channel, self._names, job_type)
+
+    async def wait_for_token(self, job_type: str) -> None:
+        """Take a token of the type, looking again every interval of this worker's limit (a
+        second at most) until one is there."""
+        pause_s = min(self._own[job_type].interval_s, 1.0)
+        taken = await self.take(job_type)
+        while not taken:
+            await asyncio.sleep(pause_s)
+            taken = await self.take(job_type)
 
     async def run(self, connection: AbstractConnection) -> None:
         """Declare the queue's limited types, take tokens, announce, and lead or wait to lead,
@@ -156,19 +168,26 @@ class RateLimits:
         """Wait for the lead, then refill until the connection goes; start over after a
         failure of the leader's own while it lives."""
         lead = SHARED.rates_lead(self._names.queue)
-        while not is_lost(connection):
-            try:
-                channel = await confirming_channel(connection)
-                await self._wait_for(connection, channel, lead)
-                log.info("leading rate limits", queue=self._names.queue)
-                await self._refill(channel)
-            except CONNECTION_ERRORS as error:
-                if is_lost(connection):
-                    return
-                log.warning("rate limits: channel lost, starting over", error=str(error))
-            except Exception:  # the leader's own failure must not stop the worker
-                log.exception("rate limits: leading failed, starting over")
-            await asyncio.sleep(RETRY_S)
+        holding = False  # the lead is the connection's until it closes: never waited for again
+        try:
+            while not is_lost(connection):
+                try:
+                    channel = await confirming_channel(connection)
+                    if not holding:
+                        await self._wait_for(connection, channel, lead)
+                        holding = True
+                        log.info("leading rate limits", queue=self._names.queue)
+                    await self._refill(connection, channel)
+                except CONNECTION_ERRORS as error:
+                    if is_lost(connection):
+                        return
+                    log.warning("rate limits: channel lost, starting over", error=str(error))
+                except Exception:  # the leader's own failure must not stop the worker
+                    log.exception("rate limits: leading failed, starting over")
+                await asyncio.sleep(RETRY_S)
+        finally:
+            for job_type in list(self._reported):  # another process leads from now on
+                self._forget(job_type)
 
     async def _wait_for(
         self, connection: AbstractConnection, channel: AbstractChannel, lead: str
@@ -181,11 +200,14 @@ class RateLimits:
             if not holding:
                 await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
 
-    async def _refill(self, channel: AbstractChannel) -> None:
+    async def _refill(self, connection: AbstractConnection, channel: AbstractChannel) -> None:
         """Hand out each type's tokens as they fall due, reading the announcements, and the jobs
-        waiting for the gauges, every ROUND_S."""
+        waiting for the gauges, every ROUND_S. The types the leader before applied count from
+        the start: one nobody limits any more has its waiting jobs released."""
         announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
-        next_at: dict[str, float] = {}
+        before = await read_applied(channel, self._names)
+        now = time.monotonic()
+        next_at: dict[str, float] = dict.fromkeys(before.limits, now)
         limits: dict[str, rates.Limit] = {}
         recorded = Applied({}, {})
         read_at = 0.0
@@ -196,6 +218,8 @@ class RateLimits:
                     announced[process] = (now, theirs)
                 now_applied = applied(self._own, announced, now)
                 if now_applied != recorded:
+                    if now_applied.limits.keys() - recorded.limits.keys():  # another's types
+                        await declare_rates(connection, self._names.queue, list(now_applied.limits))
                     await write_applied(channel, self._names, self._process, now_applied)
                     recorded = now_applied
                 limits = now_applied.limits
@@ -218,6 +242,14 @@ class RateLimits:
         while await wake_one(channel, self._names, job_type):
             released += 1
         log.info("rate limit lifted", queue=self._names.queue, type=job_type, released=released)
+        self._forget(job_type)
+
+    def _forget(self, job_type: str) -> None:
+        """Export nothing more for the type: this process no longer applies its limit."""
+        self._reported.discard(job_type)
+        for gauge in (self._metrics.rate_limited, self._metrics.rate_limit):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self._names.queue, job_type)
 
     async def _report(self, channel: AbstractChannel, limits: dict[str, rates.Limit]) -> None:
         queue = self._names.queue
@@ -225,3 +257,4 @@ class RateLimits:
             held = await waiting(channel, self._names, job_type)
             self._metrics.rate_limited.labels(queue=queue, type=job_type).set(held)
             self._metrics.rate_limit.labels(queue=queue, type=job_type).set(limit.per_s)
+            self._reported.add(job_type)
