@@ -1,6 +1,6 @@
 """In what nacks a scan hands back what it holds (ricochet.ops.hand_back)."""
 
-from ricochet.ops.hand_back import nacks, spans
+from ricochet.ops.hand_back import nacks
 
 
 def test_deliveries_below_every_one_still_held_go_back_in_one_multiple_nack() -> None:
@@ -22,13 +22,3 @@ def test_with_every_delivery_above_one_held_each_goes_back_alone() -> None:
 
 def test_nothing_to_hand_back_sends_no_nack() -> None:
     assert nacks([], kept_below=None) == []
-
-
-def test_spans_are_in_time_order_and_each_covers_the_span_at_most() -> None:
-    times = [5.0, 0.0, 0.15, 0.2, 0.21, 0.5, 5.1]
-    runs = spans(times, lambda t: t, 0.2)
-    assert runs == [[0.0, 0.15, 0.2], [0.21], [0.5], [5.0, 5.1]]
-
-
-def test_spans_of_nothing_are_none() -> None:
-    assert spans([], lambda t: t, 0.2) == []
