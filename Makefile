@@ -61,7 +61,7 @@ BROKERS ?= local trixie sid
 BROKER_DECIDES := brokers cancel_running cancel_store client declared_topology delivery doctor \
 	failed_queue hostile_deliveries legacy_levels lifecycle queues redelivery relaunch replay \
 	resubscribe retry_ladder retry_shape schedules settling shared_waiting stock_replay wait waiting \
-	orphans orphans_client migrate journal priority keys
+	orphans orphans_client migrate journal priority keys rate_limits
 BROKER_TESTS ?= $(BROKER_DECIDES:%=tests/integration/test_%.py) \
 	tests/faults/test_failed_queue_faults.py tests/faults/test_wait_faults.py \
 	tests/faults/test_shared_waiting_faults.py tests/faults/test_schedule_faults.py \
