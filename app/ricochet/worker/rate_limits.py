@@ -3,10 +3,12 @@ announces, and, in the one process of the vhost that leads them, the refill.
 
 Every process with limits for the queue announces them every HEARTBEAT_S. The process whose
 connection holds the queue's rates lead (broker/lead.py) reads the announcements and refills
-each limited type at the lowest rate announced for it: each token as it comes goes to the
-oldest job waiting for one, or, none waiting, is banked up to the burst (broker/rate_store.py).
-A process that does not lead looks for the lead every LEAD_PROBE_S and takes it once the broker
-has dropped it with the leader's connection.
+each limited type at the lowest rate announced for it: each token as it falls due is banked, up
+to the burst, and wakes the oldest job waiting for one, which takes a token like any job
+(broker/rate_store.py). A process that does not lead looks for the lead every LEAD_PROBE_S and
+takes it once the broker has dropped it with the leader's connection; it takes the limits its
+predecessor recorded for an announcement of that moment, so that a type only others limit is
+refilled from the start, and released only if nobody announces it within FORGET_S.
 """
 
 import asyncio
@@ -49,6 +51,8 @@ LEAD_PROBE_S = 2.0
 # The leader reads the announcements and the depths this often; it wakes at least this often.
 ROUND_S = 1.0
 RETRY_S = 1.0
+# Whose limits a new leader reads from the register at its start (Q.rates.applied).
+PREDECESSOR = "the leader before"
 
 
 def due_tokens(next_at: float, now: float, limit: rates.Limit) -> tuple[int, float]:
@@ -169,6 +173,9 @@ class RateLimits:
         failure of the leader's own while it lives."""
         lead = SHARED.rates_lead(self._names.queue)
         holding = False  # the lead is the connection's until it closes: never waited for again
+        # Each process's limits as last announced, and when read: kept while this connection
+        # leads, whatever starts the refill over.
+        announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
         try:
             while not is_lost(connection):
                 try:
@@ -177,7 +184,9 @@ class RateLimits:
                         await self._wait_for(connection, channel, lead)
                         holding = True
                         log.info("leading rate limits", queue=self._names.queue)
-                    await self._refill(connection, channel)
+                        before = await read_applied(channel, self._names)
+                        announced[PREDECESSOR] = (time.monotonic(), before.limits)
+                    await self._refill(connection, channel, announced)
                 except CONNECTION_ERRORS as error:
                     if is_lost(connection):
                         return
@@ -200,14 +209,16 @@ class RateLimits:
             if not holding:
                 await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
 
-    async def _refill(self, connection: AbstractConnection, channel: AbstractChannel) -> None:
-        """Hand out each type's tokens as they fall due, reading the announcements, and the jobs
-        waiting for the gauges, every ROUND_S. The types the leader before applied count from
-        the start: one nobody limits any more has its waiting jobs released."""
-        announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
-        before = await read_applied(channel, self._names)
-        now = time.monotonic()
-        next_at: dict[str, float] = dict.fromkeys(before.limits, now)
+    async def _refill(
+        self,
+        connection: AbstractConnection,
+        channel: AbstractChannel,
+        announced: dict[str, tuple[float, dict[str, rates.Limit]]],
+    ) -> None:
+        """Hand out each type's tokens as they fall due, reading the announcements (into
+        announced), and the jobs waiting for the gauges, every ROUND_S. A type nobody limits any
+        more has its waiting jobs released."""
+        next_at: dict[str, float] = {}
         limits: dict[str, rates.Limit] = {}
         recorded = Applied({}, {})
         read_at = 0.0
