@@ -242,3 +242,23 @@ async def test_lanes_the_broker_refuses_fail_the_job_saying_why_and_refuse_the_e
             await client.enqueue("sync", {}, key="k")
     assert runs.done == []
     await wait_depth(channel, queue_name, 0)
+
+
+async def test_the_first_declaration_fixes_the_lane_count(
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
+) -> None:
+    """A worker of 4 lanes declares them with the queue's first job with a key; a client of the
+    default 16 then declares no lane more (a fifth would take keys from the lanes that hold
+    their earlier jobs), and every job it sends runs."""
+    runs = Runs()
+    await start_worker(runs.run, key_lanes=LANES)
+    await publish(channel, queue_name, "{}", headers={KEY: "k"}, message_id="first")
+    await wait_for(lambda: runs.done == ["first"], 20, "the first job")
+    async with Client(AMQP_URL, queue_name) as client:
+        for i in range(12):
+            await client.enqueue("sync", {}, message_id=f"c{i}", key=f"k{i}")
+    await wait_for(lambda: len(runs.done) == 13, 20, "every job")
+    assert not await exists(connection, Names(queue_name).key_lane(LANES))

@@ -8,8 +8,10 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelPreconditionFailed
 
 from ricochet.broker.amqp import COMMAND_INVALID, CONNECTION_ERRORS, broker_version
+from ricochet.broker.connection import close_quietly, connect, connection_name
 from ricochet.broker.depth import queue_exists
-from ricochet.broker.plan import key_lanes_plan
+from ricochet.broker.plan import Exchange, key_lanes_plan
+from ricochet.broker.publish import confirming_channel
 from ricochet.errors import ConfigError, TopologyConflict
 from ricochet.names import Names
 
@@ -18,30 +20,24 @@ PLUGIN = "rabbitmq_consistent_hash_exchange"
 MOST_LANES = 256
 
 
-async def declare_key_lanes(connection: AbstractConnection, queue: str, count: int) -> None:
-    """Declare queue's key exchange, count lanes and their bindings (idempotent), on a channel of
-    its own; ConfigError when the broker lacks the consistent-hash exchange, TopologyConflict
-    when it holds a lane of other arguments."""
+async def declare_key_lanes(
+    connection: AbstractConnection, amqp_url: str, queue: str, count: int
+) -> None:
+    """Declare queue's key exchange, lanes and their bindings (idempotent): count lanes when it
+    has none, else as many as it has (the first declaration fixes the count: a lane more would
+    take some keys from the lanes that hold their earlier jobs). ConfigError when the broker
+    lacks the consistent-hash exchange, TopologyConflict when it holds the exchange or a lane
+    of other arguments."""
+    probes = await confirming_channel(connection)
+    try:
+        count = await lanes_found(probes, queue, 1) or count
+    finally:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await probes.close()
     plan = key_lanes_plan(queue, count, broker_version(connection))
+    await _declare_exchange(amqp_url, queue, plan.exchange)
     channel = await connection.channel(publisher_confirms=False)
     try:
-        try:
-            exchange = await channel.declare_exchange(
-                plan.exchange.name,
-                plan.exchange.kind,
-                durable=True,
-                arguments=plan.exchange.arguments,
-            )
-        except COMMAND_INVALID as error:
-            raise ConfigError(
-                f"jobs with a key need the consistent-hash exchange, which the broker lacks "
-                f"({error}): enable it with `rabbitmq-plugins enable {PLUGIN}`"
-            ) from None
-        except ChannelPreconditionFailed as error:
-            raise TopologyConflict(
-                f"exchange {plan.exchange.name!r} conflicts with what ricochet declares "
-                f"({error}): delete it"
-            ) from None
         for spec, binding in zip(plan.lanes, plan.bindings, strict=True):
             try:
                 lane = await channel.declare_queue(
@@ -52,10 +48,33 @@ async def declare_key_lanes(connection: AbstractConnection, queue: str, count: i
                     f"key lane {spec.name!r} conflicts with what ricochet declares ({error}): "
                     "delete it once it is empty"
                 ) from None
-            await lane.bind(exchange, routing_key=binding.routing_key)
+            await lane.bind(plan.exchange.name, routing_key=binding.routing_key)
     finally:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await channel.close()
+
+
+async def _declare_exchange(amqp_url: str, queue: str, exchange: Exchange) -> None:
+    """Declare the key exchange on a connection of its own (amqp_url's): a broker without the
+    plugin closes the connection that asks for its exchange type, and every job in flight on it
+    with it."""
+    own = await connect(amqp_url, connection_name("key lanes", queue), 0)
+    try:
+        channel = await own.channel(publisher_confirms=False)
+        await channel.declare_exchange(
+            exchange.name, exchange.kind, durable=True, arguments=exchange.arguments
+        )
+    except COMMAND_INVALID as error:
+        raise ConfigError(
+            f"jobs with a key need the consistent-hash exchange, which the broker lacks "
+            f"({error}): enable it with `rabbitmq-plugins enable {PLUGIN}`"
+        ) from None
+    except ChannelPreconditionFailed as error:
+        raise TopologyConflict(
+            f"exchange {exchange.name!r} conflicts with what ricochet declares ({error}): delete it"
+        ) from None
+    finally:
+        await close_quietly(own)
 
 
 async def lanes_found(channel: AbstractChannel, queue: str, count: int) -> int:

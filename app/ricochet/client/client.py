@@ -282,7 +282,7 @@ class Client:
                     return due_later
             if KEY not in headers:
                 return None
-            return await self._routes.to_lanes(connection, queue, self._key_lanes)
+            return await self._routes.to_lanes(connection, self.amqp_url, queue, self._key_lanes)
         except (MissingQueue, ConfigError, TopologyConflict) as why:
             raise NotConfirmed(f"job {job_id!r} was not enqueued: {why}") from None
         except CONNECTION_ERRORS as error:

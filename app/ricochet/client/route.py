@@ -68,7 +68,7 @@ class Routes:
             return known
 
     async def to_lanes(
-        self, connection: AbstractConnection, queue: str, count: int
+        self, connection: AbstractConnection, amqp_url: str, queue: str, count: int
     ) -> tuple[str, str] | None:
         """(exchange, routing key) of queue's job with a key: the queue's key exchange, its
         lanes declared first (once in the client's life; count of them if it has none yet), so
@@ -81,7 +81,9 @@ class Routes:
             async with self._asking:
                 known = self._lanes.get(queue)
                 if known is None:
-                    known = self._lanes[queue] = await _declare_lanes(connection, queue, count)
+                    known = self._lanes[queue] = await _declare_lanes(
+                        connection, amqp_url, queue, count
+                    )
         return (Names(queue).keys, queue) if known else None
 
     def _known(self, queue: str) -> bool | None:
@@ -105,7 +107,9 @@ class Routes:
             await channel.close()
 
 
-async def _declare_lanes(connection: AbstractConnection, queue: str, count: int) -> bool:
+async def _declare_lanes(
+    connection: AbstractConnection, amqp_url: str, queue: str, count: int
+) -> bool:
     """Declare queue's key lanes (MissingQueue when the queue does not exist); False when the
     client's user may not."""
     channel = KeptChannel(connection)
@@ -115,7 +119,7 @@ async def _declare_lanes(connection: AbstractConnection, queue: str, count: int)
     finally:
         await channel.close()
     try:
-        await declare_key_lanes(connection, queue, count)
+        await declare_key_lanes(connection, amqp_url, queue, count)
     except ACCESS_REFUSED:
         return False
     return True

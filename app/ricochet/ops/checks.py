@@ -498,8 +498,9 @@ def key_lanes_check(names: Names, wanted: int, state: BrokerState) -> Check:
             "warn",
             f"{said}; RICOCHET_KEY_LANES is {wanted}"
             + ("" if state.keys_exchange else f", and the exchange {names.keys} is missing")
-            + ": a worker or client of this setting declares what is missing, and every worker "
-            "consumes every lane it finds; set RICOCHET_KEY_LANES alike everywhere",
+            + ": the first declaration fixes the count, and every worker consumes the lanes it "
+            "finds; to change it, let the lanes drain, delete them and the exchange, and send "
+            "the next job with a key",
         )
     if idle and waiting:
         return Check(

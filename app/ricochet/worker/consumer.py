@@ -17,12 +17,13 @@ from typing import NamedTuple
 
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from ricochet.broker.amqp import Delivery
+from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery
 from ricochet.broker.cancels import CancelReader
 from ricochet.delivery.events import Observer
 from ricochet.delivery.failed import REASON_MAX_CHARS, Failure
 from ricochet.delivery.retry import (
     FAIL_PERMANENT,
+    RUN,
     Cancel,
     Facts,
     Hold,
@@ -146,7 +147,8 @@ class Consumer:
             key=key,
             lined=lined,
         )
-        if lined and key_tier is not None:  # a lane keeps the key it came back from a tier with
+        if names.tier_of_key(facts.original_routing_key) is not None:
+            # Its copy to a lane or to wait for a token kept the key it came back from a tier with.
             facts = facts._replace(original_routing_key=self._queue)
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays, now or before a tier
@@ -191,16 +193,38 @@ class Consumer:
                     attempt=job.attempt,
                 )
 
-    async def _over_limit(self, delivery: Delivery, facts: Facts, kind: str) -> bool:
+    async def _gate(self, settler: Settler, arrival: Arrival) -> Run | Hold | None:
+        """What comes of a job about to run: it runs, or waits for its type's rate limit (Hold),
+        or nothing more here (None): its key could not be read (failed at once), or its channel
+        was lost while it waited for a token (the broker hands it out again)."""
+        delivery, facts, kind, bad_key = arrival
+        if bad_key is not None:
+            bind_log_context(job_of(delivery, facts, kind, self._queue))
+            await settler.settle(delivery, facts, FAIL_PERMANENT, Failure(bad_key), kind)
+            return None
+        if kind is None:  # limited types have a name
+            return RUN
+        over = await self._over_limit(facts, kind)
+        if settler.closed:
+            return None
+        return Hold(kind) if over else RUN
+
+    async def _over_limit(self, facts: Facts, kind: str) -> bool:
         """Whether the job's type is over its rate limit: it is limited here, and there is no
         token to take. A job from its key's lane waits for a token where it is instead: sent to
-        wait, it would come back behind the next jobs of its key."""
-        if not self._rates.limits(kind):
+        wait, it would come back behind the next jobs of its key. A token that cannot be taken
+        (its queue deleted, the channel lost) lets the job run, said in the log: a job never
+        stays unsettled for it."""
+        try:
+            if facts.lined:
+                await self._rates.wait_for_token(kind)
+                return False
+            return not await self._rates.take(kind)
+        except CONNECTION_ERRORS as error:
+            log.warning(
+                "rate limit not applied to the job: no token could be taken", error=str(error)
+            )
             return False
-        if facts.lined:
-            await self._rates.wait_for_token(kind)
-            return False
-        return not await self._rates.take(kind)
 
     async def _lines_up(self, settler: Settler, arrival: Arrival) -> bool:
         """Whether the job can join its key's line: the queue's lanes are declared (now, for
@@ -249,16 +273,11 @@ class Consumer:
     async def _process(self, settler: Settler, arrival: Arrival) -> None:
         delivery, facts, kind, bad_key = arrival
         decision = decide(facts, None)
-        if bad_key is not None and isinstance(decision, Run):
-            bind_log_context(job_of(delivery, facts, kind, self._queue))
-            await settler.settle(delivery, facts, FAIL_PERMANENT, Failure(bad_key), kind)
-            return
-        if (
-            isinstance(decision, Run)
-            and kind is not None
-            and await self._over_limit(delivery, facts, kind)
-        ):
-            decision = Hold(kind)
+        if isinstance(decision, Run) and (bad_key is not None or self._rates.limits(kind)):
+            gated = await self._gate(settler, arrival)
+            if gated is None:
+                return
+            decision = gated
         # Unreadable properties, a forged x-death, a cancel, a poison job or a run-at ahead: no
         # attempt.
         if isinstance(decision, Cancel) and _explicit_token(delivery) is not None:

@@ -103,14 +103,20 @@ class KeyLanes:
             connection = self._connection
             if connection is None:  # between connections: its channel is closing anyway
                 raise ConnectionError("the worker's connection is being opened again")
-            await declare_key_lanes(connection, self._settings.queue, self._settings.key_lanes)
+            settings = self._settings
+            await declare_key_lanes(
+                connection, settings.amqp_url, settings.queue, settings.key_lanes
+            )
+            if self._running:
+                # The lane jobs of a channel lost run on: the broker hands their lanes on at
+                # once, so the next job of a key may only start here once they have ended.
+                await asyncio.wait(set(self._running.values()))
             await self._consume(connection)
 
     async def _consume(self, connection: AbstractConnection) -> None:
-        """Consume every lane of the queue: this setting's, and more if another declared more
-        (a lane no worker consumes would hold its jobs for ever)."""
+        """Consume every lane of the queue (as many as its first declaration made)."""
         channel = await confirming_channel(connection)
-        lanes = await lanes_found(channel, self._settings.queue, self._settings.key_lanes)
+        lanes = await lanes_found(channel, self._settings.queue, 1)
         await channel.set_qos(prefetch_count=1)  # per consumer: one job at a time per lane
         frames = await Frames.under(channel)
         settler = Settler(channel, frames, self._names, frame_max(connection), self._observers())

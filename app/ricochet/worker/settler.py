@@ -98,6 +98,11 @@ class Settler:
         self._dead: list[int] = []
         self._flushing: asyncio.Task[None] | None = None
 
+    @property
+    def closed(self) -> bool:
+        """Whether the channel is gone: a delivery of it can no longer be settled."""
+        return self._channel.is_closed
+
     def delivered(self, delivery: Delivery) -> None:
         """The delivery arrived: no multiple ack may reach it until it is settled."""
         self._running.add(delivery.delivery_tag)
