@@ -3,6 +3,7 @@ every worker (adding one does not raise it), a limited job spending no attempt, 
 going on, workers that disagree applying the lowest, and the gauges of the leader."""
 
 import asyncio
+import json
 import time
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -13,7 +14,7 @@ from ricochet.ops.status import read_status
 from ricochet.worker.rate_limits import FORGET_S
 from structlog.testing import capture_logs
 
-from tests.support import AMQP_URL, StartWorker, make_settings, wait_for
+from tests.support import AMQP_URL, StartWorker, make_settings, publish, wait_depth, wait_for
 
 
 class Starts:
@@ -171,3 +172,24 @@ async def test_jobs_of_a_key_and_a_limited_type_keep_their_order(
     await wait_for(lambda: len(order) == 6, 20, "the jobs of the key")
     assert order == [f"s{i}" for i in range(6)]
     assert most_in_a_second(stamps) <= 5
+
+
+async def test_forged_tokens_and_announcements_change_nothing(
+    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+) -> None:
+    """Ten tokens a producer publishes into Q.tokens.mail behind the leader's (the broker
+    vouches no user for them) start no job, and its announcement of a higher limit is not
+    applied: 1 a minute starts one job in 5 s."""
+    starts = Starts()
+    worker = await start_worker(starts, rate_limits="mail=1/m")
+    await wait_depth(channel, f"{queue_name}.tokens.mail", 1)  # the leader's first token
+    for _ in range(10):
+        await publish(channel, f"{queue_name}.tokens.mail", "")
+    forged = {"process": "x", "limits": {"mail": [100, 1, 10]}}
+    await publish(channel, f"{queue_name}.rates", json.dumps(forged))
+    await enqueue(queue_name, "mail", 6)
+    await asyncio.sleep(5)
+    assert starts.count("mail") == 1
+    sample = {"queue": queue_name, "type": "mail"}
+    per_s = worker.metrics.registry.get_sample_value("ricochet_rate_limit_per_second", sample)
+    assert per_s == 1 / 60

@@ -45,10 +45,15 @@ async def declare_rates(connection: AbstractConnection, queue: str, job_types: l
         await channel.close()
 
 
-async def take_token(channel: AbstractChannel, names: Names, job_type: str) -> bool:
-    """Whether a token of the type was there to take (it is gone then)."""
+async def take_token(channel: AbstractChannel, names: Names, job_type: str, user: str) -> bool:
+    """Whether a token of the type was there to take (it is gone then): one the broker vouches
+    user published (its user_id). Another is a producer's forgery: taken away, and the next
+    looked at."""
     tokens = await channel.get_queue(names.tokens(job_type), ensure=False)
-    return await tokens.get(no_ack=True, fail=False) is not None
+    while (token := await tokens.get(no_ack=True, fail=False)) is not None:
+        if token.user_id == user:
+            return True
+    return False
 
 
 async def wake_one(channel: AbstractChannel, names: Names, job_type: str) -> bool:
@@ -78,12 +83,15 @@ async def wake_one(channel: AbstractChannel, names: Names, job_type: str) -> boo
     return True
 
 
-async def bank_token(channel: AbstractChannel, names: Names, job_type: str, burst: int) -> bool:
+async def bank_token(
+    channel: AbstractChannel, names: Names, job_type: str, burst: int, user: str
+) -> bool:
     """Put a token of the type in its queue unless burst of them wait there; whether it did."""
     depth = await read_depth(channel, names.tokens(job_type))
     if depth is None or depth.messages >= burst:
         return False
-    await publish_confirmed(channel.default_exchange, aio_pika.Message(b""), names.tokens(job_type))
+    token = aio_pika.Message(b"", user_id=user)  # the broker refuses it from any other user
+    await publish_confirmed(channel.default_exchange, token, names.tokens(job_type))
     return True
 
 
@@ -111,24 +119,25 @@ def _body(
     return json.dumps(body).encode()
 
 
-def announcement(process: str, limits: dict[str, rates.Limit]) -> aio_pika.Message:
-    """A worker process's limits, as it announces them every heartbeat."""
-    return aio_pika.Message(_body(process, limits), timestamp=time.time())
+def announcement(process: str, limits: dict[str, rates.Limit], user: str) -> aio_pika.Message:
+    """A worker process's limits, as it announces them every heartbeat, as user."""
+    return aio_pika.Message(_body(process, limits), timestamp=time.time(), user_id=user)
 
 
 async def write_applied(
-    channel: AbstractChannel, names: Names, process: str, applied: Applied
+    channel: AbstractChannel, names: Names, process: str, applied: Applied, user: str
 ) -> None:
-    """Record what the leader (process) applies, for `ricochet status` and `doctor`."""
-    await write_register(
-        channel, names.rates_applied, _body(process, applied.limits, applied.differing)
-    )
+    """Record what the leader (process) applies, as user, for `ricochet status`, `doctor` and
+    the next leader."""
+    body = _body(process, applied.limits, applied.differing)
+    await write_register(channel, names.rates_applied, body, writer=user)
 
 
-async def read_applied(channel: AbstractChannel, names: Names) -> Applied:
-    """What the queue's leader applies (nothing when it recorded nothing, or no worker limits
-    the queue's types); ChannelNotFoundEntity when no worker with limits ever ran."""
-    body = await read_register(channel, names.rates_applied, 0)
+async def read_applied(channel: AbstractChannel, names: Names, user: str) -> Applied:
+    """What the queue's leader applies, as user recorded it (nothing when nobody did, or
+    another user wrote the register); ChannelNotFoundEntity when no worker with limits ever
+    ran."""
+    body = await read_register(channel, names.rates_applied, 0, writer=user)
     parsed = None if body is None else _announced(body)
     if body is None or parsed is None:
         return Applied({}, {})
@@ -152,14 +161,14 @@ async def announce(channel: AbstractChannel, names: Names, message: aio_pika.Mes
 
 
 async def read_announcements(
-    channel: AbstractChannel, names: Names
+    channel: AbstractChannel, names: Names, user: str
 ) -> dict[str, dict[str, rates.Limit]]:
     """Take every announcement waiting: the limits of each process (the newest read wins); one
-    that cannot be read is dropped."""
+    that cannot be read, or that user did not publish, is dropped."""
     queue = await channel.get_queue(names.rates, ensure=False)
     found: dict[str, dict[str, rates.Limit]] = {}
     while (message := await queue.get(no_ack=True, fail=False)) is not None:
-        parsed = _announced(message.body)
+        parsed = _announced(message.body) if message.user_id == user else None
         if parsed is not None:
             found[parsed[0]] = parsed[1]
     return found

@@ -16,6 +16,7 @@ from ricochet.broker.connection import connection_name
 from ricochet.broker.declare import declare_failed_side
 from ricochet.broker.plan import EVENTS_MAX_LENGTH, Plan
 from ricochet.broker.record import declared_settings
+from ricochet.broker.register import amqp_user
 from ricochet.delivery.failed import read_failure
 from ricochet.log import get_logger
 from ricochet.monitor.backlog import FailedBacklog, failed_at_s
@@ -127,7 +128,7 @@ class Monitor:
         loop = asyncio.get_running_loop()
         next_depth_check = loop.time()
         # One channel for every depth check, which goes with the connection.
-        status = StatusReader(connection)
+        status = StatusReader(connection, amqp_user(self._settings.amqp_url))
         while not done.is_set():
             now = loop.time()
             for key, failure, suppressed in self._limiter.due(now):

@@ -242,7 +242,7 @@ async def read_rates(settings: Settings) -> RatesSeen | None:
     try:
         channel = await confirming_channel(connection)
         try:
-            applied = await read_applied(channel, names)
+            applied = await read_applied(channel, names, amqp_user(settings.amqp_url))
         except ChannelNotFoundEntity:  # no worker with limits ever ran
             return RATES_UNREAD
         waiting = {t: await waiting_for_tokens(channel, names, t) for t in applied.limits}

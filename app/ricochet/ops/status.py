@@ -8,6 +8,7 @@ from ricochet.broker.lead import lead_is_held
 from ricochet.broker.plan import Plan
 from ricochet.broker.rate_store import read_applied
 from ricochet.broker.record import declared_plan
+from ricochet.broker.register import amqp_user
 from ricochet.names import SHARED, Names
 from ricochet.ops.report import QueueStatus, roles
 from ricochet.settings import Settings
@@ -17,7 +18,8 @@ class StatusReader:
     """Reads queue statuses on one channel, kept from one read to the next: a reader called every
     interval costs the broker no channel churn."""
 
-    def __init__(self, connection: AbstractConnection) -> None:
+    def __init__(self, connection: AbstractConnection, user: str) -> None:
+        self._user = user  # the workers' AMQP user, who records the rate limits applied
         self._channel = KeptChannel(connection)
         # A confirming channel, for the probe of the rate limits' lead.
         self._probes = KeptChannel(connection, confirming=True)
@@ -38,7 +40,7 @@ class StatusReader:
         tokens (none when no worker limits the queue's types); a limit no process leads any more
         is said to be unapplied."""
         try:
-            limits = (await read_applied(await self._channel.get(), names)).limits
+            limits = (await read_applied(await self._channel.get(), names, self._user)).limits
         except ChannelNotFoundEntity:
             return []
         if not limits:
@@ -69,7 +71,7 @@ class StatusReader:
 async def read_status(connection: AbstractConnection, settings: Settings) -> list[QueueStatus]:
     """Depth and consumers of every queue of the topology as it was declared, read once."""
     declared = await declared_plan(connection, settings)
-    reader = StatusReader(connection)
+    reader = StatusReader(connection, amqp_user(settings.amqp_url))
     statuses = await reader.read(declared)
     await reader.close()
     return statuses

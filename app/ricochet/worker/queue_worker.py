@@ -16,6 +16,7 @@ from ricochet.broker.connection import is_lost
 from ricochet.broker.journal import Journal
 from ricochet.broker.plan import Plan
 from ricochet.broker.publish import confirming_channel
+from ricochet.broker.register import amqp_user
 from ricochet.delivery.events import Observer
 from ricochet.errors import TopologyConflict
 from ricochet.handlers.invoker import Invoker
@@ -73,7 +74,12 @@ class QueueWorker:
         )
         self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
         self._lanes = KeyLanes(settings, lifecycle, self.consumer, lambda: self.observers)
-        self._rates = RateLimits(settings.queue, invoker.rate_limits(settings.rate_limits), metrics)
+        self._rates = RateLimits(
+            settings.queue,
+            invoker.rate_limits(settings.rate_limits),
+            metrics,
+            amqp_user(settings.amqp_url),
+        )
         metrics.key_lanes_busy_when(settings.queue, lambda: self._lanes.busy)
         self._watch = PauseWatch(
             PausePolicy(

@@ -90,8 +90,13 @@ def applied(
 class RateLimits:
     """One queue's limits on this worker, on each of its connections."""
 
-    def __init__(self, queue: str, own: dict[str, rates.Limit], metrics: Metrics) -> None:
+    def __init__(
+        self, queue: str, own: dict[str, rates.Limit], metrics: Metrics, user: str
+    ) -> None:
         self._names = Names(queue)
+        # The AMQP user of the workers: only what the broker vouches it published (tokens,
+        # announcements, the register) counts.
+        self._user = user
         self._own = own
         self._metrics = metrics
         self._process = f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
@@ -117,7 +122,7 @@ class RateLimits:
         if self._channel is None or self._channel.is_closed:  # closed by the broker: again
             assert self._connection is not None
             self._channel = await self._connection.channel(publisher_confirms=False)
-        return await take_token(self._channel, self._names, job_type)
+        return await take_token(self._channel, self._names, job_type, self._user)
 
     async def wait_for_token(self, job_type: str) -> None:
         """Take a token of the type, looking again every interval of this worker's limit (a
@@ -165,7 +170,7 @@ class RateLimits:
     async def _announce(self, connection: AbstractConnection) -> None:
         channel = await confirming_channel(connection)
         while True:
-            await announce(channel, self._names, announcement(self._process, self._own))
+            await announce(channel, self._names, announcement(self._process, self._own, self._user))
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _lead(self, connection: AbstractConnection) -> None:
@@ -184,7 +189,7 @@ class RateLimits:
                         await self._wait_for(connection, channel, lead)
                         holding = True
                         log.info("leading rate limits", queue=self._names.queue)
-                        before = await read_applied(channel, self._names)
+                        before = await read_applied(channel, self._names, self._user)
                         announced[PREDECESSOR] = (time.monotonic(), before.limits)
                     await self._refill(connection, channel, announced)
                 except CONNECTION_ERRORS as error:
@@ -225,13 +230,16 @@ class RateLimits:
         while True:
             now = time.monotonic()
             if now - read_at >= ROUND_S:
-                for process, theirs in (await read_announcements(channel, self._names)).items():
+                read = await read_announcements(channel, self._names, self._user)
+                for process, theirs in read.items():
                     announced[process] = (now, theirs)
                 now_applied = applied(self._own, announced, now)
                 if now_applied != recorded:
                     if now_applied.limits.keys() - recorded.limits.keys():  # another's types
                         await declare_rates(connection, self._names.queue, list(now_applied.limits))
-                    await write_applied(channel, self._names, self._process, now_applied)
+                    await write_applied(
+                        channel, self._names, self._process, now_applied, self._user
+                    )
                     recorded = now_applied
                 limits = now_applied.limits
                 await self._report(channel, limits)
@@ -242,7 +250,7 @@ class RateLimits:
             for job_type, limit in limits.items():
                 due, next_at[job_type] = due_tokens(next_at.get(job_type, now), now, limit)
                 for _ in range(due):
-                    if await bank_token(channel, self._names, job_type, limit.burst):
+                    if await bank_token(channel, self._names, job_type, limit.burst, self._user):
                         await wake_one(channel, self._names, job_type)
             wake = min([read_at + ROUND_S, *next_at.values()])
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
