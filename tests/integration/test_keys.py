@@ -5,6 +5,7 @@ function are honoured, a key that cannot be one fails the job at once, and a wor
 hands its lanes to another."""
 
 import asyncio
+import time
 from collections import defaultdict
 
 import pytest
@@ -262,3 +263,30 @@ async def test_the_first_declaration_fixes_the_lane_count(
             await client.enqueue("sync", {}, message_id=f"c{i}", key=f"k{i}")
     await wait_for(lambda: len(runs.done) == 13, 20, "every job")
     assert not await exists(connection, Names(queue_name).key_lane(LANES))
+
+
+async def test_a_paused_worker_runs_no_job_from_its_lanes(
+    start_worker: StartWorker, queue_name: str
+) -> None:
+    """Four failures pause the worker for 3 s (SPEC 12: it takes no new job); jobs with a key
+    enqueued meanwhile start only once the pause has ended."""
+    ran: list[tuple[str, float]] = []
+
+    async def handler(job: Job) -> None:
+        ran.append((str(job.type), time.monotonic()))
+        if job.type == "fail":
+            raise ConnectionError("down")
+
+    pausing = {"pause_failure_ratio": 0.5, "pause_min_jobs": 4, "pause_window_s": 5, "pause_s": 3}
+    worker = await start_worker(handler, key_lanes=LANES, max_retries=0, **pausing)
+    async with Client(AMQP_URL, queue_name) as client:
+        await client.enqueue("sync", {}, key="warm")  # the lanes, declared and consumed
+        await wait_for(lambda: len(ran) == 1, 20, "the lanes")
+        for _ in range(4):
+            await client.enqueue("fail", {})
+        await wait_for(lambda: worker.gauge("ricochet_worker_paused") == 1, 10, "the pause")
+        paused_at = time.monotonic()
+        for i in range(3):
+            await client.enqueue("sync", {}, key=f"p{i}")
+    await wait_for(lambda: len(ran) == 8, 20, "the jobs after the pause")
+    assert all(at >= paused_at + 2 for kind, at in ran[5:] if kind == "sync")

@@ -30,6 +30,8 @@ from ricochet.worker.settler import Settler
 
 log = get_logger("ricochet.lanes")
 
+# How often lane jobs held through a pause look whether it has ended.
+PAUSE_LOOK_S = 0.2
 # A lanes' channel the broker closed is opened again after this long.
 REOPEN_PAUSE_S = 1.0
 # While this worker does not consume the queue's lanes, it asks this often whether another
@@ -46,12 +48,18 @@ class KeyLanes:
         lifecycle: Lifecycle,
         consumer: Callable[[], Consumer],
         observers: Callable[[], Sequence[Observer]],
+        paused: Callable[[], bool],
     ) -> None:
         self._settings = settings
         self._names = Names(settings.queue)
         self._lifecycle = lifecycle
         self._consumer = consumer
         self._observers = observers
+        # While the queue pauses on a failure spike (SPEC 12), its lanes run no job either: a
+        # delivery waits unrun in its lane's slot until the pause ends.
+        self._paused = paused
+        self._held: list[tuple[Settler, str, Delivery]] = []
+        self._releasing: asyncio.Task[None] | None = None
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._settler: Settler | None = None
@@ -136,6 +144,26 @@ class KeyLanes:
             # Unrun and unsettled: the broker puts it back first in its lane as the channel
             # closes, and only then makes another worker the lane's consumer.
             return
+        if self._paused():
+            self._held.append((settler, lane, delivery))
+            if self._releasing is None or self._releasing.done():
+                self._releasing = asyncio.get_running_loop().create_task(self._after_pause())
+            return
+        self._run(settler, lane, delivery)
+
+    async def _after_pause(self) -> None:
+        """Run the lane jobs held through a pause once it ends (unless their channel went, or
+        the worker stops: the broker hands them out again)."""
+        while True:
+            await asyncio.sleep(PAUSE_LOOK_S)
+            if not self._paused():
+                break
+        held, self._held = self._held, []
+        for settler, lane, delivery in held:
+            if not settler.closed and not self._lifecycle.stopping.is_set():
+                self._run(settler, lane, delivery)
+
+    def _run(self, settler: Settler, lane: str, delivery: Delivery) -> None:
         consumer = self._consumer()
         task = consumer.spawn(settler, consumer.intake(delivery, lined=True))
         self._running[lane] = task

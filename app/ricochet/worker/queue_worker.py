@@ -73,7 +73,13 @@ class QueueWorker:
             journal, settings.queue, lambda: self._applied.plan, settings.result_max_bytes
         )
         self._redeclare = Redeclare(settings, lifecycle, self._applied.declare)
-        self._lanes = KeyLanes(settings, lifecycle, self.consumer, lambda: self.observers)
+        self._lanes = KeyLanes(
+            settings,
+            lifecycle,
+            self.consumer,
+            lambda: self.observers,
+            lambda: self.state is State.PAUSED,
+        )
         self._rates = RateLimits(
             settings.queue,
             invoker.rate_limits(settings.rate_limits),
