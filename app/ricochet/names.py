@@ -218,11 +218,7 @@ class Names:
 
     def key_lane_index(self, name: str) -> int | None:
         """The i of a key lane's name Q.key.i, else None."""
-        prefix = f"{self.queue}.key."
-        digits = name[len(prefix) :]
-        if name.startswith(prefix) and digits.isascii() and digits.isdigit():
-            return int(digits)
-        return None
+        return _number_after(f"{self.queue}.key.", name)
 
     def delay(self, k: int) -> str:
         """Level k of the per-queue delays of earlier versions (retired once empty: the shared
@@ -253,11 +249,15 @@ class Names:
 
     def tier_of_key(self, routing_key: str) -> int | None:
         """The k of a routing key Q.attempt.k (the tier a job came back from), else None."""
-        prefix = f"{self.queue}.attempt."
-        digits = routing_key[len(prefix) :]
-        if routing_key.startswith(prefix) and digits.isascii() and digits.isdigit():
-            return int(digits)
-        return None
+        return _number_after(f"{self.queue}.attempt.", routing_key)
+
+
+def _number_after(prefix: str, name: str) -> int | None:
+    """The number that ends a name which begins with prefix (ASCII digits only), else None."""
+    digits = name[len(prefix) :]
+    if name.startswith(prefix) and digits.isascii() and digits.isdigit():
+        return int(digits)
+    return None
 
 
 # Every name Names derives from a queue's, as a queue name of its own: a queue named so would
