@@ -227,6 +227,7 @@ class RateLimits:
         limits: dict[str, rates.Limit] = {}
         recorded = Applied({}, {})
         read_at = 0.0
+        stalled: set[str] = set()  # the types whose jobs waited for a token at the last round
         while True:
             now = time.monotonic()
             if now - read_at >= ROUND_S:
@@ -242,18 +243,37 @@ class RateLimits:
                     )
                     recorded = now_applied
                 limits = now_applied.limits
-                await self._report(channel, limits)
+                stalled = await self._report(channel, limits)
                 read_at = now
             for job_type in [t for t in next_at if t not in limits]:
                 await self._release(channel, job_type)
                 del next_at[job_type]
             for job_type, limit in limits.items():
                 due, next_at[job_type] = due_tokens(next_at.get(job_type, now), now, limit)
-                for _ in range(due):
-                    if await bank_token(channel, self._names, job_type, limit.burst, self._user):
-                        await wake_one(channel, self._names, job_type)
+                await self._hand_out(channel, job_type, limit, due, stalled)
             wake = min([read_at + ROUND_S, *next_at.values()])
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
+
+    async def _hand_out(
+        self,
+        channel: AbstractChannel,
+        job_type: str,
+        limit: rates.Limit,
+        due: int,
+        stalled: set[str],
+    ) -> None:
+        """Bank the type's due tokens, up to the burst, each waking a waiting job. stalled: the
+        types whose jobs waited at the round; a type's bucket found full wakes one of them
+        anyway, once a round (the type leaves stalled)."""
+        for _ in range(due):
+            if await bank_token(channel, self._names, job_type, limit.burst, self._user):
+                await wake_one(channel, self._names, job_type)
+            elif job_type in stalled:
+                # The bucket is full and jobs wait: the wake meant for one found none (it joined
+                # the line a moment after, or the leader before was cut off between its bank
+                # and its wake), and a full bucket wakes no more. It takes a token as any job.
+                stalled.discard(job_type)
+                await wake_one(channel, self._names, job_type)
 
     async def _release(self, channel: AbstractChannel, job_type: str) -> None:
         """A type no worker limits any more: the jobs that wait for its tokens all run."""
@@ -270,10 +290,15 @@ class RateLimits:
             with contextlib.suppress(KeyError):
                 gauge.remove(self._names.queue, job_type)
 
-    async def _report(self, channel: AbstractChannel, limits: dict[str, rates.Limit]) -> None:
+    async def _report(self, channel: AbstractChannel, limits: dict[str, rates.Limit]) -> set[str]:
+        """Set each type's gauges; the types whose jobs wait for a token."""
         queue = self._names.queue
+        stalled: set[str] = set()
         for job_type, limit in limits.items():
             held = await waiting(channel, self._names, job_type)
             self._metrics.rate_limited.labels(queue=queue, type=job_type).set(held)
             self._metrics.rate_limit.labels(queue=queue, type=job_type).set(limit.per_s)
             self._reported.add(job_type)
+            if held:
+                stalled.add(job_type)
+        return stalled
