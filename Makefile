@@ -66,7 +66,8 @@ BROKER_TESTS ?= $(BROKER_DECIDES:%=tests/integration/test_%.py) \
 	tests/faults/test_failed_queue_faults.py tests/faults/test_wait_faults.py \
 	tests/faults/test_shared_waiting_faults.py tests/faults/test_schedule_faults.py \
 	tests/faults/test_waiting_faults.py tests/faults/test_journal_faults.py \
-	tests/faults/test_index_faults.py tests/faults/test_keys_faults.py
+	tests/faults/test_index_faults.py tests/faults/test_keys_faults.py \
+	tests/faults/test_rate_limits_faults.py
 # Each broker's suite runs over MATRIX_JOBS processes: the brokers' suites run at the same time.
 MATRIX_JOBS ?= 1
 test-brokers: install tools  ## the integration and process-fault tests on every RabbitMQ of the matrix

@@ -136,6 +136,8 @@ class FaultRun:
     workers: list[WorkerProcess] = field(default_factory=list)
     waits_in_levels: bool = False  # whether some jobs were scheduled or asked a RetryLater
     keyed: bool = False  # whether some jobs have a key: the queue's key lanes hold them too
+    # The rate-limited types of its workers: their jobs wait in Q.limited.TYPE too (SPEC 28).
+    rate_types: tuple[str, ...] = ()
     # For each cancelled id, the journal's lines once its cancel had returned.
     journal_at_cancel: dict[str, int] = field(default_factory=dict)
 
@@ -258,8 +260,10 @@ class FaultRun:
 
     async def _quiet(self, drained: Callable[[], Awaitable[bool]]) -> None:
         """Until no attempt of this run has started for QUIET_S with its queues drained: longer
-        than any wait of these rows in the shared levels, where its jobs cannot be counted."""
-        if not self.waits_in_levels:
+        than any wait of these rows in the shared levels, where its jobs cannot be counted; and
+        for a limited type, whose job moving between the queue and its waiting queue is for a
+        moment in neither (held by a worker), and must run before the workers stop."""
+        if not self.waits_in_levels and not self.rate_types:
             return
         seen = len(journal(self.journal_path))
         deadline = time.monotonic() + 120
@@ -309,15 +313,16 @@ class FaultRun:
 
     def _waiting_queues(self) -> list[str]:
         """The run's own queues where its jobs wait: the main queue, its tiers and lanes, and
-        its key lanes once it has jobs with a key. The delays' levels are shared by every queue
-        of the vhost (other tests' jobs may wait there): its jobs in the levels are waited for
-        by time (quiet)."""
+        its key lanes once it has jobs with a key, and its limited types' waiting queues. The
+        delays' levels are shared by every queue of the vhost (other tests' jobs may wait
+        there): its jobs in the levels are waited for by time (quiet)."""
         declared = plan(self.settings)
         keys = range(self.settings.key_lanes) if self.keyed else range(0)
         return [
             self.names.queue,
             *(spec.name for spec in [*declared.tiers, *declared.lanes]),
             *map(self.names.key_lane, keys),
+            *map(self.names.limited, self.rate_types),
         ]
 
     async def settle(self) -> None:
