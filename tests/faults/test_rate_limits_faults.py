@@ -50,9 +50,9 @@ PERIOD_NS = 1_000_000_000
 # a token when its timer fires, which may be late, so that a token due just before a second is
 # banked, and taken, within it; and a new leader banks its first token as it takes the lead,
 # which may come less than an interval after the killed one's last (handlers.md allows up to the
-# burst more at a lead change; the bucket itself, at most BURST tokens, carries over). In every
-# run the busiest second had exactly burst + RATE starts. Two leaders refilling at once, or each
-# token banked twice, pass it by 4 or more.
+# burst more at a lead change; the bucket itself, at most BURST tokens, carries over). No run
+# used it: the busiest second had 6 or 7 starts. Two leaders refilling at once, or each token
+# banked twice, pass it by 4 or more.
 SLACK = 1
 JOBS = 36  # 7 s of tokens
 SLEEP_S = 0.3  # long enough that a process has a job running when it is killed
