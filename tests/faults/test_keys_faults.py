@@ -4,7 +4,7 @@ lanes.
 
 Two `ricochet worker` processes run the jobs of 8 keys, enqueued by one Client once the queue's
 first job with a key has run from its 4 lanes (the client sends each job straight to its lane,
-in its key's order). The handler (tests/faults/keyed.py) notes each run's key, process
+in its key's order). The handler (tests/faults/timed.py) notes each run's key, process
 and times, and each row checks across both processes, besides FaultRun's account of every id:
 
 - no two jobs of a key ran at the same time (a run whose process was killed ends at the kill);
@@ -23,8 +23,8 @@ import pytest
 
 from tests.broker import BROKER
 from tests.faults.harness import FaultRun, WorkerProcess
-from tests.faults.keyed import keys_journal
 from tests.faults.node import Node
+from tests.faults.timed import timed_journal
 from tests.support import ricochet_env, wait_for
 
 LANES = 4  # few quorum queues: each costs the broker 3 file handles on 3.x
@@ -46,7 +46,7 @@ class KeyRun:
 
 def key_runs(run: FaultRun) -> list[KeyRun]:
     """The runs the handler noted so far, in the order they started."""
-    path = keys_journal(run.journal_path)
+    path = timed_journal(run.journal_path)
     runs: list[KeyRun] = []
     if not path.exists():
         return runs
@@ -171,7 +171,7 @@ async def test_kill_9_of_the_worker_holding_the_key_lanes(
     most one per lane), no two jobs of a key at once, each key's jobs started in their order."""
     run = fault_run(
         "key lanes: the worker holding them killed with kill -9",
-        handler="tests.faults.keyed:keyed",
+        handler="tests.faults.timed:timed",
         key_lanes=LANES,
     )
     first, second, enqueued = await two_workers_on_the_lanes(run, per_key=6, sleep_s=0.25)
@@ -224,7 +224,7 @@ async def test_broker_restarted_while_jobs_wait_in_the_key_lanes(
     started in their order."""
     run = fault_run(
         "key lanes: broker restarted while jobs wait in them",
-        handler="tests.faults.keyed:keyed",
+        handler="tests.faults.timed:timed",
         key_lanes=LANES,
     )
     first, second, enqueued = await two_workers_on_the_lanes(run, per_key=8, sleep_s=0.3)

@@ -4,7 +4,7 @@ kill -9 beside another, and the broker restarted while jobs wait for tokens.
 Two `ricochet worker` processes (one process each) limit the type `metered` to 5 a second with a
 burst of 2 (RICOCHET_RATE_LIMITS), and run 36 jobs of it, enqueued at once: 2 start on the
 tokens banked meanwhile, the others wait in Q.limited.metered and start as the leader refills.
-The handler (tests/faults/metered.py) notes each run's process, attempt and monotonic times
+The handler (tests/faults/timed.py) notes each run's process, attempt and monotonic times
 beside the journal, so that a row checks across both processes, besides FaultRun's account of
 every id:
 
@@ -35,8 +35,8 @@ from ricochet.names import SHARED, Names
 
 from tests.broker import BROKER, Broker
 from tests.faults.harness import FaultRun, WorkerProcess
-from tests.faults.metered import rates_journal
 from tests.faults.node import Node
+from tests.faults.timed import timed_journal
 from tests.support import depth, ricochet_env, wait_for
 
 TYPE = "metered"
@@ -79,14 +79,14 @@ class MeteredRun:
 
 def metered_runs(run: FaultRun) -> list[MeteredRun]:
     """The runs the handler noted so far, in the order they started."""
-    path = rates_journal(run.journal_path)
+    path = timed_journal(run.journal_path)
     runs: list[MeteredRun] = []
     if not path.exists():
         return runs
     running: dict[tuple[str, int], list[MeteredRun]] = defaultdict(list)
     # The last line may still be being written: only whole lines count.
     for line in path.read_text().split("\n")[:-1]:
-        event, message_id, attempt, pid, ns = line.split()
+        event, message_id, attempt, _, pid, ns = line.split()
         if event == "start":
             runs.append(MeteredRun(message_id, int(attempt), int(pid), int(ns)))
             running[message_id, int(pid)].append(runs[-1])
@@ -210,7 +210,7 @@ async def rate_run(
     runs: list[FaultRun] = []
 
     def make(name: str) -> FaultRun:
-        run = fault_run(name, handler="tests.faults.metered:metered")
+        run = fault_run(name, handler="tests.faults.timed:timed")
         run.rate_types = (TYPE,)
         runs.append(run)
         return run
