@@ -3,7 +3,7 @@
 from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import ChannelNotFoundEntity
 
-from ricochet.broker.depth import KeptChannel, read_depth
+from ricochet.broker.depth import KeptChannel, queue_exists, read_depth
 from ricochet.broker.lead import lead_is_held
 from ricochet.broker.plan import Plan
 from ricochet.broker.rate_store import read_applied
@@ -39,13 +39,20 @@ class StatusReader:
         """Each limit the leader of the queue's limits applies, with the jobs waiting for its
         tokens (none when no worker limits the queue's types); a limit no process leads any more
         is said to be unapplied."""
+        probes = await self._probes.get()
+        # Asked by a probe first (of the announcements' queue, declared with the register: a
+        # probe must not take the register's one place): reading a register that is not there
+        # would close the channel, and the broker would log it, at every read of a queue whose
+        # workers limit nothing.
+        if not await queue_exists(probes, names.rates):
+            return []
         try:
             limits = (await read_applied(await self._channel.get(), names, self._user)).limits
-        except ChannelNotFoundEntity:
+        except ChannelNotFoundEntity:  # deleted since
             return []
         if not limits:
             return []
-        led = await lead_is_held(await self._probes.get(), SHARED.rates_lead(names.queue))
+        led = await lead_is_held(probes, SHARED.rates_lead(names.queue))
         rows = []
         for job_type, limit in sorted(limits.items()):
             depth = await read_depth(await self._channel.get(), names.limited(job_type))
