@@ -76,10 +76,15 @@ class KeyLanes:
         """Consume the lanes on this connection: at once when the queue has them, else from its
         first job with a key (ensure); at a stop, take no more and settle what ran."""
         self._connection = connection
+        looking = asyncio.get_running_loop().create_task(self._look_for_lanes(connection))
         try:
-            await self._lifecycle.unless_stopped(self._look_for_lanes(connection))
+            await self._lifecycle.stopping.wait()
+            looking.cancel()  # no lanes consumed again from here
             await self._stop()
         finally:
+            # Cancelled with its connection too: a look left running would probe the dead
+            # connection every few seconds, and log it, for the process's life.
+            looking.cancel()
             self._connection = None
 
     async def _look_for_lanes(self, connection: AbstractConnection) -> None:
