@@ -103,9 +103,7 @@ async def fault_run(
 
     yield make
     for run in runs:
-        for worker in run.workers:
-            if worker.alive:
-                worker.kill()
+        run.kill_workers()
         if run.connection is not connection:
             await close_quietly(run.connection)
 
@@ -131,9 +129,7 @@ async def fault_queues(
 
     yield make
     for queues in made:
-        for worker in queues.runs[0].workers:
-            if worker.alive:
-                worker.kill()
+        queues.runs[0].kill_workers()
     async with await aio_pika.connect(fault_broker.amqp_url) as cleanup:
         for queues in made:
             for run in queues.runs:

@@ -347,6 +347,12 @@ class FaultRun:
         await self._quiet(drained)
         await channel.close()
 
+    def kill_workers(self) -> None:
+        """Kill (-9) the run's worker processes still alive: after a test, none may go on."""
+        for worker in self.workers:
+            if worker.alive:
+                worker.kill()
+
     async def account(
         self, expected_failed: set[str] | None = None, any_failed: bool = False
     ) -> Tally:

@@ -17,14 +17,13 @@ import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
 from tests.broker import BROKER
 from tests.faults.harness import FaultRun, WorkerProcess
 from tests.faults.node import Node
-from tests.faults.timed import timed_journal
+from tests.faults.timed import TimedRun, timed_runs
 from tests.support import ricochet_env, wait_for
 
 LANES = 4  # few quorum queues: each costs the broker 3 file handles on 3.x
@@ -32,44 +31,14 @@ KEYS = [f"k{i}" for i in range(8)]
 HANDOVER_S = 10  # a killed worker's lanes pass to the other worker within this long
 
 
-@dataclass
-class KeyRun:
-    """One run of a job: its key, the process it ran in, and when (monotonic ns); end is None
-    while it runs, or when its process died under it."""
-
-    message_id: str
-    key: str
-    pid: int
-    start_ns: int
-    end_ns: int | None = None
-
-
-def key_runs(run: FaultRun) -> list[KeyRun]:
-    """The runs the handler noted so far, in the order they started."""
-    path = timed_journal(run.journal_path)
-    runs: list[KeyRun] = []
-    if not path.exists():
-        return runs
-    running: dict[tuple[str, int], list[KeyRun]] = defaultdict(list)
-    # The last line may still be being written: only whole lines count.
-    for line in path.read_text().split("\n")[:-1]:
-        event, message_id, _, key, pid, ns = line.split()
-        if event == "start":
-            runs.append(KeyRun(message_id, key, int(pid), int(ns)))
-            running[message_id, int(pid)].append(runs[-1])
-        else:
-            running[message_id, int(pid)].pop(0).end_ns = int(ns)
-    return sorted(runs, key=lambda r: r.start_ns)
-
-
 def check_keys(
-    runs: list[KeyRun], enqueued: dict[str, list[str]], killed: dict[int, int]
+    runs: list[TimedRun], enqueued: dict[str, list[str]], killed: dict[int, int]
 ) -> dict[str, list[str]]:
     """Assert that no two jobs of a key overlapped and that each key's jobs started in their
     enqueue order, a job run again right after its own first run; a run with no end is one
     whose process was killed (killed: pid -> when the signal was sent), and ends there. Returns
     each key's starts, in order."""
-    starts: dict[str, list[KeyRun]] = defaultdict(list)
+    starts: dict[str, list[TimedRun]] = defaultdict(list)
     for r in runs:
         if r.end_ns is None:
             assert r.pid in killed, f"{r.message_id} never ended in process {r.pid}, not killed"
@@ -91,7 +60,7 @@ def check_keys(
     return order
 
 
-def last_started(runs: list[KeyRun], before_ns: int, pid: int | None = None) -> set[str]:
+def last_started(runs: list[TimedRun], before_ns: int, pid: int | None = None) -> set[str]:
     """Each key's last job started before this time (in this process): the one its lane had
     handed out, the only one of the key that may run again after a fault then."""
     last: dict[str, str] = {}
@@ -101,7 +70,7 @@ def last_started(runs: list[KeyRun], before_ns: int, pid: int | None = None) -> 
     return set(last.values())
 
 
-def reruns(runs: list[KeyRun]) -> list[KeyRun]:
+def reruns(runs: list[TimedRun]) -> list[TimedRun]:
     """The runs of a job after its first."""
     seen: set[str] = set()
     again = []
@@ -112,7 +81,7 @@ def reruns(runs: list[KeyRun]) -> list[KeyRun]:
     return again
 
 
-def ran_again(runs: list[KeyRun]) -> set[str]:
+def ran_again(runs: list[TimedRun]) -> set[str]:
     return {r.message_id for r in reruns(runs)}
 
 
@@ -177,18 +146,18 @@ async def test_kill_9_of_the_worker_holding_the_key_lanes(
     first, second, enqueued = await two_workers_on_the_lanes(run, per_key=6, sleep_s=0.25)
 
     def a_busy() -> bool:
-        runs = key_runs(run)
+        runs = timed_runs(run.journal_path)
         running = [r for r in runs if r.pid == pid(first) and r.end_ns is None]
         return bool(running) and len(run.done()) >= len(run.published) // 3
 
     await wait_for(a_busy, 60, "a third of the jobs done, and one running on worker a")
     killed_ns = time.monotonic_ns()
     first.kill()
-    runs_at_kill = key_runs(run)
+    runs_at_kill = timed_runs(run.journal_path)
     in_flight = {r.message_id for r in runs_at_kill if r.end_ns is None}
     tally = await run.account()
 
-    runs = key_runs(run)
+    runs = timed_runs(run.journal_path)
     check_keys(runs, enqueued, {pid(first): killed_ns})
     # b ran nothing before the kill: a was every lane's single active consumer.
     assert {r.pid for r in runs if r.start_ns < killed_ns} == {pid(first)}
@@ -230,7 +199,7 @@ async def test_broker_restarted_while_jobs_wait_in_the_key_lanes(
     first, second, enqueued = await two_workers_on_the_lanes(run, per_key=8, sleep_s=0.3)
     await wait_for(lambda: len(run.done()) >= len(run.published) // 8, 60, "an eighth done")
     await asyncio.to_thread(node.ctl, "stop_app")
-    waiting = len(run.published) - len({r.message_id for r in key_runs(run)})
+    waiting = len(run.published) - len({r.message_id for r in timed_runs(run.journal_path)})
     await asyncio.sleep(2)
     # The app is down: a job started before this was handed out before the stop, one started
     # after it after the restart.
@@ -239,7 +208,7 @@ async def test_broker_restarted_while_jobs_wait_in_the_key_lanes(
     await run.reconnect()
     tally = await run.account()
 
-    runs = key_runs(run)
+    runs = timed_runs(run.journal_path)
     check_keys(runs, enqueued, {})
     # The jobs run on until the app stops (rabbitmqctl takes a second or two to start).
     assert waiting >= len(run.published) // 4, f"only {waiting} jobs waited in the lanes"

@@ -21,9 +21,7 @@ import datetime as dt
 import itertools
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import aio_pika
 import pytest
@@ -36,7 +34,7 @@ from ricochet.names import SHARED, Names
 from tests.broker import BROKER, Broker
 from tests.faults.harness import FaultRun, WorkerProcess
 from tests.faults.node import Node
-from tests.faults.timed import timed_journal
+from tests.faults.timed import TimedRun, timed_runs
 from tests.support import depth, ricochet_env, wait_for
 
 TYPE = "metered"
@@ -65,44 +63,14 @@ ACK_S = 1.0
 MOVING = 3
 
 
-@dataclass
-class MeteredRun:
-    """One run of a job: its attempt, the process it ran in, and when (monotonic ns); end is None
-    while it runs, or when its process died under it."""
-
-    message_id: str
-    attempt: int
-    pid: int
-    start_ns: int
-    end_ns: int | None = None
-
-
-def metered_runs(run: FaultRun) -> list[MeteredRun]:
-    """The runs the handler noted so far, in the order they started."""
-    path = timed_journal(run.journal_path)
-    runs: list[MeteredRun] = []
-    if not path.exists():
-        return runs
-    running: dict[tuple[str, int], list[MeteredRun]] = defaultdict(list)
-    # The last line may still be being written: only whole lines count.
-    for line in path.read_text().split("\n")[:-1]:
-        event, message_id, attempt, _, pid, ns = line.split()
-        if event == "start":
-            runs.append(MeteredRun(message_id, int(attempt), int(pid), int(ns)))
-            running[message_id, int(pid)].append(runs[-1])
-        else:
-            running[message_id, int(pid)].pop(0).end_ns = int(ns)
-    return sorted(runs, key=lambda r: r.start_ns)
-
-
-def most_in_a_period(runs: list[MeteredRun]) -> int:
+def most_in_a_period(runs: list[TimedRun]) -> int:
     """The most runs that started within any one period (a second), wherever it begins: the
     busiest windows begin at a start."""
     starts = [r.start_ns for r in runs]
     return max(sum(1 for t in starts if s <= t < s + PERIOD_NS) for s in starts)
 
 
-def check_limit(runs: list[MeteredRun]) -> int:
+def check_limit(runs: list[TimedRun]) -> int:
     """Assert that the starts never passed the bucket in any second, and that every run was a
     first attempt (a job waiting for a token spends none); the most starts in a second."""
     most = most_in_a_period(runs)
@@ -112,7 +80,7 @@ def check_limit(runs: list[MeteredRun]) -> int:
     return most
 
 
-def ran_again(runs: list[MeteredRun]) -> set[str]:
+def ran_again(runs: list[TimedRun]) -> set[str]:
     seen: set[str] = set()
     again = set()
     for r in runs:
@@ -122,7 +90,7 @@ def ran_again(runs: list[MeteredRun]) -> set[str]:
     return again
 
 
-def caught(runs: list[MeteredRun], fault_ns: int, pids: set[int]) -> set[str]:
+def caught(runs: list[TimedRun], fault_ns: int, pids: set[int]) -> set[str]:
     """The jobs a fault at fault_ns found in these processes' hands: running, or done so shortly
     before that their ack may not have reached the broker."""
     return {
@@ -134,7 +102,7 @@ def caught(runs: list[MeteredRun], fault_ns: int, pids: set[int]) -> set[str]:
     }
 
 
-def check_again(runs: list[MeteredRun], fault_ns: int, handed: set[str]) -> set[str]:
+def check_again(runs: list[TimedRun], fault_ns: int, handed: set[str]) -> set[str]:
     """Assert that the jobs that ran twice are the ones handed to a process the fault cut off,
     and at most MOVING that were moving between Q and Q.limited.metered then: those never
     started before it (a wake's copy starts milliseconds after its publish, before the ack the
@@ -148,7 +116,7 @@ def check_again(runs: list[MeteredRun], fault_ns: int, handed: set[str]) -> set[
     return again
 
 
-def pace(runs: list[MeteredRun], after_ns: int) -> float:
+def pace(runs: list[TimedRun], after_ns: int) -> float:
     """Starts a second after this time: the median gap between successive starts (robust to a
     job that lost its woken turn to another and waited again at the end of the line)."""
     starts = [r.start_ns for r in runs if r.start_ns >= after_ns]
@@ -217,9 +185,7 @@ async def rate_run(
 
     yield make
     for run in runs:
-        for worker in run.workers:
-            if worker.alive:
-                worker.kill()
+        run.kill_workers()
     async with await aio_pika.connect(fault_broker.amqp_url) as cleanup:
         await delete_rate_objects(cleanup, queue_name)
 
@@ -257,21 +223,25 @@ async def test_kill_9_of_the_process_leading_the_rate_limits(
     leader, other = await two_workers_over_a_backlog(run)
 
     def leader_busy() -> bool:
-        running = [r for r in metered_runs(run) if r.pid == pid(leader) and r.end_ns is None]
+        running = [
+            r for r in timed_runs(run.journal_path) if r.pid == pid(leader) and r.end_ns is None
+        ]
         return bool(running) and len(run.done()) >= JOBS // 3
 
     await wait_for(leader_busy, 60, "a third of the jobs done, and one running on the leader")
     killed_at, killed_ns = time.time(), time.monotonic_ns()
     leader.kill()
     in_flight = {
-        r.message_id for r in metered_runs(run) if r.pid == pid(leader) and r.end_ns is None
+        r.message_id
+        for r in timed_runs(run.journal_path)
+        if r.pid == pid(leader) and r.end_ns is None
     }
     await wait_for(lambda: leads(other), HANDOVER_S + 5, "the other worker taking the lead")
     handover_s = leads(other)[0] - killed_at
     taken_ns = killed_ns + int(handover_s * 1e9)
     tally = await run.account()
 
-    runs = metered_runs(run)
+    runs = timed_runs(run.journal_path)
     for r in runs:
         if r.end_ns is None:  # its process was killed under it
             assert r.pid == pid(leader), r
@@ -330,7 +300,7 @@ async def test_broker_restarted_while_jobs_wait_for_tokens(
     await run.reconnect()
     tally = await run.account()
 
-    runs = metered_runs(run)
+    runs = timed_runs(run.journal_path)
     assert all(r.end_ns is not None for r in runs)
     most = check_limit(runs)
     assert waiting >= JOBS // 2, f"only {waiting} jobs waited for tokens at the stop"

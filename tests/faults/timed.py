@@ -12,6 +12,8 @@ one whose process died under it."""
 import asyncio
 import os
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from ricochet import Job
@@ -44,3 +46,35 @@ async def timed(job: Job) -> None:
     _mark("start", job)
     await asyncio.sleep(float(job.payload.get("sleep_s", 0)))
     _mark("done", job)
+
+
+@dataclass
+class TimedRun:
+    """One run of a job, as the handler noted it: its attempt, key ("-": none), the process it
+    ran in, and when (monotonic ns); end is None while it runs, or when its process died under
+    it."""
+
+    message_id: str
+    attempt: int
+    key: str
+    pid: int
+    start_ns: int
+    end_ns: int | None = None
+
+
+def timed_runs(journal: Path) -> list[TimedRun]:
+    """The runs noted so far beside the journal, in the order they started."""
+    path = timed_journal(journal)
+    runs: list[TimedRun] = []
+    if not path.exists():
+        return runs
+    running: dict[tuple[str, int], list[TimedRun]] = defaultdict(list)
+    # The last line may still be being written: only whole lines count.
+    for line in path.read_text().split("\n")[:-1]:
+        event, message_id, attempt, key, pid, ns = line.split()
+        if event == "start":
+            runs.append(TimedRun(message_id, int(attempt), key, int(pid), int(ns)))
+            running[message_id, int(pid)].append(runs[-1])
+        else:
+            running[message_id, int(pid)].pop(0).end_ns = int(ns)
+    return sorted(runs, key=lambda r: r.start_ns)

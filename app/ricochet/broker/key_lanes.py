@@ -22,15 +22,15 @@ MOST_LANES = 256
 
 async def declare_key_lanes(
     connection: AbstractConnection, amqp_url: str, queue: str, count: int
-) -> None:
+) -> int:
     """Declare queue's key exchange, lanes and their bindings (idempotent): count lanes when it
     has none, else as many as it has (the first declaration fixes the count: a lane more would
     take some keys from the lanes that hold their earlier jobs). ConfigError when the broker
     lacks the consistent-hash exchange, TopologyConflict when it holds the exchange or a lane
-    of other arguments."""
+    of other arguments. Returns how many lanes the queue has."""
     probes = await confirming_channel(connection)
     try:
-        count = await lanes_found(probes, queue, 1) or count
+        count = await lanes_found(probes, queue) or count
     finally:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await probes.close()
@@ -52,6 +52,7 @@ async def declare_key_lanes(
     finally:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await channel.close()
+    return count
 
 
 async def _declare_exchange(amqp_url: str, queue: str, exchange: Exchange) -> None:
@@ -77,14 +78,11 @@ async def _declare_exchange(amqp_url: str, queue: str, exchange: Exchange) -> No
         await close_quietly(own)
 
 
-async def lanes_found(channel: AbstractChannel, queue: str, count: int) -> int:
-    """How many key lanes queue has: 0 when its first is missing, else at least count (the
-    lanes a setting declares), more when another setting declared more. Asked with probes that
-    expire at once, on a confirming channel (broker/depth.py's queue_exists)."""
+async def lanes_found(channel: AbstractChannel, queue: str) -> int:
+    """How many key lanes queue has (0: none yet), asked with probes that expire at once, on a
+    confirming channel (broker/depth.py's queue_exists)."""
     names = Names(queue)
-    if not await queue_exists(channel, names.key_lane(0)):
-        return 0
-    found = count
+    found = 0
     while found < MOST_LANES and await queue_exists(channel, names.key_lane(found)):
         found += 1
     return found

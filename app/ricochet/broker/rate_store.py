@@ -11,10 +11,11 @@ starts never pass the bucket, wherever the woken job is in the queue's backlog.
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet import rates
 from ricochet.broker.amqp import broker_version
@@ -56,29 +57,22 @@ async def take_token(channel: AbstractChannel, names: Names, job_type: str, user
     return False
 
 
-async def wake_one(channel: AbstractChannel, names: Names, job_type: str) -> bool:
+async def wake_one(
+    channel: AbstractChannel,
+    names: Names,
+    job_type: str,
+    copied: Callable[[AbstractIncomingMessage], aio_pika.Message],
+) -> bool:
     """Send the oldest job waiting for a token of the type back to its queue (by the queue's
-    return exchange, with its routing key, as a job back from a tier), confirmed, then ack it:
-    there it takes a token as any job does. False when none waits."""
+    return exchange, with its routing key, as a job back from a tier), as copied makes it from
+    the waiting message, confirmed, then ack it: there it takes a token as any job does. False
+    when none waits."""
     limited = await channel.get_queue(names.limited(job_type), ensure=False)
     held = await limited.get(no_ack=False, fail=False)
     if held is None:
         return False
-    copy = aio_pika.Message(
-        held.body,
-        headers=dict(held.headers or {}),
-        content_type=held.content_type,
-        content_encoding=held.content_encoding,
-        message_id=held.message_id,
-        correlation_id=held.correlation_id,
-        type=held.type,
-        timestamp=held.timestamp,
-        app_id=held.app_id,
-        priority=held.priority,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )
     back = await channel.get_exchange(names.return_exchange, ensure=False)
-    await publish_confirmed(back, copy, held.routing_key or names.queue)
+    await publish_confirmed(back, copied(held), held.routing_key or names.queue)
     await held.ack()
     return True
 

@@ -148,7 +148,8 @@ class Consumer:
             lined=lined,
         )
         if names.tier_of_key(facts.original_routing_key) is not None:
-            # Its copy to a lane or to wait for a token kept the key it came back from a tier with.
+            # A copy (to a lane, to wait for a token, to its tier) kept the tier's key, in its
+            # routing key or its first rejection's: the key it was published with was the queue's.
             facts = facts._replace(original_routing_key=self._queue)
         original = names.published_key(facts.original_routing_key)
         if original != facts.original_routing_key:  # back from the delays, now or before a tier

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames, frame_max
-from ricochet.broker.key_lanes import declare_key_lanes, lanes_found
+from ricochet.broker.depth import queue_exists
+from ricochet.broker.key_lanes import declare_key_lanes
 from ricochet.broker.publish import confirming_channel
 from ricochet.delivery.events import Observer
 from ricochet.errors import ConfigError, TopologyConflict
@@ -96,7 +97,7 @@ class KeyLanes:
                 try:
                     if channel is None or channel.is_closed:
                         channel = await confirming_channel(connection)
-                    if await lanes_found(channel, self._names.queue, 1):
+                    if await queue_exists(channel, self._names.key_lane(0)):
                         await self.ensure()
                 except (TopologyConflict, ConfigError, *CONNECTION_ERRORS) as error:
                     log.error("key lanes not consumed", queue=self._names.queue, error=str(error))
@@ -117,19 +118,18 @@ class KeyLanes:
             if connection is None:  # between connections: its channel is closing anyway
                 raise ConnectionError("the worker's connection is being opened again")
             settings = self._settings
-            await declare_key_lanes(
+            lanes = await declare_key_lanes(
                 connection, settings.amqp_url, settings.queue, settings.key_lanes
             )
             if self._running:
                 # The lane jobs of a channel lost run on: the broker hands their lanes on at
                 # once, so the next job of a key may only start here once they have ended.
                 await asyncio.wait(set(self._running.values()))
-            await self._consume(connection)
+            await self._consume(connection, lanes)
 
-    async def _consume(self, connection: AbstractConnection) -> None:
-        """Consume every lane of the queue (as many as its first declaration made)."""
+    async def _consume(self, connection: AbstractConnection, lanes: int) -> None:
+        """Consume the queue's lanes (as many as its first declaration made)."""
         channel = await confirming_channel(connection)
-        lanes = await lanes_found(channel, self._settings.queue, 1)
         await channel.set_qos(prefetch_count=1)  # per consumer: one job at a time per lane
         frames = await Frames.under(channel)
         settler = Settler(channel, frames, self._names, frame_max(connection), self._observers())
@@ -186,6 +186,7 @@ class KeyLanes:
         deleted): declare and consume them again soon, unless the worker stops or reconnects."""
         if channel is not self._channel or self._lifecycle.stopping.is_set():
             return
+        self._channel = None  # once: the cancel's close of it calls back here too
         log.warning("key lanes not consumed, opening them again", error=why)
         asyncio.get_running_loop().create_task(self._again(channel))
 

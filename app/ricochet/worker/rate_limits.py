@@ -18,7 +18,8 @@ import random
 import socket
 import time
 
-from aio_pika.abc import AbstractChannel, AbstractConnection
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ricochet import rates
 from ricochet.broker.amqp import CONNECTION_ERRORS
@@ -38,6 +39,7 @@ from ricochet.broker.rate_store import (
     wake_one,
     write_applied,
 )
+from ricochet.delivery.failed import copy_of, properties_of
 from ricochet.log import get_logger
 from ricochet.names import SHARED, Names
 from ricochet.observe.metrics import Metrics
@@ -267,18 +269,18 @@ class RateLimits:
         anyway, once a round (the type leaves stalled)."""
         for _ in range(due):
             if await bank_token(channel, self._names, job_type, limit.burst, self._user):
-                await wake_one(channel, self._names, job_type)
+                await wake_one(channel, self._names, job_type, _copied)
             elif job_type in stalled:
                 # The bucket is full and jobs wait: the wake meant for one found none (it joined
                 # the line a moment after, or the leader before was cut off between its bank
                 # and its wake), and a full bucket wakes no more. It takes a token as any job.
                 stalled.discard(job_type)
-                await wake_one(channel, self._names, job_type)
+                await wake_one(channel, self._names, job_type, _copied)
 
     async def _release(self, channel: AbstractChannel, job_type: str) -> None:
         """A type no worker limits any more: the jobs that wait for its tokens all run."""
         released = 0
-        while await wake_one(channel, self._names, job_type):
+        while await wake_one(channel, self._names, job_type, _copied):
             released += 1
         log.info("rate limit lifted", queue=self._names.queue, type=job_type, released=released)
         self._forget(job_type)
@@ -302,3 +304,8 @@ class RateLimits:
             if held:
                 stalled.add(job_type)
         return stalled
+
+
+def _copied(held: AbstractIncomingMessage) -> aio_pika.Message:
+    """A job woken from its wait, as it goes back to its queue: as it waited."""
+    return copy_of(held.body, properties_of(held), dict(held.headers or {}))
