@@ -73,18 +73,22 @@ def definitions(queue: str) -> dict[str, list[Any]]:
 async def doctor_finds(
     settings: Settings, check: str, status: str, says: str, expect_exit: int | None = 1
 ) -> Findings:
-    """Run doctor until `check` has this status and says this (the API's figures lag), and see
-    that running it changed none of the topology's definitions."""
+    """Run doctor until `check` has this status and says this, and it exits with `expect_exit`
+    (the API's figures lag, the other rows' too), and see that running it changed none of the
+    topology's definitions."""
     before = definitions(settings.queue)
     deadline = time.monotonic() + FIGURES_TIMEOUT_S
     while True:
         code, found = await asyncio.to_thread(run_doctor, settings)
-        if found[check]["status"] == status and says in found[check]["detail"]:
+        row = found[check]
+        exited = expect_exit is None or code == expect_exit
+        if row["status"] == status and says in row["detail"] and exited:
             break
         if time.monotonic() > deadline:
-            raise AssertionError(f"doctor did not find {status} {says!r}: {found[check]}")
+            raise AssertionError(
+                f"doctor did not find {status} {says!r}, exit {expect_exit}: exit {code}, {found}"
+            )
         await asyncio.sleep(1)
-    assert expect_exit is None or code == expect_exit, found
     assert definitions(settings.queue) == before
     return found
 
