@@ -55,6 +55,9 @@ class Broker:
     ctl: tuple[str, ...]
     # True for a broker that exists for this test run alone, which faults may disturb.
     private: bool = False
+    # True for a broker of the matrix no other run uses at all (RICOCHET_TEST_BROKER_ALONE=1, a
+    # run by hand): a fault row may stop and start it.
+    alone: bool = False
 
     @classmethod
     def from_env(cls) -> "Broker":
@@ -65,6 +68,7 @@ class Broker:
             ),
             ctl=tuple(shlex.split(os.environ.get("RICOCHET_TEST_RABBITMQCTL", "rabbitmqctl"))),
             private=os.environ.get("RICOCHET_TEST_BROKER", "local") != "local",
+            alone=os.environ.get("RICOCHET_TEST_BROKER_ALONE") == "1",
         )
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         return shared.in_vhost(f"{VHOST_PREFIX}{worker}.{os.getpid()}")

@@ -71,6 +71,23 @@ def fault_broker(request: pytest.FixtureRequest) -> Broker:
 
 
 @pytest.fixture
+def restart_ctl(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """The rabbitmqctl of the broker a row stops and starts (stop_app, start_app), the one its
+    runs connect to: the fault suite's private node, or a broker of the matrix that
+    RICOCHET_TEST_BROKER_ALONE=1 says no other run uses. On a broker others may be using (CI's
+    matrix runs the newest releases' lane beside it), the row is skipped."""
+    if not BROKER.private:
+        node: Node = request.getfixturevalue("node")
+        return node.ctl
+    if not BROKER.alone:
+        pytest.skip(
+            "restarts its broker: runs on the fault suite's private node (make faults), or on a "
+            "broker of the matrix that RICOCHET_TEST_BROKER_ALONE=1 says no other run uses"
+        )
+    return BROKER.rabbitmqctl
+
+
+@pytest.fixture
 async def connection(fault_broker: Broker, queue_name: str) -> AsyncIterator[AbstractConnection]:
     """The test's own connection to the faults' broker; the test's queues are deleted after."""
     url = fault_broker.amqp_url

@@ -14,14 +14,11 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
 from ricochet import Client
 from ricochet.broker.journal import Entry, journal_record, now_ms
 from ricochet.names import SHARED
 
-from tests.broker import BROKER
 from tests.faults.harness import PUBLISH_BATCH, FaultRun, progress
-from tests.faults.node import Node
 from tests.support import answers, exists, free_port, ricochet_env, run_cli, spawn, wait_for
 
 JOBS = 200
@@ -103,13 +100,8 @@ async def test_the_monitor_killed_while_it_builds_its_index(
     await run.account()
 
 
-@pytest.mark.skipif(
-    BROKER.private,
-    reason="restarts its broker: runs on the fault suite's private node only (make faults), "
-    "never on a broker of the matrix, which others may be using",
-)
 async def test_the_index_asked_while_the_broker_is_stopped(
-    fault_run: Callable[..., FaultRun], node: Node
+    fault_run: Callable[..., FaultRun], restart_ctl: Callable[..., str]
 ) -> None:
     """With the index built, `rabbitmqctl stop_app` for a few seconds: the API answers from
     memory meanwhile (every job of before, succeeded), a look at the waiting jobs (the command,
@@ -121,7 +113,7 @@ async def test_the_index_asked_while_the_broker_is_stopped(
     await progress(run, len(before))
     async with monitor_of(run) as (base, env):
         await wait_for(all_succeeded(base, run.settings.queue, before), 60, "the jobs before")
-        await asyncio.to_thread(node.ctl, "stop_app")
+        await asyncio.to_thread(restart_ctl, "stop_app")
         try:
             states, _ = await indexed(base, run.settings.queue)
             assert {states.get(m) for m in before} == {"succeeded"}
@@ -133,7 +125,7 @@ async def test_the_index_asked_while_the_broker_is_stopped(
             assert "does not answer" in looked.stderr
             assert await asyncio.to_thread(status_of, f"{base}/waiting") == 503
         finally:
-            await asyncio.to_thread(node.ctl, "start_app")
+            await asyncio.to_thread(restart_ctl, "start_app")
         await run.reconnect()
         after = await run.publish(JOBS // 2)
         await progress(run, JOBS)

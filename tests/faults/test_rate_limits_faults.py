@@ -31,9 +31,8 @@ from ricochet.broker.amqp import broker_version
 from ricochet.broker.plan import rate_plan
 from ricochet.names import SHARED, Names
 
-from tests.broker import BROKER, Broker
+from tests.broker import Broker
 from tests.faults.harness import FaultRun, WorkerProcess
-from tests.faults.node import Node
 from tests.faults.timed import TimedRun, timed_runs
 from tests.support import depth, ricochet_env, wait_for
 
@@ -270,13 +269,8 @@ async def test_kill_9_of_the_process_leading_the_rate_limits(
     )
 
 
-@pytest.mark.skipif(
-    BROKER.private,
-    reason="restarts its broker: runs on the fault suite's private node only (make faults), "
-    "never on a broker of the matrix, which others may be using",
-)
 async def test_broker_restarted_while_jobs_wait_for_tokens(
-    rate_run: Callable[[str], FaultRun], node: Node
+    rate_run: Callable[[str], FaultRun], restart_ctl: Callable[..., str]
 ) -> None:
     """Workers a and b run 36 jobs limited to 5/s:2 (0.3 s each); once a sixth are done,
     `rabbitmqctl stop_app`, two seconds, `start_app`, with most jobs waiting in
@@ -290,13 +284,13 @@ async def test_broker_restarted_while_jobs_wait_for_tokens(
     waiting = await depth(channel, run.names.limited(TYPE))
     await channel.close()
     stop_ns = time.monotonic_ns()
-    await asyncio.to_thread(node.ctl, "stop_app")
+    await asyncio.to_thread(restart_ctl, "stop_app")
     await asyncio.sleep(2)
     # The app is down: a job started before this was handed out before the stop, one started
     # after it after the restart.
     down_ns = time.monotonic_ns()
     restarted_at = time.time()
-    await asyncio.to_thread(node.ctl, "start_app")
+    await asyncio.to_thread(restart_ctl, "start_app")
     await run.reconnect()
     tally = await run.account()
 

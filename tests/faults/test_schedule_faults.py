@@ -16,13 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from ricochet.broker.declare import declare
 from ricochet.delivery.retry import FailureKind
 from ricochet.names import Names
 
-from tests.broker import BROKER, Broker
+from tests.broker import Broker
 from tests.faults.harness import (
     PUBLISH_BATCH,
     TALLIES,
@@ -32,7 +31,6 @@ from tests.faults.harness import (
     fault_settings,
     take_all,
 )
-from tests.faults.node import Node
 from tests.integration.failures import publish_failed
 from tests.schedules import (
     EVERY_S,
@@ -262,21 +260,18 @@ async def test_state_forged_into_the_future_then_the_leader_killed(
     assert figures.duplicates == 0, figures
 
 
-@pytest.mark.skipif(
-    BROKER.private,
-    reason="restarts its broker: runs on the fault suite's private node only (make faults), "
-    "never on a broker of the matrix, which others may be using",
-)
-async def test_broker_restarted(fault_run: Callable[..., FaultRun], node: Node) -> None:
+async def test_broker_restarted(
+    fault_run: Callable[..., FaultRun], restart_ctl: Callable[..., str]
+) -> None:
     """`rabbitmqctl stop_app`, two seconds, `start_app`: both processes connect again, one leads
     and enqueues the occurrences that fell due while the broker was away; none is lost or
     skipped, each runs within 10 s of the broker's return."""
     run = ticking(fault_run, "schedules: the broker restarted")
     await two_workers(run)
     fault_ms = now_ms()
-    await asyncio.to_thread(node.ctl, "stop_app")
+    await asyncio.to_thread(restart_ctl, "stop_app")
     await asyncio.sleep(2)
-    await asyncio.to_thread(node.ctl, "start_app")
+    await asyncio.to_thread(restart_ctl, "start_app")
     back_ms = now_ms()
     await run.reconnect()
     await after_takeover(run)
