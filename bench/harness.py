@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -138,6 +139,19 @@ async def publish(
         await asyncio.gather(
             *(exchange.publish(job(queue, n, job_type), queue) for n in range(start, stop))
         )
+
+
+def spawn_workers(env: dict[str, str], workers: int) -> "list[subprocess.Popen[bytes]]":
+    """`ricochet worker` processes with env, their output dropped."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "ricochet", "worker"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(workers)
+    ]
 
 
 def run_name(scenario: str, queue_type: str) -> str:

@@ -15,8 +15,6 @@ import collections
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -25,7 +23,7 @@ from pathlib import Path
 import aio_pika
 from ricochet import Client
 
-from bench.harness import URL, ricochet_queue, worker_settings
+from bench.harness import URL, ricochet_queue, spawn_workers, worker_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "rates.json"
@@ -56,7 +54,7 @@ async def run(seconds: float, rate: int, workers: int, processes: int) -> dict[s
                     BENCH_STARTS=starts.name,
                     PYTHONPATH=str(ROOT),
                 )
-                spawned = _spawn(env, workers)
+                spawned = spawn_workers(env, workers)
                 try:
                     await asyncio.sleep(seconds + 10)  # the starts, and the first 10 s of them
                 finally:
@@ -84,18 +82,6 @@ async def run(seconds: float, rate: int, workers: int, processes: int) -> dict[s
         "min_per_s": min(counts[1:]),
         "measured_at": time.strftime("%Y-%m-%d %H:%M"),
     }
-
-
-def _spawn(env: dict[str, str], workers: int) -> "list[subprocess.Popen[bytes]]":
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "ricochet", "worker"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(workers)
-    ]
 
 
 def main() -> None:

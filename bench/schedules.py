@@ -22,8 +22,6 @@ import base64
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -40,6 +38,7 @@ from ricochet.service.process import Lifecycle
 from ricochet.settings import Settings
 from ricochet.worker.worker import Worker
 
+from bench.harness import spawn_workers
 from bench.stats import percentile
 
 AMQP_URL = os.environ.get("RICOCHET_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -153,15 +152,7 @@ def idle(seconds: float, processes: int) -> dict[str, object]:
         RICOCHET_LOG_LEVEL="WARNING",
         PYTHONPATH=str(ROOT),
     )
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ricochet", "worker"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in range(processes)
-    ]
+    workers = spawn_workers(env, processes)
     try:
         time.sleep(10)  # started, declared, one leading
         cpu = [psutil.Process(w.pid).cpu_times() for w in workers]
