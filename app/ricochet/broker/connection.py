@@ -1,5 +1,6 @@
 """Connecting to the broker, waiting for it with exponential backoff."""
 
+import asyncio
 import os
 import socket
 
@@ -77,6 +78,16 @@ def is_lost(connection: AbstractConnection) -> bool:
     """Whether the connection is closed, by us or by the broker: aio-pika marks is_closed only
     for a close of ours, and clears `connected` when the broker closes it or the socket drops."""
     return connection.is_closed or not connection.connected.is_set()
+
+
+def lost_or_cancelled(connection: AbstractConnection) -> bool:
+    """Whether a retrying loop on this connection should end: the connection is lost, or the
+    task running the loop was asked to stop. An await may swallow that cancel (aiormq raises a
+    connection error in its place when the channel closes with it, and Python 3.11's wait_for
+    drops one that lands as its call ends), and a loop that retries on errors would then
+    outlive its session and hold the worker's stop for ever; the request itself stays counted."""
+    task = asyncio.current_task()
+    return is_lost(connection) or (task is not None and task.cancelling() > 0)
 
 
 async def close_quietly(connection: AbstractConnection) -> None:

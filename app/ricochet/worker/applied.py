@@ -17,7 +17,7 @@ import asyncio
 from aio_pika.abc import AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.connection import is_lost
+from ricochet.broker.connection import is_lost, lost_or_cancelled
 from ricochet.broker.declare import declare_tier_again
 from ricochet.broker.depth import KeptChannel, read_depth
 from ricochet.broker.plan import Plan
@@ -67,7 +67,7 @@ class AppliedPlan:
         closes (or the task is cancelled)."""
         channel = KeptChannel(connection)
         try:
-            while not is_lost(connection):
+            while not lost_or_cancelled(connection):
                 await asyncio.sleep(KEPT_CHECK_S)
                 try:
                     for k in [] if self._plan is None else self._plan.kept_tiers():

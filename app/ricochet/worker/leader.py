@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.connection import is_lost
+from ricochet.broker.connection import is_lost, lost_or_cancelled
 from ricochet.broker.lead import holds_lead, lead_is_held, take_lead
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.schedule_store import CHECKPOINT_S, Entry, State, read_states, write_state
@@ -205,7 +205,7 @@ class _QueueLead:
     async def run(self) -> None:
         """Lead; start over after a failure while the connection lives."""
         leading = self._metrics.schedules_leading.labels(queue=self._queue)
-        while not is_lost(self._connection):
+        while not lost_or_cancelled(self._connection):
             try:
                 channel = await confirming_channel(self._connection)
                 try:

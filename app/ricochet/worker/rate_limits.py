@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 
 from ricochet import rates
 from ricochet.broker.amqp import CONNECTION_ERRORS
-from ricochet.broker.connection import is_lost
+from ricochet.broker.connection import is_lost, lost_or_cancelled
 from ricochet.broker.lead import lead_is_held, take_lead
 from ricochet.broker.publish import confirming_channel
 from ricochet.broker.rate_store import (
@@ -184,7 +184,7 @@ class RateLimits:
         # leads, whatever starts the refill over.
         announced: dict[str, tuple[float, dict[str, rates.Limit]]] = {}
         try:
-            while not is_lost(connection):
+            while not lost_or_cancelled(connection):
                 try:
                     channel = await confirming_channel(connection)
                     if not holding:
