@@ -71,20 +71,17 @@ def fault_broker(request: pytest.FixtureRequest) -> Broker:
 
 
 @pytest.fixture
-def restart_ctl(request: pytest.FixtureRequest) -> Callable[..., str]:
+def restart_ctl(fault_broker: Broker) -> Callable[..., str]:
     """The rabbitmqctl of the broker a row stops and starts (stop_app, start_app), the one its
     runs connect to: the fault suite's private node, or a broker of the matrix that
     RICOCHET_TEST_BROKER_ALONE=1 says no other run uses. On a broker others may be using (CI's
     matrix runs the newest releases' lane beside it), the row is skipped."""
-    if not BROKER.private:
-        node: Node = request.getfixturevalue("node")
-        return node.ctl
-    if not BROKER.alone:
+    if BROKER.private and not BROKER.alone:
         pytest.skip(
             "restarts its broker: runs on the fault suite's private node (make faults), or on a "
             "broker of the matrix that RICOCHET_TEST_BROKER_ALONE=1 says no other run uses"
         )
-    return BROKER.rabbitmqctl
+    return fault_broker.rabbitmqctl
 
 
 @pytest.fixture

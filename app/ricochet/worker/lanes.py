@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery, Frames, frame_max
+from ricochet.broker.connection import lost_or_cancelled
 from ricochet.broker.depth import queue_exists
 from ricochet.broker.key_lanes import declare_key_lanes
 from ricochet.broker.publish import confirming_channel
@@ -92,7 +93,7 @@ class KeyLanes:
         """Consume the lanes once they exist (declared by another worker, or by an earlier
         run): asked at once, then every LOOK_FOR_LANES_S while they are not consumed here."""
         channel: AbstractChannel | None = None
-        while True:
+        while not lost_or_cancelled(connection):
             if not self._consuming:
                 try:
                     if channel is None or channel.is_closed:
