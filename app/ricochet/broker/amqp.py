@@ -88,6 +88,11 @@ class Delivery:
         stamp = self._raw.header.properties.timestamp
         return None if stamp is None else epoch_s(stamp)
 
+    def app_id(self) -> str | None:
+        """The AMQP app_id property (who says they published it), if any."""
+        app_id: str | None = self._raw.header.properties.app_id
+        return app_id
+
     def priority(self) -> int | None:
         """The job's AMQP priority property, if any."""
         priority: int | None = self._raw.header.properties.priority
@@ -379,13 +384,22 @@ class Frames:
         got = await self._channel.basic_get(queue)
         return Delivery(got) if isinstance(got.delivery, spec.Basic.GetOk) else None
 
-    async def consume(self, queue: str, on_delivery: Callable[[Delivery], object]) -> str:
-        """Subscribe, handing each delivery to on_delivery; returns the consumer tag."""
+    async def consume(
+        self,
+        queue: str,
+        on_delivery: Callable[[Delivery], object],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Subscribe (with the consumer arguments given), handing each delivery to on_delivery;
+        returns the consumer tag."""
 
         async def deliver(raw: DeliveredMessage) -> None:
             on_delivery(Delivery(raw))
 
-        return str((await self._channel.basic_consume(queue, deliver)).consumer_tag)
+        consumed = await self._channel.basic_consume(
+            queue, deliver, arguments=None if arguments is None else dict(arguments)
+        )
+        return str(consumed.consumer_tag)
 
     async def settle(
         self, dead_letter: Sequence[int], multiple: int | None, acks: Sequence[int]

@@ -15,14 +15,14 @@ too while it exists, never declared, and deleted once its newest cancel is past 
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError, ChannelNotFoundEntity
 
-from ricochet.broker.amqp import epoch_s
+from ricochet.broker.amqp import Delivery
 from ricochet.broker.cancel_log import (
     BEFORE_ALL,
     CancelLog,
@@ -111,7 +111,7 @@ class OldStore:
         self._queue = queue
         self.reader: LogReader | None = None
 
-    def read(self, entry: AbstractIncomingMessage, _: int) -> None:
+    def read(self, entry: Delivery, _: int) -> None:
         if entry.type == CANCEL and entry.message_id:
             now = time.time()
             at = _stamp(entry, now)
@@ -120,10 +120,10 @@ class OldStore:
             )
 
 
-def _stamp(entry: AbstractIncomingMessage, now_s: float) -> float:
+def _stamp(entry: Delivery, now_s: float) -> float:
     """A cancel's time: its publisher's stamp, or now when it has none."""
-    stamp = entry.timestamp
-    return epoch_s(stamp) if stamp else now_s
+    stamp = entry.published_s()
+    return now_s if stamp is None else stamp
 
 
 class CancelReader:
@@ -168,20 +168,36 @@ class CancelReader:
         self.lost.clear()
         self.cancelled.clear()
         self._channel = await confirming_channel(connection)
-        # A look takes the register as it finds it: no worker's start is waiting on it.
-        patience_s = SNAPSHOT_PATIENCE_S if self._writes else 0.0
-        snapshot = await read_snapshot(self._channel, self._user, patience_s)
-        snapshot = await self._checked(connection, snapshot)
-        start: int | str = "first"
-        self._legacy_next = {}
-        if snapshot is not None:
-            self.cancelled.load(snapshot, time.time())
-            start = snapshot.next_offset
-            self._legacy_next = dict(snapshot.legacy)
+        self._reader = None
         self._since_snapshot = 0
-        self._reader = reader = await LogReader.open(
-            connection, SHARED.cancels, self._read, start, self.lost
-        )
+        self._legacy_next = {}
+
+        async def read_from_first() -> None:
+            self._reader = await LogReader.open(
+                connection, SHARED.cancels, self._read, "first", self.lost
+            )
+
+        # A look takes the register as it finds it: no worker's start is waiting on it. A start
+        # that finds it empty reads the store from its first record while it looks again, and
+        # drops what it read if a snapshot turns up.
+        patience_s = SNAPSHOT_PATIENCE_S if self._writes else 0.0
+        snapshot = await read_snapshot(self._channel, self._user, patience_s, read_from_first)
+        snapshot = await self._checked(connection, snapshot)
+        if snapshot is not None:
+            if self._reader is not None:
+                await self._reader.close()
+                self._reader = None
+                self.cancelled.clear()
+                self._since_snapshot = 0
+            self.cancelled.load(snapshot, time.time())
+            self._legacy_next = dict(snapshot.legacy)
+            self._reader = await LogReader.open(
+                connection, SHARED.cancels, self._read, snapshot.next_offset, self.lost
+            )
+        elif self._reader is None:
+            await read_from_first()
+        reader = self._reader
+        assert reader is not None
         if await reader.up_to_now(CATCH_UP_TIMEOUT_S) is None:
             await reader.close()
             raise ChannelInvalidStateError(
@@ -282,7 +298,7 @@ class CancelReader:
         log.info("old cancel store deleted: its cancels are past the kept time", store=name)
         await channel.close()
 
-    def _read(self, entry: AbstractIncomingMessage, offset: int) -> None:
+    def _read(self, entry: Delivery, offset: int) -> None:
         queue = entry.headers.get(RECORD_QUEUE)
         if entry.type == CANCEL and entry.message_id and isinstance(queue, str):
             now = time.time()
@@ -372,15 +388,21 @@ def _encoded(
 
 
 async def read_snapshot(
-    channel: AbstractChannel, user: str, patience_s: float = SNAPSHOT_PATIENCE_S
+    channel: AbstractChannel,
+    user: str,
+    patience_s: float = SNAPSHOT_PATIENCE_S,
+    on_empty: Callable[[], Awaitable[object]] | None = None,
 ) -> Snapshot | None:
     """The newest snapshot written by user, left in its register; None when there is none or it
     cannot be read (said in a warning: anyone who may publish in the vhost can write one).
 
     Workers started together (a deploy, a broker restart) all find it: each holds it for a round
-    trip only, and one that finds the register empty looks again for patience_s.
+    trip only, and one that finds the register empty looks again for patience_s (having awaited
+    on_empty, when given).
     """
-    body = await read_register(channel, SHARED.cancels_snapshot, patience_s, writer=user)
+    body = await read_register(
+        channel, SHARED.cancels_snapshot, patience_s, writer=user, on_empty=on_empty
+    )
     if body is None:
         return None
     snapshot = await asyncio.to_thread(decode_snapshot, body)

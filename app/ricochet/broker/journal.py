@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from ricochet.broker.amqp import CONNECTION_ERRORS
+from ricochet.broker.amqp import CONNECTION_ERRORS, Delivery
 from ricochet.broker.connection import is_lost
 from ricochet.broker.plan import shared_plan
 from ricochet.broker.publish import confirming_channel
@@ -287,9 +287,9 @@ async def read_journal(
     """Hand each entry written since then to read() with its record's offset, up to now: the
     end's offset, or None when the stream did not answer within timeout_s."""
 
-    def each(record: AbstractIncomingMessage, offset: int) -> None:
+    def each(record: Delivery, offset: int) -> None:
         if record.type == RECORD:
-            for entry in read_entries(record.body, record.app_id):
+            for entry in read_entries(record.body, record.app_id()):
                 read(entry, offset)
 
     return await read_up_to_now(connection, SHARED.journal, each, since, timeout_s)

@@ -13,6 +13,7 @@ another user, or by nobody named, is passed over with a warning, as if there wer
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -64,13 +65,23 @@ async def write_register(
 
 
 async def read_register(
-    channel: AbstractChannel, name: str, patience_s: float, *, writer: str | None = None
+    channel: AbstractChannel,
+    name: str,
+    patience_s: float,
+    *,
+    writer: str | None = None,
+    on_empty: Callable[[], Awaitable[object]] | None = None,
 ) -> bytes | None:
     """The register's value, left in it; None when it is empty for patience_s, or (with writer)
-    not written by writer. ChannelNotFoundEntity when there is no such queue."""
+    not written by writer. on_empty, when given, is awaited once if the first look finds it
+    empty, before it looks again (what a reader can start meanwhile). ChannelNotFoundEntity
+    when there is no such queue."""
     queue = await channel.get_queue(name, ensure=False)
     give_up = time.monotonic() + patience_s
     while (message := await queue.get(no_ack=False, fail=False)) is None:
+        if on_empty is not None:
+            await on_empty()
+            on_empty = None
         if time.monotonic() >= give_up:
             return None
         await asyncio.sleep(LOOK_EVERY_S)

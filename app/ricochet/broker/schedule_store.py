@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from ricochet.broker.amqp import Delivery
 from ricochet.broker.publish import publish_to_queue
 from ricochet.broker.stream_log import read_up_to_now
 from ricochet.headers import RECORD_QUEUE
@@ -144,7 +145,7 @@ async def _read(
     """The newest record body of each of queues, reading the store from offset up to now."""
     newest: dict[str, bytes] = {}
 
-    def read(entry: AbstractIncomingMessage, _: int) -> None:
+    def read(entry: Delivery, _: int) -> None:
         queue = (entry.headers or {}).get(RECORD_QUEUE)
         if entry.type == STATE and queue in queues:
             newest[str(queue)] = entry.body

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from ricochet.broker.amqp import Frames
+from ricochet.broker.amqp import Delivery, Frames
 from ricochet.broker.publish import confirming_channel, publish_to_queue
 from ricochet.headers import STREAM_OFFSET
 
@@ -33,7 +33,7 @@ ACK_EVERY = READ_PREFETCH // 4
 # Where a reader starts: an offset, "first", "next", or the first record appended since then.
 Start = int | str | dt.datetime
 # What a reader does with each record but its own markers: the record and its offset.
-Read = Callable[[AbstractIncomingMessage, int], None]
+Read = Callable[[Delivery, int], None]
 
 
 class LogReader:
@@ -45,6 +45,7 @@ class LogReader:
         self, channel: AbstractChannel, store: str, read: Read, lost: asyncio.Event | None = None
     ) -> None:
         self._channel = channel
+        self._frames: Frames | None = None
         self._store = store
         self._read = read
         self._markers: dict[str, asyncio.Future[int]] = {}
@@ -74,13 +75,13 @@ class LogReader:
             reader.next_offset = start
         try:
             await channel.set_qos(prefetch_count=READ_PREFETCH)
-            queue = await channel.get_queue(store, ensure=False)
-            await queue.consume(reader._deliver, arguments={STREAM_OFFSET: start})
+            reader._frames = frames = await Frames.under(channel)
+            frames.on_cancelled(reader._lose)
+            await frames.consume(store, reader._deliver, {STREAM_OFFSET: start})
         except BaseException:
             await reader.close()
             raise
         channel.close_callbacks.add(reader._lose)
-        (await Frames.under(channel)).on_cancelled(reader._lose)
         return reader
 
     async def up_to_now(self, timeout_s: float) -> int | None:
@@ -113,7 +114,7 @@ class LogReader:
             if not marker.done():
                 marker.cancel()
 
-    async def _deliver(self, entry: AbstractIncomingMessage) -> None:
+    def _deliver(self, entry: Delivery) -> None:
         if self._closing:  # an ack after the channel's close would close the connection
             return
         offset = entry.headers.get(STREAM_OFFSET)
@@ -129,8 +130,9 @@ class LogReader:
         else:
             self._read(entry, offset)
         # The channel's delivery tags count the records read: every ACK_EVERY-th acks them all.
-        if entry.delivery_tag is not None and entry.delivery_tag % ACK_EVERY == 0:
-            await entry.ack(multiple=True)
+        if entry.delivery_tag % ACK_EVERY == 0 and self._frames is not None:
+            acked = asyncio.ensure_future(self._frames.settle((), entry.delivery_tag, ()))
+            acked.add_done_callback(_ack_ended)
 
 
 async def read_up_to_now(
@@ -151,7 +153,13 @@ async def tail(connection: AbstractConnection, store: str, timeout_s: float) -> 
     return await read_up_to_now(connection, store, _skip, "next", timeout_s)
 
 
-def _skip(entry: AbstractIncomingMessage, offset: int) -> None:
+def _ack_ended(acked: "asyncio.Future[None]") -> None:
+    """An ack that could not be written went with its channel: the reader is lost already."""
+    if not acked.cancelled():
+        acked.exception()
+
+
+def _skip(entry: Delivery, offset: int) -> None:
     """What a look at the tail does with another's record appended meanwhile: nothing."""
 
 
@@ -162,7 +170,7 @@ async def id_at(
     nothing from there within timeout_s)."""
     found: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
 
-    def read(entry: AbstractIncomingMessage, at: int) -> None:
+    def read(entry: Delivery, at: int) -> None:
         if not found.done():
             found.set_result(entry.message_id if at == offset else None)
 
@@ -185,7 +193,7 @@ async def read_between(
     first: list[int] = []
     done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-    def each(record: AbstractIncomingMessage, offset: int) -> None:
+    def each(record: Delivery, offset: int) -> None:
         if not first:
             first.append(offset)
         if offset >= end:

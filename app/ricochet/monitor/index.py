@@ -18,8 +18,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection
 
+from ricochet.broker.amqp import Delivery
 from ricochet.broker.connection import connection_name, is_lost
 from ricochet.broker.journal import RECORD, Entry, read_entries
 from ricochet.broker.stream_log import LogReader, Read, read_between, tail
@@ -42,7 +43,7 @@ RETRY_S = 5.0
 Key = tuple[str, str]  # (queue, message_id)
 
 
-def counted_entries(record: AbstractIncomingMessage) -> int:
+def counted_entries(record: Delivery) -> int:
     """About how many entries a record of the journal holds, without reading them: a count of
     the separators between entries (one inside an entry's text counts one more)."""
     if record.type != RECORD or not record.body.startswith(b"[["):
@@ -102,9 +103,9 @@ class JobIndex:
     def jobs(self) -> Iterator[JobHistory]:
         return iter(self._jobs.values())
 
-    def read_record(self, record: AbstractIncomingMessage, _: int) -> None:
+    def read_record(self, record: Delivery, _: int) -> None:
         if record.type == RECORD:
-            for entry in read_entries(record.body, record.app_id):
+            for entry in read_entries(record.body, record.app_id()):
                 self.add(entry)
 
     async def serve(self, settings: Settings, lifecycle: Lifecycle) -> None:
