@@ -76,6 +76,12 @@ def _start(args: list[str], env: dict[str, str], cwd: Path) -> "subprocess.Popen
     return proc
 
 
+def _ran(folder: Path) -> str | None:
+    """What the handler wrote to ran, if it has made the file."""
+    ran = folder / "ran"
+    return ran.read_text() if ran.exists() else None
+
+
 async def _runs_a_job(
     proc: "subprocess.Popen[str]", channel: AbstractChannel, folder: Path, queue: str
 ) -> None:
@@ -84,8 +90,8 @@ async def _runs_a_job(
     await wait_for(lambda: '"consuming"' in log.read_text() or proc.poll() is not None, 60)
     assert proc.poll() is None, log.read_text()
     await publish(channel, queue, b"{}", type="welcome.send", message_id="first-job")
-    await wait_for(lambda: (folder / "ran").exists(), 30)
-    assert (folder / "ran").read_text() == "first-job"
+    # write_text makes the file before it writes to it: read until the id is there.
+    await wait_for(lambda: _ran(folder) == "first-job", 30, "the job to write its id to ran")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, log.read_text()
     assert await depth(channel, Names(queue).failed) == 0
