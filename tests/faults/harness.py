@@ -448,6 +448,28 @@ class QueuesRun:
         return tallies
 
 
+async def stopped_when(
+    proc: "subprocess.Popen[str]",
+    predicate: Callable[[], Awaitable[bool]],
+    timeout_s: float,
+    what: str,
+    slice_s: float = 0.02,
+) -> None:
+    """Let proc run in slices of slice_s, held (SIGSTOP) between them, until predicate holds while
+    it is held: it is then held at that point of its work (SIGCONT lets it go on), however soon
+    it would have ended. A fault row so needs no more work in the process than a few slices."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        if await predicate():
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGCONT)
+            raise AssertionError(f"{what}: not seen (exit code {proc.poll()})")
+        proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(slice_s)
+
+
 async def take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
     """Every message of a queue, taken, once the broker counts the returned ones as ready."""
     previous = -1

@@ -18,7 +18,7 @@ from ricochet.ops import scan
 
 from tests.breakage import add_policy, remove_policy
 from tests.broker import BROKER, Broker
-from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally, take_all
+from tests.faults.harness import PUBLISH_BATCH, TALLIES, Tally, stopped_when, take_all
 from tests.integration.failures import publish_failed
 from tests.support import (
     api_queue,
@@ -35,7 +35,10 @@ from tests.support import (
     wait_for,
 )
 
-COPIES = 4000  # enough that a scan is still going when the fault hits it
+# The matching half (every other copy) outnumbers a batch of scan.COMMIT_EVERY, so that discard
+# and replay are seen under way (their first batch committed) with copies still to take; a
+# command is held where it is seen under way (stopped_when), so it cannot end before its fault.
+COPIES = 3 * scan.COMMIT_EVERY
 MATCHING = "KeyError"  # every other copy; discard and replay take these
 
 COMMANDS = {
@@ -97,14 +100,14 @@ async def test_fault_midway_loses_and_doubles_nothing(
     log = tmp_path / "command.log"
     proc = spawn(args, ricochet_env(settings), log)
 
-    await wait_for(
-        lambda: underway(connection, channel, names, command, log), 60, f"{command} to get going"
+    # Held at the point where it is seen under way, and held still while rabbitmqctl finds and
+    # closes its connection, which takes a moment.
+    await stopped_when(
+        proc, lambda: underway(connection, channel, names, command, log), 60, f"{command} under way"
     )
     if fault == "kill -9":
         proc.kill()
     else:
-        # Held still while rabbitmqctl finds and closes its connection, which takes a moment.
-        proc.send_signal(signal.SIGSTOP)
         closed = await asyncio.to_thread(close_connections, queue_name, role, fault_broker)
         proc.send_signal(signal.SIGCONT)
         assert closed == 1
