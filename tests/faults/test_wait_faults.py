@@ -17,7 +17,7 @@ from ricochet.broker.stream_log import tail
 from ricochet.names import SHARED
 
 from tests.broker import Broker
-from tests.faults.harness import FaultRun, WorkerProcess, progress
+from tests.faults.harness import FaultRun, WorkerProcess, progress, stopped_when
 from tests.support import close_connections, publish, wait_for
 
 JOBS = 600
@@ -292,7 +292,13 @@ async def test_kill_9_of_a_worker_between_checkpoints_while_it_reads_the_store(
     await channel.close()
     await run.cancel(ids[::2])
     worker = run.worker().start()
-    await wait_for(lambda: "cancels snapshot written" in logged(worker), 60, "a checkpoint")
+    assert worker.proc is not None
+
+    async def checkpointed() -> bool:
+        return "cancels snapshot written" in logged(worker)
+
+    # Held where its first checkpoint is seen, then killed: it cannot have read on to the end.
+    await stopped_when(worker.proc, checkpointed, 60, "a checkpoint")
     worker.kill()
     assert "cancels read" not in logged(worker), "killed after its read: fill the store more"
     successor = await run.start_worker()

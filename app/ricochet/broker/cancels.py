@@ -13,6 +13,7 @@ too while it exists, never declared, and deleted once its newest cancel is past 
 """
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -46,15 +47,15 @@ CANCEL = "cancel"
 WAIT = "wait"
 # Another reader holds the snapshot's register for a round trip, longer on a loaded broker or
 # client: a reader that finds it empty looks again for this long before it reads the whole
-# store (seconds to hours). Every start that found none writes one, so only the first start on
-# a vhost waits it out.
+# store (seconds to hours). It reads the store from its first record meanwhile, and stops
+# looking once it has read it all: a start on a vhost with few cancels does not wait.
 SNAPSHOT_PATIENCE_S = 2.0
 # A worker takes no job until it has read the store up to its own marker; past this, it
 # starts over on a new connection rather than wait on a store that does not answer.
 CATCH_UP_TIMEOUT_S = 60.0
-# A reader writes a snapshot once it has read this many records past the last one it started
-# from or wrote (give or take a random half, so that workers started together do not all write):
-# a worker then starts by reading at most 1.5 times this many records (about 1.5 s) after it.
+# A reader that has caught up writes a snapshot once it has read this many records past the last
+# one it started from or wrote (and a random share of half as many more): a worker then starts
+# by reading at most 1.5 times this many records (about half a second) after it.
 SNAPSHOT_EVERY = 5_000
 # ...and at once after a start that read this many without one.
 SNAPSHOT_AFTER_START = 1_000
@@ -120,6 +121,12 @@ class OldStore:
             )
 
 
+def _snapshot_every() -> int:
+    """Records between two snapshots of a reader that has caught up: SNAPSHOT_EVERY and a random
+    share of half as many more, so that workers started together do not all write at once."""
+    return int(SNAPSHOT_EVERY * (1 + random.random() / 2))
+
+
 def _stamp(entry: Delivery, now_s: float) -> float:
     """A cancel's time: its publisher's stamp, or now when it has none."""
     stamp = entry.published_s()
@@ -142,6 +149,7 @@ class CancelReader:
         self._reader: LogReader | None = None
         self._since_snapshot = 0
         self._snapshot_after = SNAPSHOT_EVERY
+        self._caught_up = False
         self._legacy_next: dict[str, int] = {}
         self._legacy: dict[str, OldStore] = {}
         self._writing: asyncio.Task[None] | None = None
@@ -167,43 +175,54 @@ class CancelReader:
         """
         self.lost.clear()
         self.cancelled.clear()
+        self._caught_up = False
         self._channel = await confirming_channel(connection)
         self._reader = None
         self._since_snapshot = 0
         self._legacy_next = {}
 
-        async def read_from_first() -> None:
+        caught_up: asyncio.Future[int | None] | None = None
+
+        async def read_from(start: int | str) -> None:
+            nonlocal caught_up
             self._reader = await LogReader.open(
-                connection, SHARED.cancels, self._read, "first", self.lost
+                connection, SHARED.cancels, self._read, start, self.lost
             )
+            caught_up = asyncio.ensure_future(self._reader.up_to_now(CATCH_UP_TIMEOUT_S))
 
         # A look takes the register as it finds it: no worker's start is waiting on it. A start
-        # that finds it empty reads the store from its first record while it looks again, and
-        # drops what it read if a snapshot turns up.
+        # that finds it empty reads the store from its first record while it looks again: it
+        # drops what it read if a snapshot turns up, and stops looking once it has read it all.
         patience_s = SNAPSHOT_PATIENCE_S if self._writes else 0.0
-        snapshot = await read_snapshot(self._channel, self._user, patience_s, read_from_first)
+        snapshot = await read_snapshot(
+            self._channel,
+            self._user,
+            patience_s,
+            functools.partial(read_from, "first"),
+            lambda: caught_up is not None and caught_up.done(),
+        )
         snapshot = await self._checked(connection, snapshot)
         if snapshot is not None:
-            if self._reader is not None:
-                await self._reader.close()
-                self._reader = None
+            if self._reader is not None and caught_up is not None:
+                await self._reader.close()  # which ends its wait for its marker
+                await asyncio.wait({caught_up})
                 self.cancelled.clear()
                 self._since_snapshot = 0
             self.cancelled.load(snapshot, time.time())
             self._legacy_next = dict(snapshot.legacy)
-            self._reader = await LogReader.open(
-                connection, SHARED.cancels, self._read, snapshot.next_offset, self.lost
-            )
+            await read_from(snapshot.next_offset)
         elif self._reader is None:
-            await read_from_first()
-        reader = self._reader
-        assert reader is not None
-        if await reader.up_to_now(CATCH_UP_TIMEOUT_S) is None:
-            await reader.close()
+            await read_from("first")
+        assert self._reader is not None
+        assert caught_up is not None
+        if await caught_up is None:
+            await self._reader.close()
             raise ChannelInvalidStateError(
                 "the cancel store could not be read up to now (its channel closed, or its "
                 f"marker did not come back within {CATCH_UP_TIMEOUT_S:g} s)"
             )
+        self._caught_up = True
+        self._snapshot_after = min(self._snapshot_after, _snapshot_every())
         self._legacy = {}
         for queue_name in self._queues if old_stores else ():
             await self._follow_legacy(connection, queue_name)
@@ -333,7 +352,11 @@ class CancelReader:
         if not self._writes or (self._writing is not None and not self._writing.done()):
             return
         self._since_snapshot = 0
-        self._snapshot_after = int(SNAPSHOT_EVERY * (1 + random.random() / 2))
+        every = _snapshot_every()
+        # While it catches up, a reader writes one each time its log has about doubled: one
+        # killed meanwhile leaves at least half of what it read, and writing them all costs about
+        # twice the last one instead of one per 5,000 records (1.4 s of 8.4 at 100,000).
+        self._snapshot_after = every if self._caught_up else max(every, len(self.cancelled))
         legacy = dict(self._legacy_next)
         for queue, store in self._legacy.items():
             if store.reader is not None:
@@ -392,16 +415,22 @@ async def read_snapshot(
     user: str,
     patience_s: float = SNAPSHOT_PATIENCE_S,
     on_empty: Callable[[], Awaitable[object]] | None = None,
+    needless: Callable[[], bool] | None = None,
 ) -> Snapshot | None:
     """The newest snapshot written by user, left in its register; None when there is none or it
     cannot be read (said in a warning: anyone who may publish in the vhost can write one).
 
     Workers started together (a deploy, a broker restart) all find it: each holds it for a round
     trip only, and one that finds the register empty looks again for patience_s (having awaited
-    on_empty, when given).
+    on_empty, when given), or until needless() says it has no more use for one.
     """
     body = await read_register(
-        channel, SHARED.cancels_snapshot, patience_s, writer=user, on_empty=on_empty
+        channel,
+        SHARED.cancels_snapshot,
+        patience_s,
+        writer=user,
+        on_empty=on_empty,
+        needless=needless,
     )
     if body is None:
         return None

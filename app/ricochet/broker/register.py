@@ -71,18 +71,20 @@ async def read_register(
     *,
     writer: str | None = None,
     on_empty: Callable[[], Awaitable[object]] | None = None,
+    needless: Callable[[], bool] | None = None,
 ) -> bytes | None:
     """The register's value, left in it; None when it is empty for patience_s, or (with writer)
     not written by writer. on_empty, when given, is awaited once if the first look finds it
-    empty, before it looks again (what a reader can start meanwhile). ChannelNotFoundEntity
-    when there is no such queue."""
+    empty, before it looks again (what a reader can start meanwhile); the looks end early once
+    needless() says the value is no longer needed. ChannelNotFoundEntity when there is no such
+    queue."""
     queue = await channel.get_queue(name, ensure=False)
     give_up = time.monotonic() + patience_s
     while (message := await queue.get(no_ack=False, fail=False)) is None:
         if on_empty is not None:
             await on_empty()
             on_empty = None
-        if time.monotonic() >= give_up:
+        if time.monotonic() >= give_up or (needless is not None and needless()):
             return None
         await asyncio.sleep(LOOK_EVERY_S)
     await message.nack(requeue=True)

@@ -103,13 +103,18 @@ class LogReader:
         return seen.result() if seen.done() and not seen.cancelled() else None
 
     async def close(self) -> None:
+        """Stop reading: a wait for a marker ends (up_to_now() gives None)."""
         self._closing = True  # from now on: no frame may follow the channel's close
         self._channel.close_callbacks.discard(self._lose)
+        self._end_waits()
         if not self._channel.is_closed:
             await self._channel.close()
 
     def _lose(self, *_: Any) -> None:
         self.lost.set()
+        self._end_waits()
+
+    def _end_waits(self) -> None:
         for marker in self._markers.values():
             if not marker.done():
                 marker.cancel()
