@@ -268,17 +268,19 @@ def logged(worker: WorkerProcess) -> set[str]:
     return {str(line.get("event")) for line in worker.events()}
 
 
-# Records ahead of a start: more than two checkpoints' worth (one every 5,000 to 7,500 read).
-CHECKPOINT_RECORDS = 12_000
+# Records ahead of a start: enough for three checkpoints of a reader catching up (the first once
+# it has read 5,000 to 7,500, then each time its log has doubled), and for seconds of reading
+# after the first (about 15,000 records a second).
+CHECKPOINT_RECORDS = 30_000
 
 
 async def test_kill_9_of_a_worker_between_checkpoints_while_it_reads_the_store(
     fault_run: Callable[..., FaultRun], fault_broker: Broker
 ) -> None:
-    """The store holds 12,000 cancels of other ids, then those of half the scheduled jobs. A
-    worker reads it, writing a checkpoint (the snapshot) every 5,000 to 7,500 records, and is
-    killed with `kill -9` once it has written its first, while it reads on; its successor starts
-    from that checkpoint: no cancelled job runs, every other completes."""
+    """The store holds 30,000 cancels of other ids, then those of half the scheduled jobs. A
+    worker reads it, writing a checkpoint (the snapshot) as it goes, and is killed with `kill -9`
+    once it has written its first, while it reads on; its successor starts from that checkpoint:
+    no cancelled job runs, every other completes."""
     run = fault_run("kill -9 between checkpoints")
     messages = scheduled(run, JOBS // 20, in_s=12)
     await run.publish_messages(messages)

@@ -150,6 +150,7 @@ class CancelReader:
         self._since_snapshot = 0
         self._snapshot_after = SNAPSHOT_EVERY
         self._caught_up = False
+        self._wrote_since_start = False
         self._legacy_next: dict[str, int] = {}
         self._legacy: dict[str, OldStore] = {}
         self._writing: asyncio.Task[None] | None = None
@@ -176,10 +177,12 @@ class CancelReader:
         self.lost.clear()
         self.cancelled.clear()
         self._caught_up = False
+        self._wrote_since_start = False
         self._channel = await confirming_channel(connection)
         self._reader = None
         self._since_snapshot = 0
         self._legacy_next = {}
+        self._legacy = {}  # the old stores' readers of the last connection are gone with it
 
         caught_up: asyncio.Future[int | None] | None = None
 
@@ -192,21 +195,26 @@ class CancelReader:
 
         # A look takes the register as it finds it: no worker's start is waiting on it. A start
         # that finds it empty reads the store from its first record while it looks again: it
-        # drops what it read if a snapshot turns up, and stops looking once it has read it all.
+        # drops what it read if a snapshot turns up, and stops looking once it has read it all
+        # or written a snapshot of its own (which the next look would find, and start over).
         patience_s = SNAPSHOT_PATIENCE_S if self._writes else 0.0
         snapshot = await read_snapshot(
             self._channel,
             self._user,
             patience_s,
             functools.partial(read_from, "first"),
-            lambda: caught_up is not None and caught_up.done(),
+            lambda: self._wrote_since_start or (caught_up is not None and caught_up.done()),
         )
         snapshot = await self._checked(connection, snapshot)
         if snapshot is not None:
             if self._reader is not None and caught_up is not None:
                 await self._reader.close()  # which ends its wait for its marker
+                self._reader = None  # no snapshot of what it read may be written from now on
                 await asyncio.wait({caught_up})
+                if not caught_up.cancelled():
+                    caught_up.exception()  # its channel may have closed under it: no matter
                 self.cancelled.clear()
+                self.lost.clear()
                 self._since_snapshot = 0
             self.cancelled.load(snapshot, time.time())
             self._legacy_next = dict(snapshot.legacy)
@@ -223,7 +231,6 @@ class CancelReader:
             )
         self._caught_up = True
         self._snapshot_after = min(self._snapshot_after, _snapshot_every())
-        self._legacy = {}
         for queue_name in self._queues if old_stores else ():
             await self._follow_legacy(connection, queue_name)
         log.info(
@@ -365,6 +372,7 @@ class CancelReader:
         if reader is None:
             return
         copied = self.cancelled.copy()
+        self._wrote_since_start = True
         self._writing = asyncio.get_running_loop().create_task(
             self._publish_snapshot(copied, reader.next_offset, legacy, reader.last_read)
         )
