@@ -42,10 +42,15 @@ class LogReader:
     stream deleted, its member lost) while it reads."""
 
     def __init__(
-        self, channel: AbstractChannel, store: str, read: Read, lost: asyncio.Event | None = None
+        self,
+        channel: AbstractChannel,
+        frames: Frames,
+        store: str,
+        read: Read,
+        lost: asyncio.Event | None = None,
     ) -> None:
         self._channel = channel
-        self._frames: Frames | None = None
+        self._frames = frames
         self._store = store
         self._read = read
         self._markers: dict[str, asyncio.Future[int]] = {}
@@ -70,14 +75,13 @@ class LogReader:
         """A reader of store from start, on a confirming channel of its own; lost (an event of
         the caller's, when given) is set when it is lost."""
         channel = await confirming_channel(connection)
-        reader = cls(channel, store, read, lost)
+        reader = cls(channel, await Frames.under(channel), store, read, lost)
         if isinstance(start, int):
             reader.next_offset = start
         try:
             await channel.set_qos(prefetch_count=READ_PREFETCH)
-            reader._frames = frames = await Frames.under(channel)
-            frames.on_cancelled(reader._lose)
-            await frames.consume(store, reader._deliver, {STREAM_OFFSET: start})
+            reader._frames.on_cancelled(reader._lose)
+            await reader._frames.consume(store, reader._deliver, {STREAM_OFFSET: start})
         except BaseException:
             await reader.close()
             raise
@@ -135,7 +139,7 @@ class LogReader:
         else:
             self._read(entry, offset)
         # The channel's delivery tags count the records read: every ACK_EVERY-th acks them all.
-        if entry.delivery_tag % ACK_EVERY == 0 and self._frames is not None:
+        if entry.delivery_tag % ACK_EVERY == 0:
             acked = asyncio.ensure_future(self._frames.settle((), entry.delivery_tag, ()))
             acked.add_done_callback(_ack_ended)
 
