@@ -206,6 +206,10 @@ class Journal:
             return
         channel: AbstractChannel | None = None
         try:
+            # Opened at once: a client closed right after its enqueues has only its last write
+            # left to do then, not a channel to open first (a busy broker may take seconds).
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                channel = await confirming_channel(connection)
             while not is_lost(connection):
                 await asyncio.sleep(WRITE_EVERY_S)
                 channel = await self._write(connection, channel)
