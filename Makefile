@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The suites run over JOBS pytest-xdist processes (the tests wait on brokers far more than they
 # compute), each process in a vhost of its own (tests/broker.py) and each fault process with a
 # private node of its own; a test file stays on one process (its module fixtures are set up once).
-# The timing rows (-m timing) run after the rest, one at a time (scripts/pytest-phases.sh).
+# The timing rows (-m timing) run after the rest, by themselves (scripts/pytest-phases.sh).
 # Two by default: on two cores beside the matrix, make test took 19.5 minutes in two processes
 # against about 60 in one; three made tests that wait on a command's start miss their windows
 # (docs/developing.md).

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # pytest in two phases: every test but the timing rows over JOBS processes (each in a vhost of its
-# own: tests/broker.py; JOBS=1, one process without pytest-xdist), then the timing rows (-m timing: how late a job may run) one at a time,
-# so that the other tests' load on two cores does not make them late. Either phase may select
-# nothing (exit 5) as long as the other ran tests.
+# own: tests/broker.py; JOBS=1, one process without pytest-xdist), then the timing rows (-m
+# timing: how late a job may run) by themselves, so that the other tests' load on two cores does
+# not make them late. The timing rows mostly wait, so they too run over JOBS processes: alone
+# they left the cores idle for most of their three minutes. Either phase may select nothing
+# (exit 5) as long as the other ran tests.
 #
 # Usage: scripts/pytest-phases.sh JOBS PYTHON [PYTEST_ARG...]
 set -euo pipefail
@@ -16,7 +18,7 @@ parallel=()
 first=0
 "$python" -m pytest "${parallel[@]}" -m "not timing" "$@" || first=$?
 second=0
-"$python" -m pytest -m timing "$@" || second=$?
+"$python" -m pytest "${parallel[@]}" -m timing "$@" || second=$?
 # 5: no test selected in that phase.
 if [ "$first" -eq 5 ] && [ "$second" -eq 5 ]; then exit 5; fi
 [ "$first" -eq 5 ] && first=0
