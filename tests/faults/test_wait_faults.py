@@ -98,12 +98,14 @@ async def test_cancels_survive_kill_9_and_connection_drops(
     killed, and its successor loses its connection: no cancelled job runs, every other
     completes."""
     run = fault_run("cancel, then kill -9 and a dropped connection", retry_delay_ms=8000)
-    messages = scheduled(run, JOBS // 4, in_s=12)
+    due_s = time.time() + 20  # once the tiered jobs have started, on a loaded machine too
+    messages = scheduled(run, JOBS // 4, in_s=20)
     await run.publish_messages(messages)
     tiered = await run.publish(JOBS // 4, fail=1)
     worker = await run.start_worker()
     await until_started(run, tiered)
     ids = [m.message_id or "" for m in messages]
+    assert time.time() < due_s - 1, "the scheduled jobs came due before their cancels"
     await run.cancel(ids[::2] + tiered[::2])
     worker.kill()
     await run.start_worker()
@@ -229,7 +231,10 @@ async def test_the_cancel_store_deleted_while_a_worker_runs(
     store deleted (it used to take it, and skip as many records of the new store as the old one
     had held). Half the jobs are cancelled after: no cancelled job runs, every other completes."""
     run = fault_run("the cancel store deleted while a worker runs")
-    messages = scheduled(run, JOBS // 20, in_s=10)
+    # Due once the worker has started, the store was deleted, and the worker has started over:
+    # 10 s were too few on a loaded CI machine (every job ran, none was cancelled).
+    due_s = time.time() + 25
+    messages = scheduled(run, JOBS // 20, in_s=25)
     ids = [m.message_id or "" for m in messages]
     await run.publish_messages(messages)
     worker = await run.start_worker()
@@ -253,6 +258,7 @@ async def test_the_cancel_store_deleted_while_a_worker_runs(
         "the snapshot passed over on the new store",
     )
     await run.wait_consumers(1)
+    assert time.time() < due_s - 1, "the jobs came due before the store was deleted and read again"
     await run.cancel(ids[::2])
     tally = await run.account()
     assert tally.cancelled == len(ids[::2])
