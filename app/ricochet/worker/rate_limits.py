@@ -171,7 +171,7 @@ class RateLimits:
 
     async def _announce(self, connection: AbstractConnection) -> None:
         channel = await confirming_channel(connection)
-        while True:
+        while not lost_or_cancelled(connection):
             await announce(channel, self._names, announcement(self._process, self._own, self._user))
             await asyncio.sleep(HEARTBEAT_S)
 
@@ -188,8 +188,9 @@ class RateLimits:
                 try:
                     channel = await confirming_channel(connection)
                     if not holding:
-                        await self._wait_for(connection, channel, lead)
-                        holding = True
+                        holding = await self._wait_for(connection, channel, lead)
+                        if not holding:  # lost, or asked to stop
+                            return
                         log.info("leading rate limits", queue=self._names.queue)
                         before = await read_applied(channel, self._names, self._user)
                         announced[PREDECESSOR] = (time.monotonic(), before.limits)
@@ -207,14 +208,16 @@ class RateLimits:
 
     async def _wait_for(
         self, connection: AbstractConnection, channel: AbstractChannel, lead: str
-    ) -> None:
-        """Return once this connection holds the lead (free, then taken)."""
+    ) -> bool:
+        """True once this connection holds the lead (free, then taken); False when the
+        connection is lost or the task asked to stop first."""
         holding = False
-        while not holding:
+        while not holding and not lost_or_cancelled(connection):
             if not await lead_is_held(channel, lead):
                 holding = await take_lead(connection, lead)
             if not holding:
                 await asyncio.sleep(LEAD_PROBE_S * (0.5 + random.random()))
+        return holding
 
     async def _refill(
         self,
@@ -230,7 +233,7 @@ class RateLimits:
         recorded = Applied({}, {})
         read_at = 0.0
         stalled: set[str] = set()  # the types whose jobs waited for a token at the last round
-        while True:
+        while not lost_or_cancelled(connection):
             now = time.monotonic()
             if now - read_at >= ROUND_S:
                 read = await read_announcements(channel, self._names, self._user)
