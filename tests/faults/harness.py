@@ -20,12 +20,11 @@ from unittest import mock
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from ricochet import Client
-from ricochet.broker.cancels import cancel_record
+from ricochet.broker.cancels import publish_cancel
 from ricochet.broker.connection import close_quietly
 from ricochet.broker.declare import declare
 from ricochet.broker.plan import plan
-from ricochet.broker.publish import confirming_channel, publish_to_queue
-from ricochet.names import SHARED, Names
+from ricochet.names import Names
 from ricochet.settings import Settings
 
 from tests.support import (
@@ -226,16 +225,7 @@ class FaultRun:
         from now on. Published side by side on one channel: one at a time, each on a channel of
         its own, 150 took seconds on a loaded broker, long enough for the jobs whose cancels came
         last to come back from their tier and run first (15 of 150 once, in CI)."""
-        channel, queue = await confirming_channel(self.connection), self.names.queue
-        try:
-            await asyncio.gather(
-                *(
-                    publish_to_queue(channel, SHARED.cancels, cancel_record(queue, message_id))
-                    for message_id in ids
-                )
-            )
-        finally:
-            await channel.close()
+        await publish_cancel(self.connection, self.names, *ids)
         self.cancelled.update(ids)
         self.cancel_returned(ids)
 

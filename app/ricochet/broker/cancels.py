@@ -93,12 +93,17 @@ def wait_record(queue: str, message_id: str, token: str) -> aio_pika.Message:
     return record(WAIT, message_id, {RECORD_QUEUE: queue, INCARNATION: token})
 
 
-async def publish_cancel(connection: AbstractConnection, names: Names, message_id: str) -> None:
-    """Record a cancel of names.queue's job in the store, confirmed; MissingQueue when there is
-    no store."""
+async def publish_cancel(connection: AbstractConnection, names: Names, *message_ids: str) -> None:
+    """Record a cancel of each of names.queue's jobs message_ids in the store, side by side on one
+    channel, confirmed; MissingQueue when there is no store."""
     channel = await confirming_channel(connection)
     try:
-        await publish_to_queue(channel, SHARED.cancels, cancel_record(names.queue, message_id))
+        await asyncio.gather(
+            *(
+                publish_to_queue(channel, SHARED.cancels, cancel_record(names.queue, message_id))
+                for message_id in message_ids
+            )
+        )
     finally:
         await channel.close()
 
