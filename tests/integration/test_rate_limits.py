@@ -140,6 +140,11 @@ async def test_a_new_leader_releases_the_jobs_of_a_type_nobody_limits_any_more(
     first = await start_worker(starts, rate_limits="mail=1/m")
     await enqueue(queue_name, "mail", 4)
     await wait_for(lambda: starts.count("mail") == 1, 10, "the first mail job")
+    # Stopped once the other three wait for tokens: one still being gated would go back to the
+    # queue, and b, which does not limit mail, would run it (4.3, once in CI).
+    channel = await connection.channel()
+    await wait_depth(channel, f"{queue_name}.limited.mail", 3)
+    await channel.close()
     await first.stop()
     rows = await read_status(connection, make_settings(queue_name))
     assert [r.role for r in rows if r.role.startswith("rate limit")] == [
