@@ -95,14 +95,23 @@ SERVER_PORTS = range(16_000, 25_000)
 def free_port() -> int:
     """A TCP port nothing listens on right now (for a test's server), outside the ephemeral
     range."""
-    while True:
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports nothing listens on right now, outside the ephemeral range."""
+    ports: list[int] = []
+    while len(ports) < count:
         port = random.choice(SERVER_PORTS)
+        if port in ports:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        ports.append(port)
+    return ports
 
 
 async def http_status(port: int, path: str) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ricochet.handlers.example import ReportRequest
 
-from tests.support import ROOT, free_port
+from tests.support import ROOT, free_ports
 
 README = ROOT / "README.md"
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
@@ -184,7 +184,7 @@ class Stack:
         override.write_text(OVERRIDE)
         env = dict(os.environ)
         env["COMPOSE_FILE"] = f"docker-compose.yml:{override}"
-        env.update({name: str(free_port()) for name in PORT_VARIABLES})
+        env.update(zip(PORT_VARIABLES, map(str, free_ports(len(PORT_VARIABLES))), strict=True))
         return cls(workdir, env)
 
     def port(self, variable: str) -> int:

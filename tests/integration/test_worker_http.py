@@ -19,6 +19,7 @@ from tests.support import (
     answers,
     depth,
     free_port,
+    free_ports,
     http_status,
     make_settings,
     publish,
@@ -130,8 +131,8 @@ def stop(worker: asyncio.Task[None]) -> None:
 
 async def test_readyz_is_503_while_waiting_for_the_broker(queue_name: str) -> None:
     """A worker whose broker does not answer yet is alive (/healthz 200) but not ready (503)."""
-    port = free_port()
-    nothing_there = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    port, closed = free_ports(2)
+    nothing_there = f"amqp://guest:guest@127.0.0.1:{closed}/"
     settings = make_settings(
         queue_name, http_port=port, amqp_url=nothing_there, connect_timeout_s=60
     )
