@@ -164,7 +164,10 @@ class FaultRun:
         await self.wait_consumers(1)
         return worker
 
-    async def wait_consumers(self, n: int, timeout_s: float = 30) -> None:
+    async def wait_consumers(self, n: int, timeout_s: float = 60) -> None:
+        """Until n workers consume. A start reads the stores first: on two loaded cores, with a
+        broker's 30,000 cancels to read, it once took more than 30 s."""
+
         async def enough() -> bool:
             return await consumers(self.connection, self.settings.queue) >= n
 

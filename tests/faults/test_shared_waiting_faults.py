@@ -490,8 +490,9 @@ async def test_a_queue_deleted_while_jobs_the_client_scheduled_wait_with_no_work
 # kill -9 during the move from the per-queue levels of earlier versions.
 
 MIGRATION_JOBS = 20
-# Ahead of their publication: past two workers' starts and two runs of migrate.
-MIGRATION_DUE_S = 15
+# Ahead of their publication: past two workers' starts and two runs of migrate (15 s were too
+# few on two loaded cores).
+MIGRATION_DUE_S = 30
 # When the first `ricochet migrate` is killed: about when it has connected and reads the old
 # store, on an idle machine (wherever it lands, the next run must finish the move).
 MIGRATE_KILLED_AFTER_S = 1.0

@@ -190,10 +190,14 @@ async def test_a_forged_snapshot_written_while_a_worker_is_killed_forgets_no_can
     and one as the workers' own user claims offset 10**9. The successor passes both over: no
     cancelled job runs, every other completes."""
     run = fault_run("forged snapshots, then kill -9")
-    messages = scheduled(run, JOBS // 20, in_s=10)
+    # Due well after the cancels: a worker reads a cancel a moment after it returned, and under
+    # CI's load the last of them came after their jobs (due 10 s after publishing) had run.
+    due_s = time.time() + 30
+    messages = scheduled(run, JOBS // 20, in_s=30)
     await run.publish_messages(messages)
     worker = await run.start_worker()
     ids = [m.message_id or "" for m in messages]
+    assert time.time() < due_s - 10, "the scheduled jobs came due before their cancels"
     await run.cancel(ids[::2])
     producer = f"{run.settings.queue}-producer"
     vhost = unquote(urlsplit(run.settings.amqp_url).path[1:]) or "/"

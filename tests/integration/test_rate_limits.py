@@ -14,7 +14,15 @@ from ricochet.ops.status import read_status
 from ricochet.worker.rate_limits import FORGET_S
 from structlog.testing import capture_logs
 
-from tests.support import AMQP_URL, StartWorker, make_settings, publish, wait_depth, wait_for
+from tests.support import (
+    AMQP_URL,
+    StartWorker,
+    exists,
+    make_settings,
+    publish,
+    wait_depth,
+    wait_for,
+)
 
 
 class Starts:
@@ -180,14 +188,21 @@ async def test_jobs_of_a_key_and_a_limited_type_keep_their_order(
 
 
 async def test_forged_tokens_and_announcements_change_nothing(
-    start_worker: StartWorker, channel: AbstractChannel, queue_name: str
+    start_worker: StartWorker,
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    queue_name: str,
 ) -> None:
     """Ten tokens a producer publishes into Q.tokens.mail behind the leader's (the broker
     vouches no user for them) start no job, and its announcement of a higher limit is not
     applied: 1 a minute starts one job in 5 s."""
     starts = Starts()
     worker = await start_worker(starts, rate_limits="mail=1/m")
-    await wait_depth(channel, f"{queue_name}.tokens.mail", 1)  # the leader's first token
+    tokens = f"{queue_name}.tokens.mail"
+    # The leader declares it once it leads, after the worker consumes: a passive declare of a
+    # queue not there yet would close the channel.
+    await wait_for(lambda: exists(connection, tokens), 30, f"{tokens}, which the leader declares")
+    await wait_depth(channel, tokens, 1)  # the leader's first token
     for _ in range(10):
         await publish(channel, f"{queue_name}.tokens.mail", "")
     forged = {"process": "x", "limits": {"mail": [100, 1, 10]}}

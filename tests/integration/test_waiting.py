@@ -175,6 +175,7 @@ async def test_the_waiting_jobs_of_every_kind_are_listed(
 
 
 @pytest.mark.timing  # each job back at most LATE_S + 0.5 s after its due time
+@pytest.mark.timeout(300)  # 25 runs of the command: more than 120 s on two loaded cores, once
 async def test_looking_often_sends_nothing_on_early_and_loses_nothing(
     start_worker: StartWorker, connection: AbstractConnection, queue_name: str
 ) -> None:
