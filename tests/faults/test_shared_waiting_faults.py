@@ -232,8 +232,9 @@ async def test_broker_restart_while_three_queues_jobs_wait_in_the_shared_levels(
 # ---------------------------------------------------------------------------------------------
 # A queue deleted while its jobs wait, beside another queue's jobs in the same level.
 
-# 30 units of 100 ms: every job waits in ricochet.delay.4, .3, .2 and .1, and leaves from .1.
-LATER_S = 3
+# 100 units of 100 ms: every job waits in ricochet.delay.6, .5 and .2, and leaves from .2. Its
+# worker's drain and the queue's delete come first, which took 3.4 s once on two loaded cores.
+LATER_S = 10
 # More than the 32 jobs (dead_letter_worker_consumer_prefetch) that the broker's dead-letter
 # worker of a level keeps checked out: had the deleted queue's jobs no way out, they would stop
 # that level for every queue.

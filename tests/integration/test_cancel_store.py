@@ -143,10 +143,13 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
     runs = Runs()
     worker = await start_worker(runs)
     async with Client(AMQP_URL, queue_name) as client:
-        # Due well after the command has started and connected, on a loaded machine too.
-        await client.enqueue("job", {}, message_id="told", delay=8)
+        # Due well after the command has started and connected, on a loaded machine too (8 s
+        # were too few once: the job ran).
+        await client.enqueue("job", {}, message_id="told", delay=20)
+    due_s = time.monotonic() + 20
     env = ricochet_env(make_settings(f"{queue_name}-elsewhere"))
     done = await asyncio.to_thread(run_cli, ["cancel", "--queue", queue_name, "told"], env)
+    assert time.monotonic() < due_s, "the job came due before its cancel returned"
     assert (done.returncode, done.stdout) == (0, "cancelled told\n"), done.stderr
     refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", "amq.x", "told"], env)
     assert refused.returncode == 2, refused.stderr
@@ -154,7 +157,7 @@ async def test_ricochet_cancel_takes_the_queue_it_is_told(
         refused = await asyncio.to_thread(run_cli, ["cancel", "--queue", queue_name, no_id], env)
         assert refused.returncode == 2, refused.stderr
         assert "Invalid value for MESSAGE_ID: message_id" in refused.stderr
-    await wait_for(lambda: worker.count("cancelled") == 1, 20, "the cancelled job")
+    await wait_for(lambda: worker.count("cancelled") == 1, 45, "the cancelled job")
     assert "told" not in runs.runs
 
 

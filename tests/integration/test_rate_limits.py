@@ -54,7 +54,8 @@ async def test_a_limit_is_shared_by_every_worker_and_spends_no_attempt(
     start_worker: StartWorker, queue_name: str
 ) -> None:
     """4 jobs a second with a burst of 1 over two workers of prefetch 10: 12 jobs take at least
-    (12 - 1) / 4 s, never more than 4 + 1 start within a second, each on its first attempt;
+    (12 - 1) / 4 s, never more than 4 + 1 (+ 1 a loaded loop delayed) within a second, each on
+    its first attempt;
     a type without a limit, enqueued behind them, runs at once."""
     starts = Starts()
     for _ in range(2):
@@ -66,7 +67,9 @@ async def test_a_limit_is_shared_by_every_worker_and_spends_no_attempt(
     await wait_for(lambda: starts.count("mail") == 12, 30, "the limited jobs")
     mail = sorted(starts.at["mail"])
     assert mail[-1] - mail[0] >= (12 - 1) / 4 - 0.5
-    assert most_in_a_second(mail) <= 5
+    # The tokens allow 4 + 1; a start that a loaded event loop held back a moment can fall in
+    # the next token's second (6 once, on two loaded cores), where the pace above still holds.
+    assert most_in_a_second(mail) <= 6
     assert set(starts.attempts) == {1}
 
 
