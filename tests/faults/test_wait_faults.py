@@ -23,9 +23,9 @@ from tests.support import close_connections, publish, wait_for
 JOBS = 600
 
 
-def scheduled(run: FaultRun, n: int, in_s: float) -> list[aio_pika.Message]:
-    """n jobs with a run-at in_s seconds from now."""
-    at = dt.datetime.fromtimestamp(time.time() + in_s, dt.UTC).isoformat()
+def scheduled(run: FaultRun, n: int, due_s: float) -> list[aio_pika.Message]:
+    """n jobs with a run-at of due_s (epoch seconds)."""
+    at = dt.datetime.fromtimestamp(due_s, dt.UTC).isoformat()
     first = len(run.published)
     return [
         aio_pika.Message(
@@ -46,7 +46,7 @@ async def test_kill_9_while_jobs_are_scheduled(fault_run: Callable[..., FaultRun
     """SIGKILL while scheduled jobs wait in the delays and others run: every job runs, the
     scheduled ones once their time has come."""
     run = fault_run("kill -9 while jobs are scheduled", prefetch=32)
-    messages = scheduled(run, JOBS // 2, in_s=4)
+    messages = scheduled(run, JOBS // 2, time.time() + 4)
     await run.publish_messages(messages)
     await run.publish(JOBS // 2, sleep_s=0.002)
     worker = await run.start_worker()
@@ -99,7 +99,7 @@ async def test_cancels_survive_kill_9_and_connection_drops(
     completes."""
     run = fault_run("cancel, then kill -9 and a dropped connection", retry_delay_ms=8000)
     due_s = time.time() + 20  # once the tiered jobs have started, on a loaded machine too
-    messages = scheduled(run, JOBS // 4, in_s=20)
+    messages = scheduled(run, JOBS // 4, due_s)
     await run.publish_messages(messages)
     tiered = await run.publish(JOBS // 4, fail=1)
     worker = await run.start_worker()
@@ -193,7 +193,7 @@ async def test_a_forged_snapshot_written_while_a_worker_is_killed_forgets_no_can
     # Due well after the cancels: a worker reads a cancel a moment after it returned, and under
     # CI's load the last of them came after their jobs (due 10 s after publishing) had run.
     due_s = time.time() + 30
-    messages = scheduled(run, JOBS // 20, in_s=30)
+    messages = scheduled(run, JOBS // 20, due_s)
     await run.publish_messages(messages)
     worker = await run.start_worker()
     ids = [m.message_id or "" for m in messages]
@@ -238,7 +238,7 @@ async def test_the_cancel_store_deleted_while_a_worker_runs(
     # Due once the worker has started, the store was deleted, and the worker has started over:
     # 10 s were too few on a loaded CI machine (every job ran, none was cancelled).
     due_s = time.time() + 25
-    messages = scheduled(run, JOBS // 20, in_s=25)
+    messages = scheduled(run, JOBS // 20, due_s)
     ids = [m.message_id or "" for m in messages]
     await run.publish_messages(messages)
     worker = await run.start_worker()
@@ -292,7 +292,7 @@ async def test_kill_9_of_a_worker_between_checkpoints_while_it_reads_the_store(
     once it has written its first, while it reads on; its successor starts from that checkpoint:
     no cancelled job runs, every other completes."""
     run = fault_run("kill -9 between checkpoints")
-    messages = scheduled(run, JOBS // 20, in_s=12)
+    messages = scheduled(run, JOBS // 20, time.time() + 12)
     await run.publish_messages(messages)
     ids = [m.message_id or "" for m in messages]
     channel = await run.connection.channel(publisher_confirms=True)
