@@ -109,6 +109,29 @@ def test_an_interrupted_caller_leaves_its_call_to_run_to_its_end(loop_thread: _L
     wait_until(lambda: outcomes == ["confirmed"])
 
 
+def test_a_caller_interrupted_as_it_wakes_the_loop_leaves_it_wakeable(
+    loop_thread: _LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C lands as a caller hands the loop its wake-up: the caller gets it, and the next
+    call wakes the loop and is served (with the interrupted one, left to run to its end)."""
+    hand_over = loop_thread.loop.call_soon_threadsafe
+    interrupted: list[str] = []
+
+    def interrupt(*args: Any) -> Any:
+        monkeypatch.setattr(loop_thread.loop, "call_soon_threadsafe", hand_over)
+        raise KeyboardInterrupt
+
+    async def note(what: str) -> str:
+        interrupted.append(what)
+        return what
+
+    monkeypatch.setattr(loop_thread.loop, "call_soon_threadsafe", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        loop_thread.run(note("interrupted"))
+    assert loop_thread.run(note("next")) == "next"
+    assert interrupted == ["interrupted", "next"]
+
+
 def test_the_loop_runs_while_nobody_calls(loop_thread: _LoopThread) -> None:
     """Nobody calls, yet the loop's timers run (the connection's heartbeats are one)."""
     fired: list[int] = []

@@ -124,7 +124,11 @@ class _LoopThread:
             # after this call's start.
             if not self._woken:
                 self._woken = True
-                self.loop.call_soon_threadsafe(self._start_queued)
+                try:
+                    self.loop.call_soon_threadsafe(self._start_queued)
+                except BaseException:  # Ctrl-C before the wake was handed over: none is due
+                    self._woken = False
+                    raise
         outcome: T = call.outcome()
         return outcome
 
