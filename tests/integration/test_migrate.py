@@ -41,7 +41,7 @@ EARLIER = "2f4e776"
 # The earlier release's default first retry delay, which its worker declared the tiers with:
 # this version's worker keeps the shape (the tiers hold no job to keep an older delay for).
 EARLIER_DELAY_MS = 30_000
-# The two jobs' delay: they must still be in the old levels when migrate runs, after eight CLI
+# The two jobs' delay: they must still be in the old levels when migrate runs, after five CLI
 # runs and two workers' starts (over 30 s on a loaded host).
 DUE_S = 60
 
@@ -113,7 +113,7 @@ def migrate(url: str, queue: str, *args: str) -> tuple[int, dict[str, Any]]:
     }
 
 
-@pytest.mark.timeout(300)  # a dozen CLI runs and a job due a minute out: minutes when loaded
+@pytest.mark.timeout(300)  # CLI runs and a job due a minute out: minutes when loaded
 async def test_migrate_moves_what_an_earlier_release_left(
     earlier_app: Path, start_worker: StartWorker, queue_name: str
 ) -> None:

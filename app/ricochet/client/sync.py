@@ -126,7 +126,7 @@ class _LoopThread:
                 self._woken = True
                 try:
                     self.loop.call_soon_threadsafe(self._start_queued)
-                except BaseException:  # Ctrl-C before the wake was handed over: none is due
+                except BaseException:  # Ctrl-C: maybe no wake is due; a second one is harmless
                     self._woken = False
                     raise
         outcome: T = call.outcome()
